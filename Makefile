@@ -1,0 +1,40 @@
+# Two commands (README): `make demo` sets up and runs the embedded default, `make test` sets up
+# and runs the tests. Both are idempotent: the venv is rebuilt only when pyproject.toml (the one
+# source of the pins) changes, so a second run skips installs in seconds.
+
+PYTHON ?= python3
+VENV   ?= .venv
+TRAIN  := $(VENV)/train
+# The torch pin is read from the `train` extra in pyproject.toml, the single source of truth.
+TORCH  := $(shell $(PYTHON) -c 'import tomllib; x = tomllib.load(open("pyproject.toml", "rb")); print(next(p for p in x["project"]["optional-dependencies"]["train"] if p.startswith("torch")))')
+PIP_FLAGS ?= --quiet --disable-pip-version-check
+PYTEST_ARGS ?=
+
+.PHONY: demo test leaderboard setup clean-venv help
+
+help:
+	@echo "make demo         set up the train venv and run the embedded default (tiny SFT -> d1 -> eval)"
+	@echo "make test         set up and run the test suite"
+	@echo "make leaderboard  open the Streamlit leaderboard on 127.0.0.1 (committed results + runs/)"
+
+setup: $(TRAIN)/.installed
+
+# torch first, from its exact pin, so that nothing later resolves a CUDA build; then the project
+# editable with the pinned `train` and `dev` extras.
+$(TRAIN)/.installed: pyproject.toml
+	@test -x $(TRAIN)/bin/python || $(PYTHON) -m venv $(TRAIN)
+	$(TRAIN)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
+	$(TRAIN)/bin/pip install $(PIP_FLAGS) -e ".[train,dev]"
+	@touch $@
+
+demo: $(TRAIN)/.installed
+	$(TRAIN)/bin/dare demo
+
+test: $(TRAIN)/.installed
+	$(TRAIN)/bin/python -m pytest $(PYTEST_ARGS)
+
+leaderboard: $(TRAIN)/.installed
+	$(TRAIN)/bin/dare leaderboard --runs runs
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,29 @@
+"""SFT defaults: the LLaDA SFT recipe (LLaDA paper §2.3 and App. B.1; `LLaDA:GUIDELINES.md`)."""
+
+from dataclasses import dataclass, field
+
+from dare.config import DataConfig, ModelConfig, RunConfig, TrainConfig, check
+
+
+@dataclass
+class SFT:
+    eps: float = 1e-3
+    """Masking probability p = (1 - eps) * t + eps with t ~ U(0, 1) (GUIDELINES.md)."""
+    response_length: int | None = None
+    """Pad every response with EOS to this many tokens (None: to the longest response in the batch
+    plus one EOS, LLaDA's per-batch padding)."""
+
+    def validate(self):
+        check(0 < self.eps < 1, "must be within (0, 1)", "eps")
+        check(self.response_length is None or self.response_length > 1, "must be > 1 or null", "response_length")
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    # LLaDA-8B SFT: lr 2.5e-5 after a 50-step linear warmup, weight decay 0.1 (LLaDA App. B.1).
+    # The paper's final 10% linear decay to 2.5e-6 is approximated by `linear` decay over the run.
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=2.5e-5, weight_decay=0.1, warmup_steps=50))
+    algo: SFT = field(default_factory=SFT)

@@ -1,0 +1,444 @@
+"""Run configuration: dataclass defaults -> YAML file -> `key=value` overrides.
+
+A config is a tree of plain dataclasses. `load(Config, "run.yaml", ["train.lr=3e-6"])` starts
+from the defaults, merges the YAML file, applies the dotted overrides, checks every value against
+its annotated type and then runs each section's `validate()` for cross-field rules. Any problem
+(unknown key, wrong type, inconsistent values) raises `ConfigError` naming the dotted key and
+where its value came from, before any model is built. Configs hold data, never programs: no
+dotted class paths, no composition; components are chosen in code.
+
+`config_hash(cfg)` is the sha256 of the canonical JSON of every field that can change a result
+(fields marked `NOHASH`, such as output paths and log intervals, are left out). Run directories
+and stage reuse are keyed by it. `save(cfg, run_dir)` writes the resolved `config.yaml`.
+
+The sections shared by every baseline live here so that configs load and validate without
+importing torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+NOHASH = {"hash": False}  # field metadata: the value does not change results (paths, logging)
+
+
+class ConfigError(ValueError):
+    """A config problem, reported before any compute starts."""
+
+
+class Invalid(Exception):
+    """Raised by a section's `validate()`; `keys` are field names relative to that section."""
+
+    def __init__(self, message: str, *keys: str):
+        super().__init__(message)
+        self.message, self.keys = message, keys
+
+
+def check(condition: bool, message: str, *keys: str) -> None:
+    if not condition:
+        raise Invalid(message, *keys)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared sections
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    """Seeds every torch.Generator of the run (data order, rollout noise, mask noise, init)."""
+    out_dir: str | None = field(default=None, metadata=NOHASH)
+    """Run directory; default `runs/<baseline>/<config hash[:12]>`, so reruns reuse finished work."""
+    log_every: int = field(default=10, metadata=NOHASH)
+    save_every: int = field(default=0, metadata=NOHASH)
+    """Checkpoint interval in optimizer steps (0: only the final checkpoint)."""
+    threads: int = field(default=0, metadata=NOHASH)
+    """torch intra-op threads on CPU (0: torch's default, one per core)."""
+
+    def validate(self):
+        check(self.log_every > 0, "must be positive", "log_every")
+        check(self.save_every >= 0, "must be >= 0", "save_every")
+
+
+@dataclass
+class ScratchModelConfig:
+    """Size of a model initialised from scratch (used only when `model.path` is empty)."""
+
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_hidden_size: int = 512
+    max_sequence_length: int = 64
+    rope_theta: float = 10000.0
+
+    def validate(self):
+        check(self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads", "d_model", "n_heads")
+        check((self.d_model // self.n_heads) % 2 == 0, "head dim (d_model / n_heads) must be even for RoPE",
+              "d_model", "n_heads")
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None
+    """A checkpoint folder loaded with `from_pretrained`; empty: initialise `family` from `scratch`."""
+    family: str = "llada"
+    """Model family (see `dare models`); must match the checkpoint's `model_type` when `path` is set."""
+    name: str | None = field(default=None, metadata=NOHASH)
+    """Display name in results; default: the checkpoint's recorded name or the folder name."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
+
+    def validate(self):
+        from dare.models import FAMILIES  # torch-free registry of names
+
+        check(self.family in FAMILIES, f"unknown family {self.family!r}; known: {sorted(FAMILIES)}", "family")
+
+
+@dataclass
+class DataConfig:
+    task: str = "addition"
+    """Task name from `dare data list`; its parquet is built on demand under `data/`."""
+    split: str = "train"
+
+    def validate(self):
+        from dare.data import TASKS
+
+        check(self.task in TASKS, f"unknown task {self.task!r}; known: {sorted(TASKS)}", "task")
+        check(self.split in TASKS[self.task].splits, f"task {self.task!r} has splits {TASKS[self.task].splits}",
+              "split")
+
+
+@dataclass
+class DecodingConfig:
+    """Semi-autoregressive masked-diffusion decoding (LLaDA `generate`; defaults = d1's protocol)."""
+
+    gen_length: int = 256
+    block_length: int = 32
+    steps: int = 128
+    remasking: Literal["low_confidence", "random"] = "low_confidence"
+    temperature: float = 0.0
+    cfg_scale: float = 0.0
+
+    def validate(self):
+        check(self.gen_length > 0, "must be positive", "gen_length")
+        check(self.block_length > 0, "must be positive", "block_length")
+        check(self.gen_length % self.block_length == 0,
+              f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
+              "gen_length", "block_length")
+        n_blocks = self.gen_length // self.block_length
+        check(self.steps > 0 and self.steps % n_blocks == 0,
+              f"steps ({self.steps}) must be a positive multiple of the number of blocks ({n_blocks})",
+              "steps", "gen_length", "block_length")
+        check(self.temperature >= 0, "must be >= 0", "temperature")
+        check(self.cfg_scale >= 0, "must be >= 0", "cfg_scale")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    """Optimizer steps."""
+    batch_size: int = 8
+    """Sequences per optimizer step (SFT); RL batches are set by `rl.*`."""
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """After warmup: constant, or decay to `min_lr_ratio * lr` at the last step."""
+    min_lr_ratio: float = 0.0
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0: off)."""
+
+    def validate(self):
+        check(self.steps > 0, "must be positive", "steps")
+        check(self.batch_size > 0, "must be positive", "batch_size")
+        check(self.lr > 0, "must be positive", "lr")
+        check(0 <= self.warmup_steps <= self.steps, "must be within [0, train.steps]", "warmup_steps")
+        check(0 <= self.min_lr_ratio <= 1, "must be within [0, 1]", "min_lr_ratio")
+        check(all(0 <= b < 1 for b in self.betas), "must be within [0, 1)", "betas")
+        check(self.max_grad_norm >= 0, "must be >= 0", "max_grad_norm")
+
+
+@dataclass
+class RLConfig:
+    prompts_per_step: int = 16
+    """Distinct prompts per rollout batch."""
+    group_size: int = 6
+    """Completions per prompt (G)."""
+    num_iterations: int = 1
+    """Policy updates per rollout batch (mu); with 1 the old log-probs are not recomputed."""
+    rollout: DecodingConfig = field(default_factory=lambda: DecodingConfig(temperature=0.9))
+
+    def validate(self):
+        check(self.prompts_per_step > 0, "must be positive", "prompts_per_step")
+        check(self.group_size > 1, "a group needs at least 2 completions for a baseline", "group_size")
+        check(self.num_iterations > 0, "must be positive", "num_iterations")
+
+
+@dataclass
+class EvalConfig:
+    benchmarks: list[str] = field(default_factory=lambda: ["addition"])
+    split: str = "test"
+    n_samples: int | None = None
+    """Evaluate the first n examples of the split (None: all)."""
+    batch_size: int = 64
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+
+    def validate(self):
+        from dare.data import TASKS
+
+        check(len(self.benchmarks) > 0, "at least one benchmark", "benchmarks")
+        for name in self.benchmarks:
+            check(name in TASKS, f"unknown benchmark {name!r}; known: {sorted(TASKS)}", "benchmarks")
+            check(self.split in TASKS[name].splits, f"{name!r} has splits {TASKS[name].splits}", "split")
+        check(self.n_samples is None or self.n_samples > 0, "must be positive or null", "n_samples")
+        check(self.batch_size > 0, "must be positive", "batch_size")
+
+
+@dataclass
+class EvalRunConfig:
+    """`dare eval <checkpoint>`: the checkpoint is given on the command line, not here."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of config keys, got {type(data).__name__}")
+    return data
+
+
+def load(cls, path: str | Path | None = None, overrides: typing.Iterable[str] = (), *,
+         data: Mapping | None = None):
+    """Defaults of `cls` <- YAML `path` (or an already-read `data` mapping) <- `key=value` overrides."""
+    cfg = cls()
+    origins: dict[str, str] = {}
+    if data is None and path is not None:
+        data = read_yaml(path)
+    if data:
+        _merge(cfg, data, "", str(path) if path is not None else "config", origins)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"command line: override {item!r} is not of the form key=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        _set_dotted(cfg, key, value, "command line", origins)
+    _validate_tree(cfg, "", origins)
+    return cfg
+
+
+def _fields(obj) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(obj)}
+
+
+def _hints(obj) -> dict[str, Any]:
+    return typing.get_type_hints(type(obj))
+
+
+def _unknown(key: str, candidates: typing.Iterable[str], source: str) -> ConfigError:
+    close = difflib.get_close_matches(key, list(candidates), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return ConfigError(f"{source}: unknown key '{key}'{hint}")
+
+
+def _all_keys(obj, prefix: str = "") -> list[str]:
+    keys = []
+    for name in _fields(obj):
+        value = getattr(obj, name)
+        keys.append(prefix + name)
+        if dataclasses.is_dataclass(value):
+            keys += _all_keys(value, f"{prefix}{name}.")
+    return keys
+
+
+def _merge(obj, data: Mapping, prefix: str, source: str, origins: dict) -> None:
+    fields, hints = _fields(obj), _hints(obj)
+    for key, value in data.items():
+        if not isinstance(key, str) or key not in fields:
+            raise _unknown(prefix + str(key), _all_keys(obj, prefix), source)
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{source}: {prefix}{key}: expected a mapping of "
+                                  f"{type(current).__name__} fields, got {value!r}")
+            _merge(current, value, f"{prefix}{key}.", source, origins)
+        else:
+            setattr(obj, key, _coerce(value, hints[key], prefix + key, source))
+            origins[prefix + key] = source
+
+
+def _set_dotted(cfg, key: str, value, source: str, origins: dict) -> None:
+    obj, parts = cfg, key.split(".")
+    for i, part in enumerate(parts):
+        fields = _fields(obj)
+        if part not in fields:
+            raise _unknown(key, _all_keys(cfg), source)
+        if i == len(parts) - 1:
+            current = getattr(obj, part)
+            if dataclasses.is_dataclass(current):
+                if not isinstance(value, Mapping):
+                    raise ConfigError(f"{source}: {key} is a section; set its fields ({key}.<field>=...)")
+                _merge(current, value, key + ".", source, origins)
+            else:
+                setattr(obj, part, _coerce(value, _hints(obj)[part], key, source))
+                origins[key] = source
+            return
+        obj = getattr(obj, part)
+        if not dataclasses.is_dataclass(obj):
+            raise _unknown(key, _all_keys(cfg), source)
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value, tp, key: str, source: str):
+    """Check `value` against the annotation `tp`; ints widen to floats, lists to tuples."""
+
+    def fail():
+        return ConfigError(f"{source}: {key}: expected {_type_name(tp)}, got {value!r}")
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key, source)
+            except ConfigError:
+                pass
+        raise fail()
+    if origin is Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{source}: {key}: must be one of {list(args)}, got {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise fail()
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise fail()
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `1e-5` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise fail()
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise fail()
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise fail()
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"{source}: {key}: expected {len(args)} values, got {value!r}")
+            return tuple(_coerce(v, a, key, source) for v, a in zip(value, args))
+        item = args[0] if args else Any
+        items = [_coerce(v, item, key, source) for v in value]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise fail()
+        vt = args[1] if args else Any
+        return {str(k): _coerce(v, vt, f"{key}.{k}", source) for k, v in value.items()}
+    raise ConfigError(f"{key}: unsupported annotation {tp!r} in the config class")
+
+
+def _validate_tree(obj, prefix: str, origins: dict) -> None:
+    for name in _fields(obj):
+        value = getattr(obj, name)
+        if dataclasses.is_dataclass(value):
+            _validate_tree(value, f"{prefix}{name}.", origins)
+    validate = getattr(obj, "validate", None)
+    if validate is None:
+        return
+    try:
+        validate()
+    except Invalid as e:
+        where = ", ".join(f"{prefix}{k}={getattr(obj, k, '?')!r} (from {origins.get(prefix + k, 'defaults')})"
+                          for k in e.keys if "." not in k)
+        keys = [prefix + k for k in e.keys]
+        raise ConfigError(f"invalid config: {keys[0] if keys else prefix.rstrip('.')}: {e.message}"
+                          + (f" [{where}]" if where else "")) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Serialisation and hashing
+# ---------------------------------------------------------------------------------------------
+
+
+def to_dict(cfg, *, hashed_only: bool = False) -> dict:
+    out = {}
+    for f in dataclasses.fields(cfg):
+        if hashed_only and not f.metadata.get("hash", True):
+            continue
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            value = to_dict(value, hashed_only=hashed_only)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def config_hash(cfg) -> str:
+    canonical = json.dumps(to_dict(cfg, hashed_only=True), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def to_yaml(cfg) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def save(cfg, run_dir: str | Path, header: str = "") -> str:
+    """Write the resolved config and its hash into `run_dir`; returns the hash."""
+    from dare.utils import atomic_write
+
+    digest = config_hash(cfg)
+    text = f"# {header}\n" if header else ""
+    text += f"# config_hash: sha256:{digest}\n" + to_yaml(cfg)
+    atomic_write(Path(run_dir) / "config.yaml", text)
+    atomic_write(Path(run_dir) / "config.sha256", digest + "\n")
+    return digest

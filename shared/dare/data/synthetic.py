@@ -1,0 +1,44 @@
+"""Synthetic tasks that are generated offline with a fixed seed (no download), for the demo
+and the tests. Generation uses Python's `random.Random(seed)`, whose sequence is stable across
+Python versions and platforms, so the parquet bytes are reproducible."""
+
+from __future__ import annotations
+
+import random
+
+from dare.rewards import arithmetic
+
+
+class Addition:
+    """`a+b=` -> `a+b` with a, b uniform in [0, 10^digits). The test split is a fixed random
+    sample of n_test pairs; the train split is every other pair (disjoint from test)."""
+
+    splits = ("train", "test")
+    seed = 1234
+
+    def __init__(self, digits: int, n_test: int):
+        self.digits, self.n_test = digits, n_test
+        self.version = f"d{digits}.n{n_test}.r{arithmetic.VERSION}.1"
+        self.alphabet = "0123456789+="
+
+    def build(self, split: str) -> list[dict]:
+        if split not in self.splits:
+            raise KeyError(f"addition has splits {self.splits}, not {split!r}")
+        n = 10 ** self.digits
+        pairs = [(a, b) for a in range(n) for b in range(n)]
+        random.Random(self.seed).shuffle(pairs)
+        chosen = pairs[: self.n_test] if split == "test" else sorted(pairs[self.n_test:])
+        if split == "train":
+            random.Random(self.seed + 1).shuffle(chosen)
+        return [{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "ground_truth": str(a + b),
+                 "extra": {"a": a, "b": b}} for a, b in chosen]
+
+    def target(self, row: dict) -> str:
+        """The supervised response for SFT."""
+        return row["ground_truth"]
+
+    def reward(self, completion: str, row: dict) -> float:
+        return arithmetic.exact_match(completion, row["ground_truth"])
+
+    def score(self, completion: str, row: dict) -> dict[str, float]:
+        return {"accuracy": arithmetic.exact_match(completion, row["ground_truth"])}

@@ -1,0 +1,171 @@
+"""The embedded evaluator: decode a task's split with the rollout engine, score every sample
+with the task's metric (from `dare.rewards`), write per-sample outputs and one result JSON per
+benchmark. It runs in the train environment, for the demo and for validation during training.
+
+    dare eval <checkpoint> [config.yaml] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from dare.config import EvalRunConfig, config_hash, to_dict
+from dare.config import load as load_config
+from dare.config import save as save_config
+from dare.utils import atomic_write, git_state, hardware, make_generator, package_versions, sha256_file
+
+
+def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch_size: int,
+                   n_samples: int | None, seed: int) -> dict:
+    """Decode and score; returns per-sample records, per-metric values and timing."""
+    import torch
+
+    from dare.data import TASKS, load_split
+    from dare.models import encode_chat, facts
+    from dare.rollout import decode_responses, generate, left_pad
+
+    task = TASKS[task_name]
+    rows = load_split(task_name, split)
+    original = len(rows)
+    rows = rows[:n_samples] if n_samples else rows
+    f = facts(model)
+    prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
+    generator = make_generator(seed, f"eval:{task_name}:{split}")
+    samples, values = [], defaultdict(list)
+    nfe_total, tokens_total = 0, 0
+    model.eval()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start:start + batch_size]
+            ids, mask = left_pad(prompts[start:start + batch_size], f.pad_token_id)
+            out = generate(model, ids, mask, decoding, generator)
+            texts = decode_responses(tokenizer, out.responses, f.eos_token_id)
+            nfe_total += out.nfe * len(chunk)
+            tokens_total += int(out.response_mask.sum())
+            for row, text in zip(chunk, texts):
+                scores = task.score(text, row)
+                for name, v in scores.items():
+                    values[name].append(float(v))
+                samples.append({"index": row["index"], "prompt": row["prompt"], "target": row["ground_truth"],
+                                "response": text, "scores": scores})
+    seconds = time.perf_counter() - t0
+    n = len(rows)
+    return {"samples": samples, "values": dict(values), "n_original": original, "n_effective": n,
+            "seconds": seconds, "throughput": {
+                "eval_samples_per_s": n / seconds, "eval_tokens_per_s": tokens_total / seconds,
+                "nfe_per_sample": nfe_total / n, "tokens_per_forward": tokens_total / max(1, nfe_total)}}
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-." else "-" for c in text).strip("-").lower()
+
+
+def build_result(*, meta: dict, model_info: dict, task_name: str, split: str, decoding, outcome: dict,
+                 eval_hash: str, seed: int, samples_path: Path, command: str | None) -> dict:
+    """The result JSON (as a dict) of one benchmark evaluation of one checkpoint."""
+    from dare import baselines
+    from dare.data import TASKS
+    from dare.results import SCHEMA_VERSION, metric_from_values
+    from dare.train import now
+
+    baseline = meta.get("baseline", "base")
+    paper = None
+    if baseline in baselines.names():
+        paper = baselines.front_matter(baseline).get("arxiv")
+    init = meta.get("init")
+    if not meta:
+        init_name = None  # a checkpoint we did not train: the base model itself
+    elif not init:
+        init_name = "scratch"
+    else:
+        init_name = init.get("baseline", "pretrained")
+    training = None
+    if meta.get("config_hash"):
+        training = {"seed": meta["seed"], "steps": meta["steps"], "config_hash": meta["config_hash"],
+                    "config_path": meta.get("config_path") or None, "data": meta.get("data"),
+                    "wall_time_s": meta["wall_time_s"],
+                    "init_config_hash": init.get("config_hash") if init else None}
+    commit, dirty = git_state()
+    run_seed = meta.get("seed", seed)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": f"{baseline}__{_slug(model_info['name'])}__{task_name}__s{run_seed}__{eval_hash[:8]}",
+        "created_at": now(),
+        "method": {"baseline": baseline, "variant": None, "paper": paper, "init": init_name},
+        "model": model_info,
+        "benchmark": {"name": task_name, "split": split, "version": TASKS[task_name].version, "n_shot": 0,
+                      "n_samples": {"original": outcome["n_original"], "effective": outcome["n_effective"]}},
+        "decoding": {"sampler": "llada", **to_dict(decoding)},
+        "metrics": [metric_from_values(name, vals).model_dump() for name, vals in outcome["values"].items()],
+        "reference": None,
+        "training": training,
+        "throughput": {k: round(v, 4) for k, v in outcome["throughput"].items()},
+        "provenance": {"git_commit": commit, "git_dirty": dirty, "packages": package_versions(),
+                       "hardware": hardware(), "command": command},
+        "artifacts": {"samples": samples_path.name, "samples_sha256": sha256_file(samples_path),
+                      "config": "config.yaml"},
+    }
+
+
+def default_out_dir(checkpoint: Path, digest: str) -> Path:
+    """Beside our own checkpoints (`<run>/eval/<hash>`), else under `runs/eval/<folder>/<hash>`."""
+    from dare.train import runs_dir
+
+    if (checkpoint / "dare.json").is_file():
+        return checkpoint.parent / "eval" / digest[:12]
+    return runs_dir() / "eval" / _slug(checkpoint.name) / digest[:12]
+
+
+def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None = None, overrides=(),
+                        *, out_dir: str | Path | None = None, command: str | None = None) -> list[Path]:
+    """Evaluate a checkpoint folder on every benchmark in the config; returns the result files.
+    Results that already exist and validate are reused (the folder is keyed by the eval config)."""
+    import torch
+
+    from dare.models import facts, load_pretrained, load_tokenizer
+    from dare.models.api import checkpoint_meta
+    from dare.results import read_result, write_result
+
+    cfg = load_config(EvalRunConfig, config_path, overrides)
+    checkpoint = Path(checkpoint)
+    meta = checkpoint_meta(checkpoint)
+    digest = config_hash(cfg)
+    out = Path(out_dir or cfg.run.out_dir or default_out_dir(checkpoint, digest))
+    targets = {name: out / f"result_{name}.json" for name in cfg.eval.benchmarks}
+    todo = []
+    for name, path in targets.items():
+        try:
+            read_result(path)
+            print(f"[eval] reusing {path}", file=sys.stderr, flush=True)
+        except ValueError:
+            todo.append(name)
+    if not todo:
+        return list(targets.values())
+
+    model = load_pretrained(checkpoint, cfg.dtype)
+    tokenizer = load_tokenizer(checkpoint)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    f = facts(model)
+    model_info = {"name": meta.get("model_name") or checkpoint.name, "family": f.family,
+                  "revision": meta.get("config_hash"), "kind": "block" if f.attention == "block_causal" else "masked",
+                  "dtype": cfg.dtype, "n_params": sum(p.numel() for p in model.parameters())}
+    save_config(cfg, out, header=f"dare eval {checkpoint}")
+    for name in todo:
+        outcome = evaluate_model(model, tokenizer, name, cfg.eval.split, cfg.eval.decoding, cfg.eval.batch_size,
+                                 cfg.eval.n_samples, cfg.run.seed)
+        samples_path = out / f"samples_{name}.jsonl"
+        atomic_write(samples_path, "".join(json.dumps(s) + "\n" for s in outcome["samples"]))
+        result = build_result(meta=meta, model_info=model_info, task_name=name, split=cfg.eval.split,
+                              decoding=cfg.eval.decoding, outcome=outcome, eval_hash=digest, seed=cfg.run.seed,
+                              samples_path=samples_path, command=command)
+        write_result(result, targets[name])
+        acc = ", ".join(f"{m['name']}={m['value']:.4f}" for m in result["metrics"])
+        print(f"[eval] {name}: {acc} ({outcome['n_effective']} samples, {outcome['seconds']:.1f}s) -> {targets[name]}",
+              file=sys.stderr, flush=True)
+    return list(targets.values())

@@ -1,0 +1,44 @@
+"""Model families. Facts about a family (mask id, logit shift, attention kind, block size) live
+only here, read from the checkpoint's config; nothing outside `dare.models` hard-codes them.
+
+`FAMILIES` maps our family name to its module and the `model_type` of the original checkpoints.
+Importing this package does not import torch; the helpers below import the family on demand,
+which registers its classes with transformers' Auto classes.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# family -> (module, original `model_type`)
+FAMILIES: dict[str, tuple[str, str]] = {
+    "llada": ("dare.models.llada", "llada"),
+}
+
+
+def family_module(family: str):
+    if family not in FAMILIES:
+        raise KeyError(f"unknown model family {family!r}; known: {sorted(FAMILIES)}")
+    return importlib.import_module(FAMILIES[family][0])
+
+
+def register_all() -> None:
+    """Import every family so that `AutoConfig`/`AutoModel` know their `model_type`s."""
+    for family in FAMILIES:
+        family_module(family)
+
+
+def family_of_model_type(model_type: str) -> str:
+    for family, (_, mt) in FAMILIES.items():
+        if mt == model_type:
+            return family
+    raise KeyError(f"no family implements model_type {model_type!r}; known: "
+                   f"{sorted(mt for _, mt in FAMILIES.values())}")
+
+
+from dare.models.api import (  # noqa: E402  (torch is imported inside the functions)
+    encode_chat, facts, load_pretrained, load_tokenizer, new_model, token_logits,
+)
+
+__all__ = ["FAMILIES", "family_module", "register_all", "family_of_model_type",
+           "encode_chat", "facts", "load_pretrained", "load_tokenizer", "new_model", "token_logits"]

@@ -1,0 +1,100 @@
+"""The one adapter protocol every other part of the code uses.
+
+- `facts(model)`: a `ModelFacts` with the mask/eos/pad ids, logit shift, attention kind and
+  block size, read from the checkpoint's config.
+- `token_logits(model, ids, attention_mask)`: logits aligned so that `out[:, i]` predicts token
+  i, for every family (a shifted family is re-aligned here, not in algorithm code).
+- `load_pretrained(path)`, `new_model(family, tokenizer, scratch, seed)`, `load_tokenizer(path)`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    family: str
+    mask_token_id: int
+    eos_token_id: int
+    pad_token_id: int
+    logits_shift: bool
+    """True when the logit at position i-1 predicts token i (Dream); `token_logits` re-aligns."""
+    attention: Literal["bidirectional", "block_causal"]
+    block_size: int | None = None
+    """Block size of block-causal attention (SDAR, LLaDA2); None for bidirectional models."""
+
+
+def facts(model) -> ModelFacts:
+    model = getattr(model, "module", model)  # unwrap DDP-style wrappers
+    return model.dllm_facts()
+
+
+def token_logits(model, input_ids, attention_mask=None):
+    """Full-vocabulary logits with `logits[:, i]` predicting token i. (B, L, V)"""
+    import torch
+
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    if facts(model).logits_shift:
+        # The first position has no predecessor; repeat its own logit (as the originals do).
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+    return logits
+
+
+def encode_chat(tokenizer, prompts: list[list[dict]]) -> list[list[int]]:
+    """Chat messages -> token ids through the tokenizer's chat template (with the generation prompt)."""
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def _check_folder(path: str | Path) -> Path:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path}: not a checkpoint folder (no config.json). Models are loaded from local folders "
+            f"(download them first, e.g. `huggingface-cli download GSAI-ML/LLaDA-8B-Instruct --local-dir ...`).")
+    return p
+
+
+def load_pretrained(path: str | Path, dtype: str = "float32"):
+    """Load a checkpoint folder of any registered family, without `trust_remote_code`."""
+    import torch
+    from transformers import AutoModel
+
+    from dare.models import register_all
+
+    register_all()
+    folder = _check_folder(path)
+    model = AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype))
+    return model
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(_check_folder(path))
+
+
+def new_model(family: str, tokenizer, scratch, seed: int, dtype: str = "float32"):
+    """A randomly initialised model of `family`, sized by `scratch` (a ScratchModelConfig),
+    with the special-token ids taken from `tokenizer`. Initialisation draws from a private
+    generator: the global RNG is neither read nor reseeded."""
+    import torch
+
+    from dare.models import family_module
+
+    module = family_module(family)
+    config = module.scratch_config(scratch, tokenizer)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # confined to this block by fork_rng
+        model = module.MODEL_CLASS(config)
+    return model.to(getattr(torch, dtype))
+
+
+def checkpoint_meta(path: str | Path) -> dict:
+    """The `dare.json` written next to a checkpoint by our trainers ({} for foreign checkpoints)."""
+    meta = Path(path) / "dare.json"
+    return json.loads(meta.read_text()) if meta.is_file() else {}

@@ -1,0 +1,275 @@
+"""LLaDA (GSAI-ML/LLaDA-8B-Base/Instruct, LLaDA-1.5, iLLaDA): a bidirectional Llama-style
+mask predictor, implemented natively with the original parameter and config names so that
+`from_pretrained(<downloaded folder>)` loads the released safetensors without remote code.
+
+Architecture (the `llama` block type of the original `modeling_llada.py`):
+    h = x + attn_out(attention(rope(q_proj(attn_norm(x))), rope(k_proj(.)), v_proj(.)))   # no causal mask
+    y = h + ff_out(silu(ff_proj(ff_norm(h))) * up_proj(ff_norm(h)))
+    logits = transformer.ff_out(ln_f(y))              # untied unless `weight_tying`
+RMSNorm (eps `rms_norm_eps`, computed in float32), NeoX-style RoPE computed in float32
+(`rope_full_precision`), no biases unless `include_bias`/`include_qkv_bias`, no logit shift:
+`logits[:, i]` predicts token i.
+
+Deliberate differences from the original code:
+1. A 2-D `attention_mask` hides padded keys and positions follow `cumsum(mask) - 1`, so a
+   left-padded row computes what the same row computes unpadded (the original numbers positions
+   0..L-1 regardless of padding; with padded keys hidden, RoPE's relative form makes the two agree).
+2. Only the `llama` block type, RMS norm and RoPE are implemented (every released LLaDA uses them);
+   other OLMo options raise a clear error instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from dare.models.api import ModelFacts
+
+
+class LLaDAConfig(PretrainedConfig):
+    model_type = "llada"
+
+    def __init__(
+        self,
+        d_model: int = 4096,
+        n_heads: int = 32,
+        n_kv_heads: int | None = None,
+        n_layers: int = 32,
+        mlp_hidden_size: int | None = None,
+        mlp_ratio: int = 4,
+        vocab_size: int = 126464,
+        embedding_size: int | None = 126464,
+        max_sequence_length: int = 4096,
+        rope: bool = True,
+        rope_theta: float = 10000.0,
+        rope_full_precision: bool = True,
+        rms_norm_eps: float = 1e-5,
+        layer_norm_type: str = "rms",
+        block_type: str = "llama",
+        activation_type: str = "silu",
+        include_bias: bool = False,
+        include_qkv_bias: bool = False,
+        weight_tying: bool = False,
+        init_std: float = 0.02,
+        mask_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        bos_token_id: int | None = None,
+        **kwargs,
+    ):
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.n_layers = n_layers
+        self.mlp_hidden_size = mlp_hidden_size
+        self.mlp_ratio = mlp_ratio
+        self.vocab_size = vocab_size
+        self.embedding_size = embedding_size
+        self.max_sequence_length = max_sequence_length
+        self.rope = rope
+        self.rope_theta = rope_theta
+        self.rope_full_precision = rope_full_precision
+        self.rms_norm_eps = rms_norm_eps
+        self.layer_norm_type = layer_norm_type
+        self.block_type = block_type
+        self.activation_type = activation_type
+        self.include_bias = include_bias
+        self.include_qkv_bias = include_qkv_bias
+        self.weight_tying = weight_tying
+        self.init_std = init_std
+        self.mask_token_id = mask_token_id
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+                         **kwargs)
+
+    # transformers-generic names, for tools that read them
+    @property
+    def hidden_size(self) -> int:
+        return self.d_model
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return self.n_layers
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.n_heads
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+        # q, k: (B, H, L, D); positions: (B, L). Computed in float32 (rope_full_precision).
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, device=q.device,
+                                                      dtype=torch.float32) / self.head_dim))
+        freqs = positions.to(torch.float32)[..., None] * inv_freq  # (B, L, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, L, D)
+        cos, sin = emb.cos(), emb.sin()
+        qf, kf = q.float(), k.float()
+        q = (qf * cos + _rotate_half(qf) * sin).to(q.dtype)
+        k = (kf * cos + _rotate_half(kf) * sin).to(k.dtype)
+        return q, k
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class LLaDALlamaBlock(nn.Module):
+    def __init__(self, config: LLaDAConfig):
+        super().__init__()
+        d, h = config.d_model, config.n_heads
+        kv = config.n_kv_heads or h
+        self.n_heads, self.n_kv_heads, self.head_dim = h, kv, d // h
+        hidden = config.mlp_hidden_size or config.mlp_ratio * d
+        qkv_bias = config.include_bias or config.include_qkv_bias
+        self.attn_norm = RMSNorm(d, config.rms_norm_eps)
+        self.ff_norm = RMSNorm(d, config.rms_norm_eps)
+        self.q_proj = nn.Linear(d, h * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, kv * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(d, kv * self.head_dim, bias=qkv_bias)
+        self.attn_out = nn.Linear(d, d, bias=config.include_bias)
+        self.ff_proj = nn.Linear(d, hidden, bias=config.include_bias)  # gate, SiLU applied
+        self.up_proj = nn.Linear(d, hidden, bias=config.include_bias)
+        self.ff_out = nn.Linear(hidden, d, bias=config.include_bias)  # down
+        self.rotary_emb = RotaryEmbedding(self.head_dim, config.rope_theta)
+
+    def forward(self, x, positions, attn_mask):
+        B, L, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.q_proj(h).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(B, L, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(B, L, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.rotary_emb(q, k, positions)
+        if self.n_kv_heads != self.n_heads:
+            rep = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=False)
+        x = x + self.attn_out(att.transpose(1, 2).reshape(B, L, -1))
+        h = self.ff_norm(x)
+        return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
+
+
+class LLaDAModel(nn.Module):
+    """Holds `transformer.{wte, blocks, ln_f, ff_out}` as in the original checkpoints."""
+
+    def __init__(self, config: LLaDAConfig):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.embedding_size or config.vocab_size, config.d_model),
+            blocks=nn.ModuleList(LLaDALlamaBlock(config) for _ in range(config.n_layers)),
+            ln_f=RMSNorm(config.d_model, config.rms_norm_eps),
+        ))
+        if not config.weight_tying:
+            self.transformer["ff_out"] = nn.Linear(config.d_model, config.embedding_size or config.vocab_size,
+                                                   bias=config.include_bias)
+        self.weight_tying = config.weight_tying
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        t = self.transformer
+        x = t.wte(input_ids)
+        attn_mask = None
+        if attention_mask is not None and attention_mask.dim() == 2:
+            keep = attention_mask.bool()
+            if position_ids is None:
+                position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)
+            if not keep.all():
+                attn_mask = keep[:, None, None, :]  # (B, 1, 1, L): padded keys are never attended
+        elif attention_mask is not None:
+            attn_mask = attention_mask.bool()  # an explicit (B, 1, L, L) mask
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        for block in t.blocks:
+            x = block(x, position_ids, attn_mask)
+        x = t.ln_f(x)
+        return F.linear(x, t.wte.weight) if self.weight_tying else t.ff_out(x)
+
+
+class LLaDAModelLM(PreTrainedModel):
+    config_class = LLaDAConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["LLaDALlamaBlock"]
+    _supports_sdpa = True
+
+    def __init__(self, config: LLaDAConfig):
+        for name, want in (("block_type", "llama"), ("layer_norm_type", "rms"), ("activation_type", "silu")):
+            if getattr(config, name) != want:
+                raise NotImplementedError(f"LLaDA config {name}={getattr(config, name)!r}: only {want!r} is implemented")
+        if not config.rope:
+            raise NotImplementedError("LLaDA config rope=false (ALiBi/absolute positions) is not implemented")
+        super().__init__(config)
+        self.model = LLaDAModel(config)
+        self.post_init()
+
+    def _init_weights(self, module):
+        std = self.config.init_std
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+    def get_input_embeddings(self):
+        return self.model.transformer.wte
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
+        logits = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        return CausalLMOutputWithPast(logits=logits)
+
+    def dllm_facts(self) -> ModelFacts:
+        c = self.config
+        if c.mask_token_id is None:
+            raise ValueError("LLaDA config has no mask_token_id; set it in config.json "
+                             "(126336 for LLaDA-8B, 5 for iLLaDA)")
+        return ModelFacts(family="llada", mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
+                          pad_token_id=c.pad_token_id if c.pad_token_id is not None else c.eos_token_id,
+                          logits_shift=False, attention="bidirectional", block_size=None)
+
+
+MODEL_CLASS = LLaDAModelLM
+
+
+def scratch_config(scratch, tokenizer) -> LLaDAConfig:
+    """A small LLaDA config whose vocabulary and special tokens come from `tokenizer`."""
+    vocab = len(tokenizer)
+    return LLaDAConfig(
+        d_model=scratch.d_model, n_heads=scratch.n_heads, n_kv_heads=scratch.n_heads, n_layers=scratch.n_layers,
+        mlp_hidden_size=scratch.mlp_hidden_size, vocab_size=vocab, embedding_size=vocab,
+        max_sequence_length=scratch.max_sequence_length, rope_theta=scratch.rope_theta,
+        init_std=0.02, mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN),
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, architectures=["LLaDAModelLM"],
+    )
+
+
+# The special tokens of the released LLaDA tokenizer; tiny tokenizers reuse the same strings
+# (EOS doubles as padding, as in LLaDA's SFT recipe).
+MASK_TOKEN = "<|mdm_mask|>"
+SPECIAL_TOKENS = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
+
+AutoConfig.register("llada", LLaDAConfig, exist_ok=True)
+AutoModel.register(LLaDAConfig, LLaDAModelLM, exist_ok=True)
+AutoModelForCausalLM.register(LLaDAConfig, LLaDAModelLM, exist_ok=True)

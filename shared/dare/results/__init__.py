@@ -1,0 +1,246 @@
+"""Result JSON, schema version 1: one file per (run x benchmark), validated on write and on load.
+
+Fields (all required unless marked optional):
+    schema_version  "1"
+    run_id          "<baseline>__<model>__<benchmark>__s<seed>__<config hash[:8]>"
+    created_at      ISO-8601 UTC
+    method          baseline name, variant, paper id, and what it started from (`init`)
+    model           name, family, revision, kind (masked | block), dtype, parameter count
+    benchmark       name, split, version (task + parser version), n_shot, sample counts
+                    (original size of the split, effective number evaluated)
+    decoding        sampler, gen_length, block_length, steps, remasking, temperature, cfg_scale,
+                    threshold (optional), extra (optional dict of sampler-specific settings)
+    metrics         list of {name, value, count, sum, sum_sq, stderr, higher_is_better}; `value`
+                    must equal sum / count, so means, stderr and seed spread can be recomputed
+    reference       optional: the paper's value, its source, and whether the decoding matches
+    training        optional (absent for an untrained base model): seed, steps, config hash,
+                    data identity (task, split, version, sha256), wall time, the run it started from
+    throughput      evaluation samples/s and tokens/s, NFE per sample, tokens per forward
+    provenance      git commit and dirty flag, package versions, hardware, command line
+    artifacts       optional: per-sample outputs file and its sha256, resolved config path
+
+The writer is atomic; `load_results` never raises on a bad file, it reports (file, reason).
+This module imports no torch: the leaderboard uses it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dare.utils import atomic_write
+
+SCHEMA_VERSION = "1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())
+
+
+class Method(_Strict):
+    baseline: str
+    variant: str | None = None
+    paper: str | None = None
+    """arXiv id or URL of the method's paper."""
+    init: str | None = None
+    """What training started from: `scratch`, a baseline name (e.g. `sft`), or `pretrained`."""
+
+
+class ModelInfo(_Strict):
+    name: str
+    family: str
+    revision: str | None = None
+    kind: Literal["masked", "block"]
+    dtype: str
+    n_params: int = Field(ge=0)
+
+
+class SampleCounts(_Strict):
+    original: int = Field(ge=0)
+    effective: int = Field(ge=0)
+
+
+class Benchmark(_Strict):
+    name: str
+    split: str
+    version: str
+    n_shot: int = Field(default=0, ge=0)
+    n_samples: SampleCounts
+
+
+class Decoding(_Strict):
+    sampler: str
+    gen_length: int = Field(gt=0)
+    block_length: int = Field(gt=0)
+    steps: int = Field(gt=0)
+    remasking: str
+    temperature: float = Field(ge=0)
+    cfg_scale: float = Field(default=0.0, ge=0)
+    threshold: float | None = None
+    extra: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+
+class Metric(_Strict):
+    name: str
+    value: float
+    count: int = Field(gt=0)
+    sum: float
+    sum_sq: float | None = None
+    stderr: float | None = Field(default=None, ge=0)
+    higher_is_better: bool = True
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if not math.isclose(self.value, self.sum / self.count, rel_tol=1e-9, abs_tol=1e-12):
+            raise ValueError(f"metric {self.name!r}: value {self.value} != sum / count = {self.sum / self.count}")
+        return self
+
+
+class Reference(_Strict):
+    value: float
+    source: str
+    same_decoding: bool | None = None
+
+
+class DataInfo(_Strict):
+    task: str
+    split: str
+    version: str
+    sha256: str
+
+
+class Training(_Strict):
+    seed: int
+    steps: int = Field(ge=0)
+    config_hash: str
+    config_path: str | None = None
+    data: DataInfo | None = None
+    wall_time_s: float = Field(ge=0)
+    init_config_hash: str | None = None
+    """Config hash of the run whose checkpoint this one started from (e.g. the SFT run for d1)."""
+
+
+class Throughput(_Strict):
+    eval_samples_per_s: float | None = Field(default=None, ge=0)
+    eval_tokens_per_s: float | None = Field(default=None, ge=0)
+    nfe_per_sample: float | None = Field(default=None, ge=0)
+    tokens_per_forward: float | None = Field(default=None, ge=0)
+
+
+class Hardware(_Strict):
+    cpu: str
+    n_cpus: int = Field(ge=0)
+    gpu: str | None = None
+    n_gpus: int = Field(default=0, ge=0)
+    nodes: int = Field(default=1, ge=1)
+
+
+class Provenance(_Strict):
+    git_commit: str | None
+    git_dirty: bool | None
+    packages: dict[str, str]
+    hardware: Hardware
+    command: str | None = None
+
+
+class Artifacts(_Strict):
+    samples: str | None = None
+    samples_sha256: str | None = None
+    config: str | None = None
+
+
+class Result(_Strict):
+    schema_version: Literal["1"]
+    run_id: str
+    created_at: str
+    method: Method
+    model: ModelInfo
+    benchmark: Benchmark
+    decoding: Decoding
+    metrics: list[Metric] = Field(min_length=1)
+    reference: Reference | None = None
+    training: Training | None = None
+    throughput: Throughput
+    provenance: Provenance
+    artifacts: Artifacts = Field(default_factory=Artifacts)
+
+    def metric(self, name: str) -> Metric:
+        for m in self.metrics:
+            if m.name == name:
+                return m
+        raise KeyError(f"{self.run_id}: no metric {name!r}")
+
+
+def metric_from_values(name: str, values: list[float], higher_is_better: bool = True) -> Metric:
+    """Sufficient statistics of per-sample values, with the standard error of their mean."""
+    n = len(values)
+    total = float(sum(values))
+    sum_sq = float(sum(v * v for v in values))
+    mean = total / n
+    var = max(0.0, sum_sq / n - mean * mean) * n / (n - 1) if n > 1 else 0.0
+    return Metric(name=name, value=mean, count=n, sum=total, sum_sq=sum_sq, stderr=math.sqrt(var / n),
+                  higher_is_better=higher_is_better)
+
+
+def write_result(result: Result | dict, path: str | Path) -> Path:
+    """Validate, then write atomically (a reader never sees a partial file)."""
+    if isinstance(result, dict):
+        result = Result.model_validate(result)
+    return atomic_write(path, result.model_dump_json(indent=2) + "\n")
+
+
+def read_result(path: str | Path) -> Result:
+    """One result file; raises ValueError with the reason when it is not valid."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(), parse_constant=_reject_constant)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"unreadable: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"top level is {type(data).__name__}, expected an object")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"schema_version is {version!r}; this reader understands {SCHEMA_VERSION!r}")
+    try:
+        return Result.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        more = f" (+{e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise ValueError(f"{where}: {first['msg']}{more}") from None
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not allowed in result files")
+
+
+def load_results(*sources: str | Path, pattern: str = "**/*.json") -> tuple[list[tuple[Path, Result]], list[tuple[Path, str]]]:
+    """Every file matching `pattern` under each source folder (or each file given directly).
+    Returns ([(path, result)], [(path, reason)]); never raises on a bad file."""
+    valid, invalid = [], []
+    for source in sources:
+        source = Path(source)
+        if source.is_file():
+            files = [source]
+        elif source.is_dir():
+            files = sorted(source.glob(pattern))
+        else:
+            invalid.append((source, "no such file or folder"))
+            continue
+        for path in files:
+            try:
+                valid.append((path, read_result(path)))
+            except ValueError as e:
+                invalid.append((path, str(e)))
+    return valid, invalid
+
+
+__all__ = ["SCHEMA_VERSION", "Result", "Method", "ModelInfo", "Benchmark", "SampleCounts", "Decoding", "Metric",
+           "Reference", "Training", "DataInfo", "Throughput", "Provenance", "Hardware", "Artifacts",
+           "metric_from_values", "write_result", "read_result", "load_results"]

@@ -1,0 +1,99 @@
+"""Training: recipes that baselines plug into, and `train(name, config, overrides)`.
+
+A recipe is a generic loop that knows nothing about any particular algorithm:
+
+- `sft`: supervised batches (prompt + response) -> `algorithm.loss(model, batch, cfg.algo, generator)`.
+- `rl`:  prompts -> rollout -> rewards -> `algorithm.advantages` -> noise draws shared by the policy,
+  old and reference log-probs -> `algorithm.loss` for `rl.num_iterations` updates per batch.
+
+The baseline's `algorithm.py` sets `RECIPE` to one of the keys of `RECIPES` and defines the
+functions listed in that recipe's `REQUIRED`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from dare.config import ConfigError, config_hash, read_yaml
+from dare.config import load as load_config
+from dare.config import save as save_config
+from dare.utils import REPO_ROOT, atomic_write_json, git_state
+
+RECIPES = {"sft": "dare.train.sft", "rl": "dare.train.rl"}
+
+
+def runs_dir() -> Path:
+    import os
+
+    return Path(os.environ.get("DARE_RUNS", REPO_ROOT / "runs"))
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def resolve(name: str, config_path: str | Path | None = None, overrides=()):
+    """Load and validate the baseline and its config (no model is built): (baseline, cfg, recipe)."""
+    import importlib
+
+    from dare import baselines
+
+    b = baselines.load(name)
+    data = read_yaml(config_path) if config_path else {}
+    declared = data.pop("baseline", None)
+    if declared is not None and declared != name:
+        raise ConfigError(f"{config_path}: baseline: {declared!r} does not match the requested baseline {name!r}")
+    cfg = load_config(b.Config, config_path, overrides, data=data)
+    recipe_name = getattr(b.algorithm, "RECIPE", None)
+    if recipe_name not in RECIPES:
+        raise AttributeError(f"baselines/{name}/algorithm.py: RECIPE = {recipe_name!r}; expected one of {sorted(RECIPES)}")
+    recipe = importlib.import_module(RECIPES[recipe_name])
+    missing = [fn for fn in recipe.REQUIRED if not callable(getattr(b.algorithm, fn, None))]
+    if missing:
+        raise AttributeError(f"baselines/{name}/algorithm.py: the {recipe_name!r} recipe needs {', '.join(missing)}")
+    return b, cfg, recipe
+
+
+def train(name: str, config_path: str | Path | None = None, overrides=(), *, force: bool = False) -> Path:
+    """Run baseline `name`; returns its run directory. A finished run with the same config hash is
+    reused; an interrupted one resumes from its last checkpoint."""
+    b, cfg, recipe = resolve(name, config_path, overrides)
+    digest = config_hash(cfg)
+    run_dir = Path(cfg.run.out_dir) if cfg.run.out_dir else runs_dir() / name / digest[:12]
+    status_path = run_dir / "run.json"
+    status = json.loads(status_path.read_text()) if status_path.is_file() else {}
+    if status and status.get("config_hash") != digest:
+        raise ConfigError(f"{run_dir}: holds a run with config hash {status.get('config_hash', '?')[:12]}, not "
+                          f"{digest[:12]}; choose another run.out_dir or delete it")
+    if status.get("status") == "done" and (run_dir / "final" / "dare.json").is_file() and not force:
+        print(f"[{name}] reusing finished run {run_dir}", flush=True)
+        return run_dir
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir, header=f"dare train {name}" + (f" {config_path}" if config_path else "")
+                + "".join(f" {o}" for o in overrides))
+    status = {"baseline": name, "config_hash": digest, "status": "running",
+              "started_at": status.get("started_at", now()), "config_path": str(config_path or "")}
+    atomic_write_json(status_path, status)
+
+    t0 = time.perf_counter()
+    outcome = recipe.run(cfg, b.algorithm, run_dir, label=name)
+    commit, dirty = git_state()
+    meta = {
+        "baseline": name, "config_hash": digest, "seed": cfg.run.seed, "steps": outcome["steps"],
+        "model_name": outcome["model_name"], "family": cfg.model.family,
+        "data": outcome["data"], "init": outcome["init"],
+        "wall_time_s": round(outcome["elapsed_s"], 2), "git_commit": commit, "git_dirty": dirty,
+        "created_at": now(), "config_path": str(config_path or ""),
+    }
+    from dare.train.common import save_final
+
+    save_final(outcome["model"], outcome["tokenizer"], run_dir, meta)
+    status.update(status="done", finished_at=now(), wall_time_s=meta["wall_time_s"],
+                  session_time_s=round(time.perf_counter() - t0, 2))
+    atomic_write_json(status_path, status)
+    print(f"[{name}] done in {meta['wall_time_s']:.0f}s -> {run_dir / 'final'}", flush=True)
+    return run_dir

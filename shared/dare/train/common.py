@@ -1,0 +1,223 @@
+"""Building blocks shared by the training recipes: the data sampler, the
+optimizer and LR schedule, atomic checkpoints with exact resume, and the metrics log."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dare.utils import atomic_write, derive_seed, replace_dir
+
+
+class EpochSampler:
+    """Draws example indices without replacement, reshuffling each epoch with its own generator."""
+
+    def __init__(self, n: int, generator: torch.Generator):
+        if n <= 0:
+            raise ValueError("cannot sample from an empty split")
+        self.n, self.generator = n, generator
+        self.perm: list[int] = []
+        self.pos, self.epoch = 0, 0
+
+    def next(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            if self.pos >= len(self.perm):
+                self.perm = torch.randperm(self.n, generator=self.generator).tolist()
+                self.pos = 0
+                self.epoch += 1
+            take = min(k - len(out), len(self.perm) - self.pos)
+            out += self.perm[self.pos:self.pos + take]
+            self.pos += take
+        return out
+
+    def state_dict(self) -> dict:
+        return {"perm": self.perm, "pos": self.pos, "epoch": self.epoch, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.perm, self.pos, self.epoch = state["perm"], state["pos"], state["epoch"]
+        self.generator.set_state(state["generator"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer and schedule
+# ---------------------------------------------------------------------------------------------
+
+
+def make_optimizer(model: torch.nn.Module, train) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on norms, biases or other vectors)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas))
+
+
+def lr_factor(step: int, total: int, train) -> float:
+    """Multiplier of `train.lr` for optimizer step `step` (0-based) out of `total`."""
+    if step < train.warmup_steps:
+        return (step + 1) / train.warmup_steps
+    if train.schedule == "constant":
+        return 1.0
+    progress = (step - train.warmup_steps) / max(1, total - train.warmup_steps)
+    floor = train.min_lr_ratio
+    if train.schedule == "linear":
+        return floor + (1 - floor) * max(0.0, 1 - progress)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))  # cosine
+
+
+def clip_and_step(model, optimizer, scheduler, max_grad_norm: float) -> float:
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: written to a temporary folder and renamed into place, so a crash never leaves a
+# half-written checkpoint; resume restores weights, optimizer, schedule, sampler and generators.
+# ---------------------------------------------------------------------------------------------
+
+
+class Checkpointer:
+    def __init__(self, run_dir: Path, keep: int = 1):
+        self.dir = Path(run_dir) / "checkpoints"
+        self.keep = keep
+
+    def complete(self) -> list[Path]:
+        return sorted(p for p in self.dir.glob("step_*")
+                      if p.name[5:].isdigit() and (p / "trainer_state.pt").is_file())
+
+    def latest(self) -> Path | None:
+        done = self.complete()
+        return done[-1] if done else None
+
+    def save(self, step: int, model, tokenizer, state: dict) -> Path:
+        final = self.dir / f"step_{step:07d}"
+        tmp = self.dir / f"step_{step:07d}.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        save_model(model, tokenizer, tmp)
+        torch.save({"step": step, **state}, tmp / "trainer_state.pt")
+        replace_dir(tmp, final)
+        for old in self.complete()[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    @staticmethod
+    def load(path: Path, model) -> dict:
+        from safetensors.torch import load_file
+
+        weights = load_file(str(path / "model.safetensors"))
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        if missing or unexpected:
+            raise RuntimeError(f"{path}: checkpoint does not match the model (missing {missing}, unexpected {unexpected})")
+        return torch.load(path / "trainer_state.pt", weights_only=False)
+
+
+def save_model(model, tokenizer, folder: Path, meta: dict | None = None) -> None:
+    from transformers.utils import logging as hf_logging
+
+    from dare.models.tokenizer import save_tokenizer
+
+    hf_logging.disable_progress_bar()
+    model.save_pretrained(folder)
+    save_tokenizer(tokenizer, folder)
+    if meta is not None:
+        atomic_write(Path(folder) / "dare.json", json.dumps(meta, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics: one JSON line per logged step, and a short progress line on the terminal
+# ---------------------------------------------------------------------------------------------
+
+
+class MetricsLog:
+    def __init__(self, run_dir: Path, total_steps: int, resume_step: int = 0, label: str = ""):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.total, self.label = total_steps, label
+        self.t0, self.step0 = time.perf_counter(), resume_step
+        if self.path.exists():  # drop lines logged after the checkpoint we resume from
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            atomic_write(self.path, "".join(line + "\n" for line in kept))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        elapsed = time.perf_counter() - self.t0
+        record = {"step": step, "time_s": round(elapsed, 3), **{k: _plain(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        done = step - self.step0
+        eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
+        shown = "  ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in metrics.items() if not k.startswith("time/"))
+        print(f"[{self.label}] step {step}/{self.total}  {shown}  ({elapsed:.0f}s, eta {eta:.0f}s)",
+              file=sys.stderr, flush=True)
+
+
+def _plain(v):
+    return float(v) if isinstance(v, (torch.Tensor, float)) else v
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def save_final(model, tokenizer, run_dir: Path, meta: dict) -> Path:
+    """The run's final model, with `dare.json` describing how it was made, moved into place whole."""
+    tmp, final = Path(run_dir) / "final.tmp", Path(run_dir) / "final"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_model(model, tokenizer, tmp, meta)
+    replace_dir(tmp, final)
+    return final
+
+
+# ---------------------------------------------------------------------------------------------
+# Model and data setup
+# ---------------------------------------------------------------------------------------------
+
+
+def build_model(model_cfg, task, seed: int):
+    """(model, tokenizer, display name, meta of the checkpoint it starts from or None)."""
+    from dare.models import facts, load_pretrained, load_tokenizer, new_model
+    from dare.models.api import checkpoint_meta
+    from dare.models.tokenizer import char_tokenizer
+
+    if model_cfg.path:
+        model = load_pretrained(model_cfg.path, model_cfg.dtype)
+        tokenizer = load_tokenizer(model_cfg.path)
+        family = facts(model).family
+        if family != model_cfg.family:
+            raise ValueError(f"model.path {model_cfg.path} holds a {family!r} model but model.family is "
+                             f"{model_cfg.family!r}")
+        meta = checkpoint_meta(model_cfg.path)
+        name = model_cfg.name or meta.get("model_name") or Path(model_cfg.path).name
+        return model, tokenizer, name, meta or {"pretrained": str(model_cfg.path)}
+    alphabet = getattr(task, "alphabet", None)
+    if not alphabet:
+        raise ValueError("model.path is empty (train from scratch) but the task has no character alphabet; "
+                         "give a checkpoint with model.path=...")
+    tokenizer = char_tokenizer(alphabet, model_cfg.family)
+    s = model_cfg.scratch
+    model = new_model(model_cfg.family, tokenizer, s, derive_seed(seed, "init"), model_cfg.dtype)
+    name = model_cfg.name or f"{model_cfg.family}-scratch-d{s.d_model}-l{s.n_layers}"
+    return model, tokenizer, name, None
+
+
+def data_identity(task_name: str, split: str) -> dict:
+    from dare.data import TASKS, split_path
+    from dare.utils import sha256_file
+
+    return {"task": task_name, "split": split, "version": TASKS[task_name].version,
+            "sha256": sha256_file(split_path(task_name, split))}
+
