@@ -17,6 +17,8 @@ from types import ModuleType
 
 import yaml
 
+from dare.utils import UserError
+
 REQUIRED_FILES = ("README.md", "algorithm.py", "config.py")
 
 
@@ -35,13 +37,13 @@ def front_matter(name: str) -> dict:
     """The YAML front matter of `baselines/<name>/README.md` (torch-free; the leaderboard reads it)."""
     text = (root() / name / "README.md").read_text()
     if not text.startswith("---\n"):
-        raise ValueError(f"baselines/{name}/README.md: no YAML front matter (a leading '---' block)")
+        raise UserError(f"baselines/{name}/README.md: no YAML front matter (a leading '---' block)")
     end = text.find("\n---", 4)
     if end < 0:
-        raise ValueError(f"baselines/{name}/README.md: front matter is not closed by '---'")
+        raise UserError(f"baselines/{name}/README.md: front matter is not closed by '---'")
     meta = yaml.safe_load(text[4:end]) or {}
     if not isinstance(meta, dict):
-        raise ValueError(f"baselines/{name}/README.md: front matter must be a mapping")
+        raise UserError(f"baselines/{name}/README.md: front matter must be a mapping")
     return meta
 
 
@@ -58,13 +60,13 @@ def load(name: str) -> Baseline:
     if name not in available:
         close = difflib.get_close_matches(name, available, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise KeyError(f"unknown baseline {name!r}{hint}; available: {', '.join(available)}")
+        raise UserError(f"unknown baseline {name!r}{hint}; available: {', '.join(available)}")
     folder = root() / name
     missing = [f for f in REQUIRED_FILES if not (folder / f).is_file()]
     if missing:
-        raise FileNotFoundError(f"baselines/{name}: missing {', '.join(missing)}")
+        raise UserError(f"baselines/{name}: missing {', '.join(missing)}")
     config = importlib.import_module(f"baselines.{name}.config")
     algorithm = importlib.import_module(f"baselines.{name}.algorithm")
     if not hasattr(config, "Config"):
-        raise AttributeError(f"baselines/{name}/config.py defines no `Config` dataclass")
+        raise UserError(f"baselines/{name}/config.py defines no `Config` dataclass")
     return Baseline(name, folder, algorithm, config.Config)

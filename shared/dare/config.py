@@ -29,10 +29,12 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
+from dare.utils import UserError
+
 NOHASH = {"hash": False}  # field metadata: the value does not change results (paths, logging)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config problem, reported before any compute starts."""
 
 

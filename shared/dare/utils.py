@@ -13,6 +13,10 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+class UserError(Exception):
+    """Bad input (config, data, paths, names): reported as one clear line, before compute starts."""
+
+
 PACKAGE_ROOT = Path(__file__).resolve().parent
 # The monorepo checkout: shared/dare/utils.py -> shared/dare -> shared -> <repo>.
 REPO_ROOT = PACKAGE_ROOT.parent.parent

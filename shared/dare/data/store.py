@@ -7,10 +7,10 @@ import json
 import os
 from pathlib import Path
 
-from dare.utils import REPO_ROOT, atomic_write
+from dare.utils import REPO_ROOT, UserError, atomic_write
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data file that does not follow the schema; the message names file, row and field."""
 
 
@@ -57,7 +57,7 @@ def load_split(task: str, split: str, root: Path | None = None, *, build_missing
     path = split_path(task, split, root)
     if not path.is_file():
         if not build_missing:
-            raise FileNotFoundError(f"{path}: missing; run `dare data build {task}` or `dvc pull`")
+            raise DataError(f"{path}: missing; run `dare data build {task}` or `dvc pull`")
         build(task, split, root)
     try:
         table = pq.read_table(path)

@@ -53,7 +53,9 @@ def encode_chat(tokenizer, prompts: list[list[dict]]) -> list[list[int]]:
 def _check_folder(path: str | Path) -> Path:
     p = Path(path)
     if not (p / "config.json").is_file():
-        raise FileNotFoundError(
+        from dare.utils import UserError
+
+        raise UserError(
             f"{path}: not a checkpoint folder (no config.json). Models are loaded from local folders "
             f"(download them first, e.g. `huggingface-cli download GSAI-ML/LLaDA-8B-Instruct --local-dir ...`).")
     return p

@@ -20,7 +20,7 @@ from pathlib import Path
 from dare.config import ConfigError, config_hash, read_yaml
 from dare.config import load as load_config
 from dare.config import save as save_config
-from dare.utils import REPO_ROOT, atomic_write_json, git_state
+from dare.utils import REPO_ROOT, UserError, atomic_write_json, git_state
 
 RECIPES = {"sft": "dare.train.sft", "rl": "dare.train.rl"}
 
@@ -49,11 +49,11 @@ def resolve(name: str, config_path: str | Path | None = None, overrides=()):
     cfg = load_config(b.Config, config_path, overrides, data=data)
     recipe_name = getattr(b.algorithm, "RECIPE", None)
     if recipe_name not in RECIPES:
-        raise AttributeError(f"baselines/{name}/algorithm.py: RECIPE = {recipe_name!r}; expected one of {sorted(RECIPES)}")
+        raise UserError(f"baselines/{name}/algorithm.py: RECIPE = {recipe_name!r}; expected one of {sorted(RECIPES)}")
     recipe = importlib.import_module(RECIPES[recipe_name])
     missing = [fn for fn in recipe.REQUIRED if not callable(getattr(b.algorithm, fn, None))]
     if missing:
-        raise AttributeError(f"baselines/{name}/algorithm.py: the {recipe_name!r} recipe needs {', '.join(missing)}")
+        raise UserError(f"baselines/{name}/algorithm.py: the {recipe_name!r} recipe needs {', '.join(missing)}")
     return b, cfg, recipe
 
 

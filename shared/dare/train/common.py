@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from dare.utils import atomic_write, derive_seed, replace_dir
+from dare.utils import UserError, atomic_write, derive_seed, replace_dir
 
 
 class EpochSampler:
@@ -198,14 +198,14 @@ def build_model(model_cfg, task, seed: int):
         tokenizer = load_tokenizer(model_cfg.path)
         family = facts(model).family
         if family != model_cfg.family:
-            raise ValueError(f"model.path {model_cfg.path} holds a {family!r} model but model.family is "
+            raise UserError(f"model.path {model_cfg.path} holds a {family!r} model but model.family is "
                              f"{model_cfg.family!r}")
         meta = checkpoint_meta(model_cfg.path)
         name = model_cfg.name or meta.get("model_name") or Path(model_cfg.path).name
         return model, tokenizer, name, meta or {"pretrained": str(model_cfg.path)}
     alphabet = getattr(task, "alphabet", None)
     if not alphabet:
-        raise ValueError("model.path is empty (train from scratch) but the task has no character alphabet; "
+        raise UserError("model.path is empty (train from scratch) but the task has no character alphabet; "
                          "give a checkpoint with model.path=...")
     tokenizer = char_tokenizer(alphabet, model_cfg.family)
     s = model_cfg.scratch

@@ -17,7 +17,7 @@ from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.train.common import (Checkpointer, EpochSampler, MetricsLog, build_model, clip_and_step,
                                data_identity, lr_factor, make_optimizer)
-from dare.utils import make_generator
+from dare.utils import UserError, make_generator
 
 REQUIRED = ("loss",)
 
@@ -62,7 +62,7 @@ def run(cfg, algo, run_dir, label: str = "sft") -> dict:
         too_long = [i for i, r in enumerate(responses) if len(r) + 1 > R]
         if too_long:
             i = too_long[0]
-            raise ValueError(f"{cfg.data.task}/{cfg.data.split} row {i}: response of {len(responses[i])} tokens plus "
+            raise UserError(f"{cfg.data.task}/{cfg.data.split} row {i}: response of {len(responses[i])} tokens plus "
                              f"EOS exceeds algo.response_length={R} ({len(too_long)} rows do)")
 
     total = cfg.train.steps

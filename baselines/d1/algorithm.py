@@ -1,0 +1,75 @@
+"""d1 / diffu-GRPO (Zhao et al., "d1: Scaling Reasoning in Diffusion Large Language Models via
+Reinforcement Learning", arXiv:2504.12216, §3; reference code `dllm-reasoning/d1`
+`diffu-grpo/diffu_grpo_trainer.py`).
+
+Per-token log-probs come from ONE forward pass of the mask predictor on q' + [MASK]^L: every
+completion token is masked and each prompt token is masked independently with p_mask_prompt
+(q'). log pi(o^k | q) ~= log softmax(f(q' + M..M))_k[o^k] (mean-field; §3.1). A fresh prompt
+mask is drawn for every inner iteration and shared by the policy, old and reference log-probs.
+
+    A_i   = r_i - mean(r_group)                                  (Eq. 2, no std scaling)
+    rho   = exp(logp - logp_old)
+    KL    = exp(ref - logp) - (ref - logp) - 1                   (k3 estimator)
+    L     = -sum_{i,k} [min(rho A, clip(rho, 1-eps, 1+eps) A) - beta KL] / sum_i |o_i|   (Eq. 4)
+
+|o_i| counts completion tokens up to and including the first EOS; the sum runs over the whole
+batch (the reference code's token-level normalisation).
+
+Deviations from the reference code (all listed in README.md):
+1. Full fine-tuning of the policy with a frozen copy as reference (the paper uses a 4-bit base
+   with LoRA and the adapter-disabled base as reference; LoRA arrives with the peft baseline).
+2. mu = 1 is supported: the old log-probs are then the current ones (ratio 1) instead of
+   the reference code's crash on an undefined variable.
+"""
+
+import torch
+
+from dare.models import facts, token_logits
+
+RECIPE = "rl"
+
+
+def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
+    """(P, G) rewards -> (P, G) advantages: the group mean is the baseline, no std division."""
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+def uses_reference(cfg) -> bool:
+    return cfg.beta > 0
+
+
+def sample_noise(batch, cfg, generator: torch.Generator) -> torch.Tensor:
+    """Which prompt tokens to mask in this inner iteration. (B, P) bool"""
+    u = torch.rand(batch.prompt_mask.shape, generator=generator).to(batch.prompt_mask.device)
+    return (u < cfg.p_mask_prompt) & batch.prompt_mask
+
+
+def token_logps(model, batch, prompt_noise: torch.Tensor) -> torch.Tensor:
+    """One-step per-token log-probs of the completion. (B, G)"""
+    mask_id, P = facts(model).mask_token_id, batch.prompt_length
+    x = batch.sequences.clone()
+    x[:, :P] = torch.where(prompt_noise, mask_id, x[:, :P])  # q': randomly masked prompt
+    x[:, P:] = mask_id  # every completion token masked
+    logits = token_logits(model, x, batch.attention_mask)[:, P:]  # (B, G, V)
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1)
+
+
+def loss(logps, old_logps, ref_logps, batch, cfg):
+    mask = batch.response_mask.float()  # (B, G)
+    adv = batch.advantages[:, None]  # (B, 1)
+    ratio = torch.exp(logps - old_logps)
+    clipped = ratio.clamp(1 - cfg.epsilon, 1 + cfg.epsilon)
+    policy = torch.min(ratio * adv, clipped * adv)
+    if ref_logps is not None:
+        delta = ref_logps - logps
+        kl = torch.exp(delta) - delta - 1
+    else:
+        kl = torch.zeros_like(logps)
+    per_token = -(policy - cfg.beta * kl)
+    n = mask.sum().clamp(min=1)
+    loss = (per_token * mask).sum() / n
+    return loss, {
+        "loss/policy": (-(policy * mask).sum() / n).item(),
+        "loss/kl": ((kl * mask).sum() / n).item(),
+        "stats/clip_ratio": (((ratio - clipped).abs() > 0).float() * mask).sum().item() / n.item(),
+    }

@@ -1,0 +1,235 @@
+"""The `dare` command. Every subcommand has `--help`.
+
+    dare demo                                   the embedded default: tiny SFT -> d1 -> eval -> table
+    dare train <baseline> [config.yaml] [key=value ...]
+    dare eval <checkpoint> [config.yaml] [key=value ...] [--benchmarks a,b]
+    dare leaderboard [--runs DIR ...]
+    dare data list | build [TASK ...]
+    dare models [list | show <checkpoint>]
+    dare bench rollout [--checkpoint DIR] [key=value ...]
+    dare sweep ...                              (not available yet)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from dare.utils import UserError
+
+
+def _command_line() -> str:
+    return "dare " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """`[config.yaml] [key=value ...]`: the first argument without '=' is the config file."""
+    path, overrides = None, []
+    for a in args:
+        if "=" in a:
+            overrides.append(a)
+        elif path is None:
+            path = a
+        else:
+            raise UserError(f"unexpected argument {a!r}: give at most one config file, then key=value overrides")
+    return path, overrides
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_train(ns) -> int:
+    from dare import config as config_mod
+    from dare.train import resolve, train
+
+    path, overrides = _split_config_args(ns.args)
+    if ns.dry_run:
+        _, cfg, _ = resolve(ns.baseline, path, overrides)
+        print(config_mod.to_yaml(cfg), end="")
+        print(f"# config_hash: sha256:{config_mod.config_hash(cfg)}")
+        return 0
+    run_dir = train(ns.baseline, path, overrides, force=ns.force)
+    print(run_dir / "final")
+    return 0
+
+
+def cmd_eval(ns) -> int:
+    from dare.eval import evaluate_checkpoint
+
+    path, overrides = _split_config_args(ns.args)
+    if ns.benchmarks:
+        overrides.append(f"eval.benchmarks=[{ns.benchmarks}]")
+    for p in evaluate_checkpoint(ns.checkpoint, path, overrides, out_dir=ns.out, command=_command_line()):
+        print(p)
+    return 0
+
+
+def cmd_leaderboard(ns) -> int:
+    from dare.utils import REPO_ROOT
+
+    app = REPO_ROOT / "leaderboard" / "app.py"
+    env = dict(os.environ)
+    runs = [str(Path(r).resolve()) for r in ns.runs or []]
+    if runs:
+        env["DARE_LEADERBOARD_RUNS"] = os.pathsep.join(runs)
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", ns.address,
+           "--server.port", str(ns.port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    print(f"leaderboard on http://{ns.address}:{ns.port}  (Ctrl-C to stop)", flush=True)
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_data(ns) -> int:
+    from dare.data import TASKS, build, split_path
+
+    if ns.action == "list":
+        for name, task in TASKS.items():
+            have = ", ".join(f"{s}{'' if split_path(name, s).is_file() else ' (not built)'}" for s in task.splits)
+            print(f"{name:12s} version {task.version:16s} splits: {have}")
+        return 0
+    names = ns.tasks or list(TASKS)
+    unknown = [n for n in names if n not in TASKS]
+    if unknown:
+        raise UserError(f"unknown task(s) {unknown}; known: {sorted(TASKS)}")
+    for name in names:
+        for split in TASKS[name].splits:
+            print(build(name, split))
+    return 0
+
+
+def cmd_models(ns) -> int:
+    from dare.models import FAMILIES
+
+    if ns.action == "show":
+        if not ns.checkpoint:
+            raise UserError("dare models show <checkpoint folder>")
+        from dare.models import facts, load_pretrained
+
+        model = load_pretrained(ns.checkpoint)
+        print(f"{ns.checkpoint}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters")
+        for k, v in vars(facts(model)).items():
+            print(f"  {k:14s} {v}")
+        return 0
+    from dare.config import ScratchModelConfig
+    from dare.models import facts, family_module, new_model
+    from dare.models.tokenizer import char_tokenizer
+
+    print(f"{'family':8s} {'model_type':12s} {'attention':14s} {'shift':6s} {'block':6s} {'tiny params':>12s}")
+    for family, (_, model_type) in FAMILIES.items():
+        family_module(family)
+        tiny = new_model(family, char_tokenizer("0123456789+=", family), ScratchModelConfig(), seed=0)
+        f = facts(tiny)
+        print(f"{family:8s} {model_type:12s} {f.attention:14s} {str(f.logits_shift):6s} {str(f.block_size):6s} "
+              f"{sum(p.numel() for p in tiny.parameters()):>12,}")
+    return 0
+
+
+def cmd_bench(ns) -> int:
+    from dare.bench import rollout_benchmark
+
+    path, overrides = _split_config_args(ns.args)
+    if path:
+        raise UserError(f"dare bench {ns.what} takes key=value decoding overrides, not a file ({path!r})")
+    rollout_benchmark(ns.checkpoint, overrides, repeats=ns.repeats, batch_size=ns.batch_size)
+    return 0
+
+
+def cmd_sweep(ns) -> int:
+    raise UserError("dare sweep is not available yet (issue 9: submitit sweeps). Run stages with "
+                    "`dare train` / `dare eval`, or the whole demo with `dare demo`.")
+
+
+def cmd_demo(ns) -> int:
+    from dare.demo import main as demo_main
+
+    return demo_main(smoke=ns.smoke, seeds=ns.seeds)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dare", description="Post-training diffusion language models.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("train", help="train a baseline", description=(
+        "Train baselines/<baseline>. Config precedence: the baseline's defaults, then config.yaml, "
+        "then key=value overrides (dotted keys, e.g. train.lr=3e-6 rl.rollout.steps=64). A finished run with "
+        "the same config hash is reused; an interrupted one resumes."))
+    s.add_argument("baseline", help="a folder name under baselines/ (e.g. sft, d1)")
+    s.add_argument("args", nargs="*", metavar="[config.yaml] [key=value]")
+    s.add_argument("--dry-run", action="store_true", help="print the resolved config and its hash, then exit")
+    s.add_argument("--force", action="store_true", help="retrain even if a finished run exists")
+    s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("eval", help="evaluate a checkpoint (embedded evaluator)", description=(
+        "Decode a benchmark split with the rollout engine and write result_<benchmark>.json (schema v1) "
+        "and samples_<benchmark>.jsonl."))
+    s.add_argument("checkpoint", help="a checkpoint folder (config.json + weights + tokenizer)")
+    s.add_argument("args", nargs="*", metavar="[config.yaml] [key=value]")
+    s.add_argument("--benchmarks", help="comma-separated task names (sets eval.benchmarks)")
+    s.add_argument("--out", help="output folder (default: beside the checkpoint, keyed by the eval config hash)")
+    s.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("leaderboard", help="open the Streamlit leaderboard on 127.0.0.1", description=(
+        "Shows every result JSON under leaderboard/results/ plus result_*.json files under the given run "
+        "folders (also read from $DARE_LEADERBOARD_RUNS, separated by ':')."))
+    s.add_argument("--runs", action="append", metavar="DIR", help="a run folder to include (repeatable)")
+    s.add_argument("--port", type=int, default=8501)
+    s.add_argument("--address", default="127.0.0.1")
+    s.set_defaults(func=cmd_leaderboard)
+
+    s = sub.add_parser("data", help="list or build task datasets", description=(
+        "Tasks live in data/<task>/<split>.parquet (one schema; see dare.data). Synthetic tasks are "
+        "generated offline and byte-deterministically."))
+    s.add_argument("action", choices=["list", "build"])
+    s.add_argument("tasks", nargs="*", metavar="TASK")
+    s.set_defaults(func=cmd_data)
+
+    s = sub.add_parser("models", help="list model families and their facts", description=(
+        "`dare models` lists the families with the facts of a tiny config; `dare models show <checkpoint>` "
+        "prints a checkpoint's facts (mask id, logit shift, attention kind, block size)."))
+    s.add_argument("action", nargs="?", default="list", choices=["list", "show"])
+    s.add_argument("checkpoint", nargs="?")
+    s.set_defaults(func=cmd_models)
+
+    s = sub.add_parser("bench", help="benchmarks (rollout throughput)", description=(
+        "dare bench rollout: tokens/s and forward passes of the sampler on a checkpoint (default: a random "
+        "tiny LLaDA) for prompts of the addition task; key=value overrides set the decoding (gen_length=...)."))
+    s.add_argument("what", choices=["rollout"])
+    s.add_argument("args", nargs="*", metavar="key=value")
+    s.add_argument("--checkpoint")
+    s.add_argument("--repeats", type=int, default=3)
+    s.add_argument("--batch-size", type=int, default=8)
+    s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("sweep", help="launch a reproduction sweep (not available yet)")
+    s.add_argument("args", nargs="*")
+    s.set_defaults(func=cmd_sweep)
+
+    s = sub.add_parser("demo", help="the embedded default: tiny SFT -> d1 -> eval -> comparison table",
+                       description="Trains a tiny LLaDA on 2-digit addition with sft, continues with d1, evaluates "
+                                   "both on the held-out split and prints the comparison. Finished stages are reused.")
+    s.add_argument("--seeds", type=int, default=3, help="d1 seeds (default 3)")
+    s.add_argument("--smoke", action="store_true", help="a seconds-long run at reduced size (for tests)")
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except UserError as e:  # bad input: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

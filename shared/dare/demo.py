@@ -1,0 +1,93 @@
+"""The embedded default (`make demo` / `dare demo`).
+
+1. build the synthetic addition task (train / held-out test) under data/;
+2. train a tiny LLaDA-architecture model from scratch with the `sft` baseline;
+3. continue from the SFT checkpoint with the `d1` baseline, for each seed;
+4. evaluate every checkpoint on the held-out split with the same decoding;
+5. print the comparison and the command that opens the leaderboard.
+
+Every stage is content-addressed by its config hash (runs/<baseline>/<hash>), so a rerun reuses
+what is finished and resumes what is not. Configs: reproductions/demo/{sft,d1,eval}.yaml.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from dare.utils import REPO_ROOT
+
+DEMO = REPO_ROOT / "reproductions" / "demo"
+
+# --smoke: the same path at a size that runs in seconds (used by the tests).
+SMOKE = {
+    "sft": ["train.steps=30", "train.batch_size=32", "train.warmup_steps=5", "run.log_every=10",
+            "model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=1",
+            "model.scratch.mlp_hidden_size=64"],
+    "d1": ["train.steps=2", "rl.prompts_per_step=4", "run.log_every=1"],
+    "eval": ["eval.n_samples=40"],
+}
+
+
+def _accuracy(result_path: Path) -> tuple[float, int]:
+    from dare.results import read_result
+
+    m = read_result(result_path).metric("accuracy")
+    return m.value, m.count
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return mean, std
+
+
+def main(smoke: bool = False, seeds: int = 3) -> int:
+    import json
+
+    from dare.data import TASKS, load_split
+    from dare.eval import evaluate_checkpoint
+    from dare.train import runs_dir, train
+
+    t0 = time.perf_counter()
+    extra = SMOKE if smoke else {"sft": [], "d1": [], "eval": []}
+    for split in TASKS["addition"].splits:
+        print(f"[demo] addition/{split}: {len(load_split('addition', split))} examples", flush=True)
+
+    stamps = {}
+    tic = time.perf_counter()
+    sft_run = train("sft", DEMO / "sft.yaml", extra["sft"])
+    sft_result = evaluate_checkpoint(sft_run / "final", DEMO / "eval.yaml", extra["eval"])[0]
+    stamps["sft"] = time.perf_counter() - tic
+
+    d1_results, d1_runs = [], []
+    tic = time.perf_counter()
+    for seed in range(seeds):
+        run = train("d1", DEMO / "d1.yaml", [f"model.path={sft_run / 'final'}", f"run.seed={seed}", *extra["d1"]])
+        d1_runs.append(run)
+        d1_results.append(evaluate_checkpoint(run / "final", DEMO / "eval.yaml", extra["eval"])[0])
+    stamps["d1"] = time.perf_counter() - tic
+
+    sft_acc, n = _accuracy(sft_result)
+    d1_accs = [_accuracy(p)[0] for p in d1_results]
+    d1_mean, d1_std = _mean_std(d1_accs)
+    train_s = lambda run: json.loads((run / "run.json").read_text())["wall_time_s"]  # noqa: E731
+    print()
+    print(f"Held-out addition accuracy ({n} problems, greedy, identical decoding: reproductions/demo/eval.yaml)")
+    print(f"  {'method':8s} {'init':8s} {'seeds':>5s}  {'accuracy':>16s}  {'train time':>12s}")
+    print(f"  {'sft':8s} {'scratch':8s} {1:>5d}  {sft_acc:>16.3f}  {train_s(sft_run):>11.0f}s")
+    spread = f"{d1_mean:.3f} ± {d1_std:.3f}" if seeds > 1 else f"{d1_mean:.3f}"
+    per_seed = sum(train_s(r) for r in d1_runs) / len(d1_runs)
+    print(f"  {'d1':8s} {'sft':8s} {seeds:>5d}  {spread:>16s}  {per_seed:>8.0f}s/seed")
+    print(f"  d1 - sft: {d1_mean - sft_acc:+.3f}   (per seed: {', '.join(f'{a:.3f}' for a in d1_accs)})")
+    print()
+    print(f"Result JSONs: {sft_result}")
+    for p in d1_results:
+        print(f"              {p}")
+    print(f"Demo wall time: {time.perf_counter() - t0:.0f}s (this invocation; finished stages are reused)")
+    print()
+    runs = runs_dir()
+    print("Open the leaderboard with these results:")
+    print(f"  make leaderboard        # or: .venv/train/bin/dare leaderboard --runs {runs}")
+    return 0

@@ -1,0 +1,81 @@
+"""Shared fixtures. Tests run on CPU with tiny models; nothing touches the checkout's runs/ or
+data/ folders (DARE_RUNS and DARE_DATA point into a per-session temporary folder)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dare")
+    old = {k: os.environ.get(k) for k in ("DARE_RUNS", "DARE_DATA")}
+    os.environ["DARE_RUNS"] = str(root / "runs")
+    os.environ["DARE_DATA"] = str(root / "data")
+    yield root
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def char_tok():
+    from dare.models.tokenizer import char_tokenizer
+
+    return char_tokenizer("0123456789+=", "llada")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(char_tok):
+    from dare.config import ScratchModelConfig
+    from dare.models import new_model
+
+    scratch = ScratchModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64)
+    return new_model("llada", char_tok, scratch, seed=0).eval()
+
+
+def dare_cli(*args, env=None, timeout=600):
+    """Run the installed `dare` command (the real entry point) and capture its output."""
+    exe = shutil.which("dare", path=str(Path(sys.executable).parent)) or "dare"
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=REPO)
+
+
+@pytest.fixture(scope="session")
+def trained_tiny(char_tok):
+    """A tiny LLaDA briefly trained with the sft baseline's loss on addition (a few seconds).
+    Unlike a random model it never predicts the mask token, as real checkpoints don't."""
+    import torch
+
+    from baselines.sft.algorithm import loss
+    from baselines.sft.config import SFT
+    from dare.config import ScratchModelConfig
+    from dare.data import TASKS, load_split
+    from dare.models import encode_chat, facts, new_model
+    from dare.train.sft import sft_batch
+
+    model = new_model("llada", char_tok, ScratchModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64), 0)
+    rows = load_split("addition", "train")[:512]
+    prompts = encode_chat(char_tok, [r["prompt"] for r in rows])
+    targets = char_tok([TASKS["addition"].target(r) for r in rows], add_special_tokens=False)["input_ids"]
+    f = facts(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for step in range(60):
+        idx = [(step * 64 + i) % len(rows) for i in range(64)]
+        batch = sft_batch([prompts[i] for i in idx], [targets[i] for i in idx], f.eos_token_id, f.pad_token_id, 4)
+        value, _ = loss(model, batch, SFT(), g)
+        value.backward()
+        opt.step()
+        opt.zero_grad()
+    return model.eval()

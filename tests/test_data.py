@@ -1,0 +1,75 @@
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dare.data import TASKS, build, load_split, split_path
+from dare.data.store import DataError, _schema
+from dare.rewards.arithmetic import exact_match, parse_answer
+from dare.utils import sha256_file
+
+
+def test_build_is_byte_deterministic(tmp_path):
+    a = build("addition", "test", tmp_path / "a")
+    b = build("addition", "test", tmp_path / "b")
+    assert sha256_file(a) == sha256_file(b)
+
+
+def test_addition_splits_are_disjoint_and_correct(tmp_path):
+    train = load_split("addition", "train", tmp_path)
+    test = load_split("addition", "test", tmp_path)
+    assert len(test) == 500 and len(train) == 100 * 100 - 500
+    key = lambda r: (r["extra"]["a"], r["extra"]["b"])  # noqa: E731
+    assert not {key(r) for r in train} & {key(r) for r in test}
+    for r in test[:50]:
+        a, b = key(r)
+        assert r["prompt"] == [{"role": "user", "content": f"{a}+{b}="}] and r["ground_truth"] == str(a + b)
+    assert [r["index"] for r in test] == list(range(500))
+
+
+def _write(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=_schema()), path)
+
+
+def _row(i, **kw):
+    return {"index": i, "task": "addition", "split": "test", "prompt": [{"role": "user", "content": "1+1="}],
+            "ground_truth": "2", "extra": "{}", **kw}
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"ground_truth": None}, "ground_truth"),
+    ({"prompt": []}, "prompt"),
+    ({"extra": "{not json"}, "extra"),
+    ({"index": 7}, "index"),
+    ({"task": "countdown"}, "task"),
+])
+def test_load_names_file_row_and_field(tmp_path, bad, field):
+    path = split_path("addition", "test", tmp_path)
+    _write(path, [_row(0), _row(1, **bad)])
+    with pytest.raises(DataError, match=rf"test\.parquet: row 1: field '{field}'"):
+        load_split("addition", "test", tmp_path)
+
+
+def test_load_rejects_wrong_schema_and_garbage(tmp_path):
+    path = split_path("addition", "test", tmp_path)
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"index": [0], "task": ["addition"]}), path)
+    with pytest.raises(DataError, match="missing column 'split'"):
+        load_split("addition", "test", tmp_path)
+    path.write_bytes(b"not parquet at all")
+    with pytest.raises(DataError, match="not a readable parquet"):
+        load_split("addition", "test", tmp_path)
+    with pytest.raises(DataError, match="dare data build"):
+        load_split("addition", "train", tmp_path / "empty", build_missing=False)
+
+
+def test_addition_reward():
+    assert exact_match("46", "46") == 1.0
+    assert exact_match(" 46 ", "46") == 1.0
+    assert exact_match("046", "46") == 1.0  # the value counts, not leading zeros
+    assert exact_match("45", "46") == 0.0
+    assert exact_match("4 6", "46") == 0.0 and exact_match("", "46") == 0.0 and exact_match("46+", "46") == 0.0
+    assert parse_answer("x") is None
+    task = TASKS["addition"]
+    row = {"ground_truth": "12"}
+    assert task.reward("12", row) == 1.0 and task.score("13", row) == {"accuracy": 0.0}

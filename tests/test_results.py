@@ -1,0 +1,85 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dare.results import Result, load_results, metric_from_values, read_result, write_result
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_result(**changes) -> dict:
+    r = {
+        "schema_version": "1", "run_id": "d1__tiny__addition__s0__abcd1234", "created_at": "2026-11-21T00:00:00Z",
+        "method": {"baseline": "d1", "paper": "2504.12216", "init": "sft"},
+        "model": {"name": "tiny", "family": "llada", "kind": "masked", "dtype": "float32", "n_params": 1000},
+        "benchmark": {"name": "addition", "split": "test", "version": "1",
+                      "n_samples": {"original": 4, "effective": 4}},
+        "decoding": {"sampler": "llada", "gen_length": 4, "block_length": 4, "steps": 4,
+                     "remasking": "low_confidence", "temperature": 0.0},
+        "metrics": [metric_from_values("accuracy", [1, 0, 1, 1]).model_dump()],
+        "training": {"seed": 0, "steps": 10, "config_hash": "ab", "wall_time_s": 1.5},
+        "throughput": {"eval_samples_per_s": 10.0},
+        "provenance": {"git_commit": "abc", "git_dirty": False, "packages": {"torch": "2.13.0"},
+                       "hardware": {"cpu": "x86_64", "n_cpus": 2}},
+    }
+    r.update(changes)
+    return r
+
+
+def test_metric_sufficient_statistics():
+    m = metric_from_values("accuracy", [1, 0, 1, 1])
+    assert (m.count, m.sum, m.sum_sq, m.value) == (4, 3.0, 3.0, 0.75)
+    assert m.stderr == pytest.approx((0.75 * 0.25 * 4 / 3 / 4) ** 0.5)
+    with pytest.raises(ValueError, match="sum / count"):
+        Result.model_validate(make_result(metrics=[{"name": "accuracy", "value": 0.9, "count": 4, "sum": 3.0}]))
+
+
+def test_write_is_atomic_and_round_trips(tmp_path):
+    path = write_result(make_result(), tmp_path / "r.json")
+    assert read_result(path).metric("accuracy").value == 0.75
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left behind
+    with pytest.raises(ValueError):  # invalid results are never written
+        write_result(make_result(metrics=[]), tmp_path / "bad.json")
+    assert not (tmp_path / "bad.json").exists()
+
+
+def test_loader_reports_bad_files_and_never_raises(tmp_path):
+    write_result(make_result(), tmp_path / "good.json")
+    good = json.dumps(make_result())
+    (tmp_path / "truncated.json").write_text(good[: len(good) // 2])
+    (tmp_path / "version.json").write_text(json.dumps(make_result(schema_version="0")))
+    missing = make_result()
+    del missing["model"]
+    (tmp_path / "missing.json").write_text(json.dumps(missing))
+    (tmp_path / "nan.json").write_text(good.replace('"value": 0.75', '"value": NaN'))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
+    extra = make_result(unknown_field=1)
+    (tmp_path / "extra.json").write_text(json.dumps(extra))
+    valid, invalid = load_results(tmp_path, tmp_path / "nonexistent")
+    assert [p.name for p, _ in valid] == ["good.json"]
+    reasons = {p.name: why for p, why in invalid}
+    assert "not valid JSON" in reasons["truncated.json"]
+    assert "schema_version is '0'" in reasons["version.json"]
+    assert reasons["missing.json"].startswith("model:")
+    assert "NaN" in reasons["nan.json"]
+    assert "expected an object" in reasons["list.json"]
+    assert "unknown_field" in reasons["extra.json"]
+    assert "unreadable" in reasons["binary.json"] or "JSON" in reasons["binary.json"]
+    assert "no such file" in reasons["nonexistent"]
+
+
+def test_every_committed_result_is_valid():
+    files = sorted((REPO / "leaderboard" / "results").rglob("*.json"))
+    assert files, "leaderboard/results/ holds no result JSONs"
+    valid, invalid = load_results(REPO / "leaderboard" / "results")
+    assert not invalid, invalid
+    assert len(valid) == len(files)
+
+
+def test_results_module_does_not_import_torch():
+    code = "import sys, dare.results, dare.config; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
