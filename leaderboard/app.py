@@ -35,7 +35,7 @@ chosen = [(p, r) for p, r in items if r.model.family == family and r.model.name 
 st.subheader(f"{model} ({family})")
 benchmarks, rows = load.table([r for _, r in chosen])
 st.caption("Main metric of each benchmark, in %: mean ± std over seeds (sample std).")
-st.dataframe(pd.DataFrame(rows), hide_index=True, key="main_table")
+st.dataframe(pd.DataFrame(rows), hide_index=True)
 
 st.subheader("Runs")
-st.dataframe(pd.DataFrame(load.run_rows(chosen)), hide_index=True, key="runs_table")
+st.dataframe(pd.DataFrame(load.run_rows(chosen)), hide_index=True)

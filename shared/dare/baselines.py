@@ -58,7 +58,7 @@ class Baseline:
 def load(name: str) -> Baseline:
     available = names()
     if name not in available:
-        close = difflib.get_close_matches(name, available, n=1)
+        close = difflib.get_close_matches(name, available, n=1, cutoff=0.5)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise UserError(f"unknown baseline {name!r}{hint}; available: {', '.join(available)}")
     folder = root() / name

@@ -223,7 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns, extra = parser.parse_known_args(argv)
+    if extra:  # key=value overrides given after an option (`dare train d1 --dry-run rl.group_size=4`)
+        if hasattr(ns, "args") and not any(e.startswith("-") for e in extra):
+            ns.args += extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return ns.func(ns)
     except UserError as e:  # bad input: one line, no traceback

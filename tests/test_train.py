@@ -1,0 +1,149 @@
+"""The training engine: schedules, sampler, discovery, checkpoint/resume, run reuse."""
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dare import baselines
+from dare.config import ConfigError, TrainConfig
+from dare.train import resolve, train
+from dare.train.common import EpochSampler, lr_factor
+from dare.utils import UserError
+
+SFT_TINY = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=1",
+            "model.scratch.mlp_hidden_size=64", "train.batch_size=16", "train.lr=1e-3", "train.warmup_steps=2",
+            "algo.response_length=4", "run.log_every=1"]
+
+
+def test_lr_schedules():
+    t = TrainConfig(steps=10, warmup_steps=2, schedule="linear", min_lr_ratio=0.1)
+    assert [round(lr_factor(s, 10, t), 4) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.55, 0.1]
+    t.schedule = "cosine"
+    assert lr_factor(2, 10, t) == pytest.approx(1.0) and lr_factor(10, 10, t) == pytest.approx(0.1)
+    t.schedule = "constant"
+    assert lr_factor(9, 10, t) == 1.0
+
+
+def test_epoch_sampler_covers_each_epoch_and_resumes_exactly():
+    s = EpochSampler(10, torch.Generator().manual_seed(0))
+    first = s.next(10)
+    assert sorted(first) == list(range(10))
+    s.next(3)
+    state = s.state_dict()
+    rest = s.next(25)
+    s2 = EpochSampler(10, torch.Generator().manual_seed(123))
+    s2.load_state_dict(state)
+    assert s2.next(25) == rest
+
+
+def test_discovery_by_convention():
+    assert {"sft", "d1"} <= set(baselines.names())
+    assert baselines.front_matter("d1")["arxiv"] == "2504.12216"
+    with pytest.raises(UserError, match=r"unknown baseline 'd2' \(did you mean 'd1'\?\)"):
+        baselines.load("d2")
+
+
+def test_config_typo_fails_before_any_compute():
+    with pytest.raises(ConfigError, match=r"unknown key 'train.lrr' \(did you mean 'train.lr'\?\)"):
+        resolve("sft", None, ["train.lrr=1"])
+    with pytest.raises(ConfigError, match="gen_length"):
+        resolve("d1", None, ["rl.rollout.gen_length=100"])
+
+
+def test_baseline_key_in_yaml_must_match(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("baseline: d1\n")
+    with pytest.raises(ConfigError, match="does not match"):
+        resolve("sft", p)
+
+
+def _weights(run_dir):
+    return load_file(str(run_dir / "final" / "model.safetensors"))
+
+
+def test_resume_from_checkpoint_reaches_identical_weights(tmp_path):
+    """Train 6 steps straight; separately, start from the step-3 checkpoint of that run and
+    finish: the final weights must be bitwise equal."""
+    a = train("sft", None, [*SFT_TINY, "train.steps=6", "run.save_every=3", f"run.out_dir={tmp_path / 'a'}"])
+    ckpts = sorted((a / "checkpoints").glob("step_*"))
+    assert [c.name for c in ckpts] == ["step_0000003"]
+    b = tmp_path / "b"
+    b.mkdir()
+    shutil.copytree(ckpts[0], b / "checkpoints" / ckpts[0].name)
+    status = json.loads((a / "run.json").read_text())
+    (b / "run.json").write_text(json.dumps({**status, "status": "running"}))  # as if killed after step 3
+    metrics_a = (a / "metrics.jsonl").read_text().splitlines()
+    (b / "metrics.jsonl").write_text("\n".join(metrics_a) + "\n")  # lines after step 3 get dropped on resume
+    train("sft", None, [*SFT_TINY, "train.steps=6", "run.save_every=3", f"run.out_dir={b}"])
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    steps_b = [json.loads(line)["step"] for line in (b / "metrics.jsonl").read_text().splitlines()]
+    assert steps_b == [1, 2, 3, 4, 5, 6]
+
+
+def test_finished_run_is_reused_and_config_mismatch_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={out}"])
+    stamp = (out / "final" / "model.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={out}", "run.log_every=5"])  # NOHASH change
+    assert "reusing finished run" in capsys.readouterr().out
+    assert (out / "final" / "model.safetensors").stat().st_mtime_ns == stamp
+    with pytest.raises(ConfigError, match="holds a run with config hash"):
+        train("sft", None, [*SFT_TINY, "train.steps=3", f"run.out_dir={out}"])
+    meta = json.loads((out / "final" / "dare.json").read_text())
+    assert meta["baseline"] == "sft" and meta["init"] is None and meta["steps"] == 2
+    assert (out / "config.yaml").read_text().count("config_hash: sha256:" + meta["config_hash"]) == 1
+
+
+def test_d1_two_steps_change_parameters_and_stay_finite(tmp_path):
+    sft_run = train("sft", None, [*SFT_TINY, "train.steps=3", f"run.out_dir={tmp_path / 'sft'}"])
+    d1_run = train("d1", None, [f"model.path={sft_run / 'final'}", "train.steps=2", "train.lr=1e-3",
+                                "rl.prompts_per_step=4", "rl.group_size=4", "rl.num_iterations=2",
+                                "rl.rollout.gen_length=4", "rl.rollout.block_length=4", "rl.rollout.steps=4",
+                                "run.log_every=1", f"run.out_dir={tmp_path / 'd1'}"])
+    before, after = _weights(sft_run), _weights(d1_run)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    records = [json.loads(line) for line in (d1_run / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2
+    for r in records:
+        assert all(torch.isfinite(torch.tensor(float(v))) for k, v in r.items() if isinstance(v, float))
+    meta = json.loads((d1_run / "final" / "dare.json").read_text())
+    assert meta["init"]["baseline"] == "sft" and meta["model_name"] == json.loads(
+        (sft_run / "final" / "dare.json").read_text())["model_name"]
+
+
+def test_rl_needs_a_checkpoint(tmp_path):
+    with pytest.raises(UserError, match="model.path"):
+        train("d1", None, [f"run.out_dir={tmp_path / 'x'}"])
+
+
+def test_rl_loop_uses_shared_noise_and_skips_recompute_when_mu_is_one(tmp_path, monkeypatch):
+    """With mu = 1 the loop must not recompute old log-probs; with mu = 2 the old/ref log-probs
+    are computed on exactly the noise the update then uses."""
+    from baselines.d1 import algorithm as d1
+
+    sft_run = train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
+    calls = []
+    real = d1.token_logps
+
+    def spy(model, batch, noise):
+        calls.append((torch.is_grad_enabled(), noise.clone()))
+        return real(model, batch, noise)
+
+    monkeypatch.setattr(d1, "token_logps", spy)
+    common = [f"model.path={sft_run / 'final'}", "train.steps=1", "rl.prompts_per_step=2", "rl.group_size=2",
+              "rl.rollout.gen_length=4", "rl.rollout.block_length=4", "rl.rollout.steps=4"]
+    train("d1", None, [*common, "rl.num_iterations=1", "algo.beta=0", f"run.out_dir={tmp_path / 'mu1'}"])
+    assert [grad for grad, _ in calls] == [True]  # one forward: the update itself
+    calls.clear()
+    train("d1", None, [*common, "rl.num_iterations=2", f"run.out_dir={tmp_path / 'mu2'}"])
+    # old x2, ref x2 (no grad), then the two updates (grad), each update on its own noise
+    assert [grad for grad, _ in calls] == [False, False, False, False, True, True]
+    old0, old1, ref0, ref1, upd0, upd1 = (n for _, n in calls)
+    assert torch.equal(old0, ref0) and torch.equal(old0, upd0)
+    assert torch.equal(old1, ref1) and torch.equal(old1, upd1)
