@@ -1,0 +1,127 @@
+"""The monorepo's promises: layout, one source of pins, baseline folder shape, house rules."""
+
+import ast
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import yaml
+
+from dare import baselines
+
+REPO = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+EXTRAS = PYPROJECT["project"]["optional-dependencies"]
+
+
+def test_layout():
+    for path in ["baselines", "shared/dare", "leaderboard", "leaderboard/results", "reproductions", "tests",
+                 "data.dvc", ".dvc/config", "environment-train.yml", "environment-eval.yml", "README.md",
+                 "pyproject.toml", "Makefile", ".ci/run"]:
+        assert (REPO / path).exists(), path
+    assert set(EXTRAS) >= {"train", "eval", "gpu", "dev"}
+    assert any(p.startswith("flash-attn") for p in EXTRAS["gpu"])
+
+
+def test_ci_runs_exactly_make_test():
+    lines = [line.strip() for line in (REPO / ".ci/run").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert lines[-1] == "exec make test"
+    assert (REPO / ".ci/run").stat().st_mode & 0o111
+
+
+def test_environment_files_take_their_pins_from_pyproject():
+    pins = {}
+    for extra in EXTRAS.values():
+        for req in extra:
+            name, _, version = req.partition("==")
+            pins[name.lower()] = version
+    for env_file, extras in [("environment-train.yml", "train"), ("environment-eval.yml", "eval")]:
+        env = yaml.safe_load((REPO / env_file).read_text())
+        assert "python=3.11" in env["dependencies"]
+        pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+        assert any(re.fullmatch(rf"-e \.\[{extras}(,\w+)*\]", p) for p in pip), pip
+        for p in pip:
+            if "==" in p:  # any explicit pin must be the pyproject pin
+                name, version = p.split("==")
+                assert pins[name.lower()] == version, (env_file, p)
+
+
+def test_makefile_reads_the_torch_pin_from_pyproject():
+    make = (REPO / "Makefile").read_text()
+    assert "tomllib" in make and "optional-dependencies" in make
+    assert "torch==" not in make  # no second copy of the pin
+
+
+def test_setup_is_idempotent():
+    """After `make test` installed the venv, the install target is up to date: a rerun skips it."""
+    r = subprocess.run(["make", "-q", ".venv/train/.installed"], cwd=REPO, capture_output=True)
+    assert r.returncode == 0, "make would reinstall the train venv"
+
+
+def test_pytest_exit_5_is_not_swallowed():
+    """A run that collects no tests must fail `make test` (and therefore .ci/run)."""
+    r = subprocess.run(["make", "test", "PYTEST_ARGS=tests/test_layout.py -k no_such_test_anywhere"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "deselected" in r.stdout
+
+
+REQUIRED_FRONT_MATTER = {"name", "title", "arxiv", "reference_code", "families", "status"}
+
+
+def test_every_baseline_folder_has_its_parts():
+    names = baselines.names()
+    assert {"sft", "d1"} <= set(names)
+    for name in names:
+        folder = REPO / "baselines" / name
+        for f in baselines.REQUIRED_FILES:
+            assert (folder / f).is_file(), f"baselines/{name}/{f}"
+        meta = baselines.front_matter(name)
+        assert REQUIRED_FRONT_MATTER <= set(meta), (name, REQUIRED_FRONT_MATTER - set(meta))
+        assert meta["name"] == name and meta["status"] in {"verified", "partial", "wip", "stale"}
+        readme = (folder / "README.md").read_text()
+        assert "## Deviations" in readme and "## Results" in readme
+        b = baselines.load(name)
+        assert b.algorithm.RECIPE in {"sft", "rl"}
+        assert len((folder / "algorithm.py").read_text().splitlines()) <= 250
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_baselines_import_only_dare_and_themselves():
+    for name in baselines.names():
+        for py in (REPO / "baselines" / name).glob("*.py"):
+            for mod in _imports(py):
+                if mod.startswith("baselines."):
+                    assert mod.split(".")[1] == name, f"{py} imports {mod}"
+
+
+def test_core_never_branches_on_a_baseline_name():
+    names = baselines.names()
+    pattern = re.compile(r"""(==|!=|\bin)\s*[\(\[{]?\s*["'](%s)["']""" % "|".join(map(re.escape, names)))
+    for py in (REPO / "shared" / "dare").rglob("*.py"):
+        if py.name == "demo.py":  # the demo names the stages it runs; it is a script, not the core
+            continue
+        for i, line in enumerate(py.read_text().splitlines(), 1):
+            assert not pattern.search(line), f"{py}:{i}: {line.strip()}"
+
+
+def test_no_token_ids_outside_models():
+    known_ids = ["126336", "126081", "126348", "151666", "151669", "156895", "156892", "151643", "151645"]
+    for folder in ["baselines", "shared/dare/rollout", "shared/dare/train", "shared/dare/eval", "reproductions"]:
+        for f in (REPO / folder).rglob("*.py"):
+            text = f.read_text()
+            for tid in known_ids:
+                assert tid not in text, f"{f} hard-codes token id {tid}"
+        for f in (REPO / folder).rglob("*.yaml"):
+            assert "mask_token_id" not in f.read_text(), f
