@@ -44,12 +44,18 @@ def method_label(r: Result) -> str:
     return r.method.baseline if r.method.init in (None, "scratch") else f"{r.method.baseline} (from {r.method.init})"
 
 
+def benchmark_label(r: Result) -> str:
+    """A column per benchmark and decoding setting: scores under different decodings never mix."""
+    d = r.decoding
+    return f"{r.benchmark.name} [{d.gen_length}/{d.block_length}/{d.steps}, T={d.temperature:g}]"
+
+
 def table(results: list[Result]) -> tuple[list[str], list[dict]]:
     """Methods as rows, benchmarks as columns; a cell is `mean ± std (n seeds)` of the main metric."""
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
     methods, benchmarks = [], []
     for r in results:
-        m, b = method_label(r), r.benchmark.name
+        m, b = method_label(r), benchmark_label(r)
         cells[(m, b)].append(r.metric(main_metric(r)).value)
         methods += [m] if m not in methods else []
         benchmarks += [b] if b not in benchmarks else []

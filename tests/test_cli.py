@@ -4,7 +4,7 @@ import pytest
 
 from conftest import dare_cli
 
-SUBCOMMANDS = ["train", "eval", "sweep", "leaderboard", "data", "bench", "models", "demo"]
+SUBCOMMANDS = ["train", "eval", "sweep", "leaderboard", "data", "bench", "models", "demo", "results"]
 
 
 @pytest.mark.parametrize("sub", [None, *SUBCOMMANDS])

@@ -39,8 +39,9 @@ def test_app_shows_methods_seeds_and_invalid_files(runs):
     reasons = expander.dataframe[0].value
     assert set(reasons["reason"].str.slice(0, 14)) == {"not valid JSON", "schema_version"}
     frames = [d.value for d in at.dataframe]
-    table = next(f for f in frames if "addition" in f.columns)  # methods x benchmarks
-    cells = dict(zip(table["method"], table["addition"]))
+    column = "addition [4/4/4, T=0]"  # benchmark and decoding (gen/block/steps, temperature)
+    table = next(f for f in frames if column in f.columns)  # methods x benchmarks
+    cells = dict(zip(table["method"], table[column]))
     assert cells["d1 (from sft)"] == "62.5 ± 17.7 (2 seeds)"
     assert cells["sft"] == "75.0 (1 seed)"
     runs_table = next(f for f in frames if "run_id" in f.columns)

@@ -7,6 +7,7 @@
     dare data list | build [TASK ...]
     dare models [list | show <checkpoint>]
     dare bench rollout [--checkpoint DIR] [key=value ...]
+    dare results publish <result.json ...> --to leaderboard/results/<name>
     dare sweep ...                              (not available yet)
 """
 
@@ -140,6 +141,20 @@ def cmd_bench(ns) -> int:
     return 0
 
 
+def cmd_results(ns) -> int:
+    from dare.results import publish
+
+    bad = [p for p in ns.files if not Path(p).is_file()]
+    if bad:
+        raise UserError(f"no such result file: {', '.join(bad)}")
+    for p in ns.files:
+        try:
+            print(publish(p, ns.to))
+        except ValueError as e:
+            raise UserError(f"{p}: not a valid result: {e}") from None
+    return 0
+
+
 def cmd_sweep(ns) -> int:
     raise UserError("dare sweep is not available yet (issue 9: submitit sweeps). Run stages with "
                     "`dare train` / `dare eval`, or the whole demo with `dare demo`.")
@@ -208,6 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats", type=int, default=3)
     s.add_argument("--batch-size", type=int, default=8)
     s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("results", help="publish result JSONs to the leaderboard", description=(
+        "dare results publish FILE... --to leaderboard/results/<name>: validate each result and copy it, with its "
+        "samples and config, to <dir>/<run_id>/ (commit that folder to show it on the leaderboard)."))
+    s.add_argument("action", choices=["publish"])
+    s.add_argument("files", nargs="+", metavar="result_X.json")
+    s.add_argument("--to", required=True, metavar="DIR")
+    s.set_defaults(func=cmd_results)
 
     s = sub.add_parser("sweep", help="launch a reproduction sweep (not available yet)")
     s.add_argument("args", nargs="*")

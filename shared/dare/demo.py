@@ -88,6 +88,9 @@ def main(smoke: bool = False, seeds: int = 3) -> int:
     print(f"Demo wall time: {time.perf_counter() - t0:.0f}s (this invocation; finished stages are reused)")
     print()
     runs = runs_dir()
+    print("Publish them to the committed leaderboard (then commit leaderboard/results/demo):")
+    print(f"  .venv/train/bin/dare results publish {' '.join(str(p) for p in [sft_result, *d1_results])} "
+          "--to leaderboard/results/demo")
     print("Open the leaderboard with these results:")
     print(f"  make leaderboard        # or: .venv/train/bin/dare leaderboard --runs {runs}")
     return 0

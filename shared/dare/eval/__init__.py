@@ -36,7 +36,7 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
     prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
     generator = make_generator(seed, f"eval:{task_name}:{split}")
     samples, values = [], defaultdict(list)
-    nfe_total, tokens_total = 0, 0
+    nfe_total, tokens_total, committed_total = 0, 0, 0
     model.eval()
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -47,6 +47,7 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
             texts = decode_responses(tokenizer, out.responses, f.eos_token_id)
             nfe_total += out.nfe * len(chunk)
             tokens_total += int(out.response_mask.sum())
+            committed_total += out.responses.numel()
             for row, text in zip(chunk, texts):
                 scores = task.score(text, row)
                 for name, v in scores.items():
@@ -58,7 +59,7 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
     return {"samples": samples, "values": dict(values), "n_original": original, "n_effective": n,
             "seconds": seconds, "throughput": {
                 "eval_samples_per_s": n / seconds, "eval_tokens_per_s": tokens_total / seconds,
-                "nfe_per_sample": nfe_total / n, "tokens_per_forward": tokens_total / max(1, nfe_total)}}
+                "nfe_per_sample": nfe_total / n, "tokens_per_forward": committed_total / max(1, nfe_total)}}
 
 
 def _slug(text: str) -> str:
@@ -92,9 +93,10 @@ def build_result(*, meta: dict, model_info: dict, task_name: str, split: str, de
                     "init_config_hash": init.get("config_hash") if init else None}
     commit, dirty = git_state()
     run_seed = meta.get("seed", seed)
+    train_hash = meta.get("config_hash", "base")[:8]
     return {
         "schema_version": SCHEMA_VERSION,
-        "run_id": f"{baseline}__{_slug(model_info['name'])}__{task_name}__s{run_seed}__{eval_hash[:8]}",
+        "run_id": f"{baseline}__{_slug(model_info['name'])}__{task_name}__s{run_seed}__{train_hash}-{eval_hash[:8]}",
         "created_at": now(),
         "method": {"baseline": baseline, "variant": None, "paper": paper, "init": init_name},
         "model": model_info,

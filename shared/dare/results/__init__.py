@@ -2,7 +2,7 @@
 
 Fields (all required unless marked optional):
     schema_version  "1"
-    run_id          "<baseline>__<model>__<benchmark>__s<seed>__<config hash[:8]>"
+    run_id          "<baseline>__<model>__<benchmark>__s<seed>__<train hash[:8]>-<eval hash[:8]>"
     created_at      ISO-8601 UTC
     method          baseline name, variant, paper id, and what it started from (`init`)
     model           name, family, revision, kind (masked | block), dtype, parameter count
@@ -15,7 +15,8 @@ Fields (all required unless marked optional):
     reference       optional: the paper's value, its source, and whether the decoding matches
     training        optional (absent for an untrained base model): seed, steps, config hash,
                     data identity (task, split, version, sha256), wall time, the run it started from
-    throughput      evaluation samples/s and tokens/s, NFE per sample, tokens per forward
+    throughput      evaluation samples/s; tokens/s of responses (up to and including EOS);
+                    forward passes (NFE) per sample; positions committed per forward pass
     provenance      git commit and dirty flag, package versions, hardware, command line
     artifacts       optional: per-sample outputs file and its sha256, resolved config path
 
@@ -216,6 +217,21 @@ def read_result(path: str | Path) -> Result:
         raise ValueError(f"{where}: {first['msg']}{more}") from None
 
 
+def publish(result_path: str | Path, dest_root: str | Path) -> Path:
+    """Copy a valid result, with the samples and config beside it, to `dest_root/<run_id>/`."""
+    import shutil
+
+    result_path = Path(result_path)
+    result = read_result(result_path)
+    dest = Path(dest_root) / result.run_id
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in (result.artifacts.samples, result.artifacts.config):
+        if name and (result_path.parent / name).is_file():
+            shutil.copyfile(result_path.parent / name, dest / name)
+    write_result(result, dest / result_path.name)
+    return dest / result_path.name
+
+
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not allowed in result files")
 
@@ -243,4 +259,4 @@ def load_results(*sources: str | Path, pattern: str = "**/*.json") -> tuple[list
 
 __all__ = ["SCHEMA_VERSION", "Result", "Method", "ModelInfo", "Benchmark", "SampleCounts", "Decoding", "Metric",
            "Reference", "Training", "DataInfo", "Throughput", "Provenance", "Hardware", "Artifacts",
-           "metric_from_values", "write_result", "read_result", "load_results"]
+           "metric_from_values", "write_result", "read_result", "load_results", "publish"]
