@@ -147,3 +147,19 @@ def test_rl_loop_uses_shared_noise_and_skips_recompute_when_mu_is_one(tmp_path, 
     old0, old1, ref0, ref1, upd0, upd1 = (n for _, n in calls)
     assert torch.equal(old0, ref0) and torch.equal(old0, upd0)
     assert torch.equal(old1, ref1) and torch.equal(old1, upd1)
+
+
+def test_rl_resume_reaches_identical_weights(tmp_path):
+    """As for SFT, with the rollout and noise generators in the checkpoint too."""
+    sft_run = train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
+    args = [f"model.path={sft_run / 'final'}", "train.steps=4", "train.lr=1e-3", "rl.prompts_per_step=2",
+            "rl.group_size=3", "rl.num_iterations=2", "rl.rollout.gen_length=4", "rl.rollout.block_length=4",
+            "rl.rollout.steps=4", "run.save_every=2"]
+    a = train("d1", None, [*args, f"run.out_dir={tmp_path / 'a'}"])
+    b = tmp_path / "b"
+    shutil.copytree(a / "checkpoints", b / "checkpoints")
+    (b / "run.json").write_text(json.dumps({**json.loads((a / "run.json").read_text()), "status": "running"}))
+    train("d1", None, [*args, f"run.out_dir={b}"])
+    wa, wb = _weights(a), _weights(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(not torch.equal(wa[k], _weights(sft_run)[k]) for k in wa)

@@ -124,6 +124,30 @@ class Checkpointer:
         return torch.load(path / "trainer_state.pt", weights_only=False)
 
 
+def training_state(optimizer, scheduler, sampler: EpochSampler, generators: dict, elapsed_s: float) -> dict:
+    """Everything besides the weights that an exact resume needs."""
+    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "sampler": sampler.state_dict(), "generators": {k: g.get_state() for k, g in generators.items()},
+            "elapsed_s": elapsed_s}
+
+
+def resume(run_dir: Path, model, optimizer, scheduler, sampler: EpochSampler, generators: dict,
+           label: str) -> tuple[Checkpointer, int, float]:
+    """Restore the latest complete checkpoint, if any: (checkpointer, start step, elapsed seconds)."""
+    ckpt = Checkpointer(run_dir)
+    latest = ckpt.latest()
+    if latest is None:
+        return ckpt, 0, 0.0
+    state = ckpt.load(latest, model)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    sampler.load_state_dict(state["sampler"])
+    for name, g in generators.items():
+        g.set_state(state["generators"][name])
+    print(f"[{label}] resuming from {latest} (step {state['step']})", flush=True)
+    return ckpt, state["step"], state["elapsed_s"]
+
+
 def save_model(model, tokenizer, folder: Path, meta: dict | None = None) -> None:
     from transformers.utils import logging as hf_logging
 

@@ -24,8 +24,8 @@ import torch
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.rollout import decode_responses, generate, left_pad
-from dare.train.common import (Checkpointer, EpochSampler, MetricsLog, build_model, clip_and_step,
-                               data_identity, lr_factor, make_optimizer)
+from dare.train.common import (EpochSampler, MetricsLog, build_model, clip_and_step, data_identity, lr_factor,
+                               make_optimizer, resume, training_state)
 from dare.utils import UserError, make_generator
 
 REQUIRED = ("advantages", "sample_noise", "token_logps", "loss", "uses_reference")
@@ -77,16 +77,8 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
     rollout_gen = make_generator(cfg.run.seed, "rollout")
     noise_gen = make_generator(cfg.run.seed, "noise")
 
-    ckpt, start, elapsed0 = Checkpointer(run_dir), 0, 0.0
-    if (latest := ckpt.latest()) is not None:
-        state = ckpt.load(latest, model)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        sampler.load_state_dict(state["sampler"])
-        rollout_gen.set_state(state["rollout_generator"])
-        noise_gen.set_state(state["noise_generator"])
-        start, elapsed0 = state["step"], state["elapsed_s"]
-        print(f"[{label}] resuming from {latest} (step {start})", flush=True)
+    generators = {"rollout": rollout_gen, "noise": noise_gen}
+    ckpt, start, elapsed0 = resume(run_dir, model, optimizer, scheduler, sampler, generators, label)
     log = MetricsLog(run_dir, total, start, label)
     t0 = time.perf_counter()
 
@@ -135,10 +127,8 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
                            **sums, "optim/lr": scheduler.get_last_lr()[0],
                            "time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update})
         if cfg.run.save_every and done % cfg.run.save_every == 0 and done < total:
-            ckpt.save(done, model, tokenizer, {
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "sampler": sampler.state_dict(), "rollout_generator": rollout_gen.get_state(),
-                "noise_generator": noise_gen.get_state(), "elapsed_s": elapsed0 + time.perf_counter() - t0})
+            ckpt.save(done, model, tokenizer, training_state(optimizer, scheduler, sampler, generators,
+                                                             elapsed0 + time.perf_counter() - t0))
 
     return {"model": model, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
             "data": data_identity(cfg.data.task, cfg.data.split), "elapsed_s": elapsed0 + time.perf_counter() - t0}

@@ -15,8 +15,8 @@ import torch
 
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
-from dare.train.common import (Checkpointer, EpochSampler, MetricsLog, build_model, clip_and_step,
-                               data_identity, lr_factor, make_optimizer)
+from dare.train.common import (EpochSampler, MetricsLog, build_model, clip_and_step, data_identity, lr_factor,
+                               make_optimizer, resume, training_state)
 from dare.utils import UserError, make_generator
 
 REQUIRED = ("loss",)
@@ -71,15 +71,8 @@ def run(cfg, algo, run_dir, label: str = "sft") -> dict:
     sampler = EpochSampler(len(rows), make_generator(cfg.run.seed, "data"))
     noise_gen = make_generator(cfg.run.seed, "noise")
 
-    ckpt, start, elapsed0 = Checkpointer(run_dir), 0, 0.0
-    if (latest := ckpt.latest()) is not None:
-        state = ckpt.load(latest, model)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        sampler.load_state_dict(state["sampler"])
-        noise_gen.set_state(state["noise_generator"])
-        start, elapsed0 = state["step"], state["elapsed_s"]
-        print(f"[{label}] resuming from {latest} (step {start})", flush=True)
+    generators = {"noise": noise_gen}
+    ckpt, start, elapsed0 = resume(run_dir, model, optimizer, scheduler, sampler, generators, label)
     log = MetricsLog(run_dir, total, start, label)
     t0 = time.perf_counter()
 
@@ -95,10 +88,8 @@ def run(cfg, algo, run_dir, label: str = "sft") -> dict:
             log.log(done, {"loss/total": loss.item(), **metrics, "optim/grad_norm": grad_norm,
                            "optim/lr": scheduler.get_last_lr()[0], "data/epoch": sampler.epoch})
         if cfg.run.save_every and done % cfg.run.save_every == 0 and done < total:
-            ckpt.save(done, model, tokenizer, {
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "sampler": sampler.state_dict(), "noise_generator": noise_gen.get_state(),
-                "elapsed_s": elapsed0 + time.perf_counter() - t0})
+            ckpt.save(done, model, tokenizer, training_state(optimizer, scheduler, sampler, generators,
+                                                             elapsed0 + time.perf_counter() - t0))
 
     return {"model": model, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
             "data": data_identity(cfg.data.task, cfg.data.split), "elapsed_s": elapsed0 + time.perf_counter() - t0}
