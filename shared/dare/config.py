@@ -149,7 +149,7 @@ class DecodingConfig:
 @dataclass
 class TrainConfig:
     steps: int = 1000
-    """Optimizer steps."""
+    """SFT: optimizer steps. RL: rollout batches, each followed by `rl.num_iterations` optimizer steps."""
     batch_size: int = 8
     """Sequences per optimizer step (SFT); RL batches are set by `rl.*`."""
     lr: float = 1e-5
