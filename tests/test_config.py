@@ -100,3 +100,10 @@ def test_hash_ignores_nohash_fields_and_save(tmp_path):
 def test_eval_config_validates_benchmarks():
     with pytest.raises(ConfigError, match="unknown benchmark 'gsm9k'"):
         config.load(EvalRunConfig, None, ["eval.benchmarks=[gsm9k]"])
+
+
+def test_string_fields_take_override_text_as_written():
+    cfg = config.load(Outer, None, ["inner.name=2024", "out=yes"])
+    assert cfg.inner.name == "2024" and cfg.out == "yes"
+    with pytest.raises(ConfigError, match="expected int"):
+        config.load(Outer, None, ["inner.size=yes"])

@@ -80,6 +80,8 @@ def test_new_model_is_seeded_without_touching_global_rng(char_tok):
 def test_unsupported_options_and_missing_folders_are_clear(tmp_path):
     with pytest.raises(NotImplementedError, match="block_type"):
         LLaDAModelLM(LLaDAConfig(d_model=16, n_heads=2, n_layers=1, vocab_size=10, block_type="sequential"))
+    with pytest.raises(NotImplementedError, match="scale_logits"):  # an OLMo option the original honours
+        LLaDAModelLM(LLaDAConfig(d_model=16, n_heads=2, n_layers=1, vocab_size=10, scale_logits=True))
     with pytest.raises(UserError, match="not a checkpoint folder"):
         load_pretrained(tmp_path / "nowhere")
 

@@ -21,9 +21,10 @@ SFT_TINY = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratc
 
 def test_lr_schedules():
     t = TrainConfig(steps=10, warmup_steps=2, schedule="linear", min_lr_ratio=0.1)
-    assert [round(lr_factor(s, 10, t), 4) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.55, 0.1]
+    # warmup over steps 0-1, then linear from 1.0 at step 2 to the floor at the last step (9)
+    assert [round(lr_factor(s, 10, t), 4) for s in (0, 1, 2, 5, 9)] == [0.5, 1.0, 1.0, round(0.1 + 0.9 * 4 / 7, 4), 0.1]
     t.schedule = "cosine"
-    assert lr_factor(2, 10, t) == pytest.approx(1.0) and lr_factor(10, 10, t) == pytest.approx(0.1)
+    assert lr_factor(2, 10, t) == pytest.approx(1.0) and lr_factor(9, 10, t) == pytest.approx(0.1)
     t.schedule = "constant"
     assert lr_factor(9, 10, t) == 1.0
 
@@ -93,7 +94,7 @@ def test_finished_run_is_reused_and_config_mismatch_is_refused(tmp_path, capsys)
     train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={out}", "run.log_every=5"])  # NOHASH change
     assert "reusing finished run" in capsys.readouterr().out
     assert (out / "final" / "model.safetensors").stat().st_mtime_ns == stamp
-    with pytest.raises(ConfigError, match="holds a run with config hash"):
+    with pytest.raises(ConfigError, match="holds a run with another config or starting checkpoint"):
         train("sft", None, [*SFT_TINY, "train.steps=3", f"run.out_dir={out}"])
     meta = json.loads((out / "final" / "dare.json").read_text())
     assert meta["baseline"] == "sft" and meta["init"] is None and meta["steps"] == 2
@@ -163,3 +164,30 @@ def test_rl_resume_reaches_identical_weights(tmp_path):
     wa, wb = _weights(a), _weights(b)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert any(not torch.equal(wa[k], _weights(sft_run)[k]) for k in wa)
+
+
+def test_force_starts_over(tmp_path):
+    out = tmp_path / "run"
+    train("sft", None, [*SFT_TINY, "train.steps=4", "run.save_every=2", f"run.out_dir={out}"])
+    first = _weights(out)
+    train("sft", None, [*SFT_TINY, "train.steps=4", "run.save_every=2", f"run.out_dir={out}"], force=True)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4]  # retrained from step 0, not resumed
+    assert all(torch.equal(first[k], _weights(out)[k]) for k in first)  # and deterministic
+
+
+def test_a_changed_starting_checkpoint_is_not_reused(tmp_path, capsys):
+    """d1 runs are keyed by their config AND the contents of model.path."""
+    sft_dir = tmp_path / "sft"
+    train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={sft_dir}"])
+    d1 = [f"model.path={sft_dir / 'final'}", "train.steps=1", "rl.prompts_per_step=2", "rl.group_size=2",
+          "rl.rollout.gen_length=4", "rl.rollout.block_length=4", "rl.rollout.steps=4"]
+    first = train("d1", None, d1)
+    assert train("d1", None, d1) == first  # same checkpoint: reused
+    train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={sft_dir}"], force=True)  # rewritten in place
+    assert train("d1", None, d1) != first
+
+
+def test_pure_bf16_training_is_refused():
+    with pytest.raises(ConfigError, match="model.dtype: training in pure bfloat16"):
+        resolve("sft", None, ["model.dtype=bfloat16"])

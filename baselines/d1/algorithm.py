@@ -12,8 +12,8 @@ mask is drawn for every inner iteration and shared by the policy, old and refere
     KL    = exp(ref - logp) - (ref - logp) - 1                   (k3 estimator)
     L     = -sum_{i,k} [min(rho A, clip(rho, 1-eps, 1+eps) A) - beta KL] / sum_i |o_i|   (Eq. 4)
 
-|o_i| counts completion tokens up to and including the first EOS; the sum runs over the whole
-batch (the reference code's token-level normalisation).
+|o_i| counts completion tokens up to and including the first EOS; the sum runs over the rollout
+batch (token-level normalisation; the reference code applies it per micro-batch of 6).
 
 Deviations from the reference code (all listed in README.md):
 1. Full fine-tuning of the policy with a frozen copy as reference (the paper uses a 4-bit base

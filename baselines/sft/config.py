@@ -24,6 +24,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     # LLaDA-8B SFT: lr 2.5e-5 after a 50-step linear warmup, weight decay 0.1 (LLaDA App. B.1).
-    # The paper's final 10% linear decay to 2.5e-6 is approximated by `linear` decay over the run.
+    # The paper then holds the lr and decays it linearly to 2.5e-6 over the final 10%; we hold it
+    # (schedule `constant`); `train.schedule=linear train.min_lr_ratio=0.1` decays over the whole run.
     train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=2.5e-5, weight_decay=0.1, warmup_steps=50))
     algo: SFT = field(default_factory=SFT)

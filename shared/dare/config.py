@@ -99,12 +99,16 @@ class ModelConfig:
     name: str | None = field(default=None, metadata=NOHASH)
     """Display name in results; default: the checkpoint's recorded name or the folder name."""
     dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype for training. Pure bfloat16 is refused: without fp32 master weights most
+    small-lr updates round away (bf16 mixed precision arrives with the FSDP2 trainer)."""
     scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
 
     def validate(self):
         from dare.models import FAMILIES  # torch-free registry of names
 
         check(self.family in FAMILIES, f"unknown family {self.family!r}; known: {sorted(FAMILIES)}", "family")
+        check(self.dtype == "float32", "training in pure bfloat16 silently drops small updates (no fp32 master "
+              "weights yet); use float32", "dtype")
 
 
 @dataclass
@@ -156,8 +160,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0
+    """Linear warmup, in optimizer steps."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """After warmup: constant, or decay to `min_lr_ratio * lr` at the last step."""
+    """After warmup: constant, or decay to `min_lr_ratio * lr`, reached at the last optimizer step."""
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0: off)."""
@@ -255,7 +260,17 @@ def load(cls, path: str | Path | None = None, overrides: typing.Iterable[str] = 
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
-        _set_dotted(cfg, key, value, "command line", origins)
+        try:
+            _set_dotted(cfg, key, value, "command line", origins)
+        except ConfigError as first:
+            if value == raw or value is None:
+                raise
+            # YAML read `model.name=2024` as an int or `data.task=yes` as a bool: a string field
+            # takes the text as written; any other field reports the first error.
+            try:
+                _set_dotted(cfg, key, raw, "command line", origins)
+            except ConfigError:
+                raise first from None
     _validate_tree(cfg, "", origins)
     return cfg
 

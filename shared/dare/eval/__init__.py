@@ -32,6 +32,10 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
     rows = load_split(task_name, split)
     original = len(rows)
     rows = rows[:n_samples] if n_samples else rows
+    if not rows:
+        from dare.utils import UserError
+
+        raise UserError(f"{task_name}/{split} has no examples to evaluate")
     f = facts(model)
     prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
     generator = make_generator(seed, f"eval:{task_name}:{split}")
@@ -115,12 +119,15 @@ def build_result(*, meta: dict, model_info: dict, task_name: str, split: str, de
 
 
 def default_out_dir(checkpoint: Path, digest: str) -> Path:
-    """Beside our own checkpoints (`<run>/eval/<hash>`), else under `runs/eval/<folder>/<hash>`."""
+    """Beside our own final checkpoints (`<run>/eval/<hash>`, the run folder is content-addressed),
+    else under `runs/eval/<folder>-<fingerprint>/<hash>` so two folders of the same name never share
+    results."""
+    from dare.models.api import checkpoint_fingerprint
     from dare.train import runs_dir
 
     if (checkpoint / "dare.json").is_file():
         return checkpoint.parent / "eval" / digest[:12]
-    return runs_dir() / "eval" / _slug(checkpoint.name) / digest[:12]
+    return runs_dir() / "eval" / f"{_slug(checkpoint.name)}-{checkpoint_fingerprint(checkpoint)[:8]}" / digest[:12]
 
 
 def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None = None, overrides=(),

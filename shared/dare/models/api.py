@@ -82,18 +82,38 @@ def load_tokenizer(path: str | Path):
 
 def new_model(family: str, tokenizer, scratch, seed: int, dtype: str = "float32"):
     """A randomly initialised model of `family`, sized by `scratch` (a ScratchModelConfig),
-    with the special-token ids taken from `tokenizer`. Initialisation draws from a private
-    generator: the global RNG is neither read nor reseeded."""
+    with the special-token ids taken from `tokenizer`. The weights depend only on `seed`; the
+    global RNG states (CPU and every CUDA device) are restored afterwards, as if never touched."""
     import torch
 
     from dare.models import family_module
 
     module = family_module(family)
     config = module.scratch_config(scratch, tokenizer)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # confined to this block by fork_rng
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):  # everything seeded here is restored on exit
+        torch.manual_seed(seed)
         model = module.MODEL_CLASS(config)
     return model.to(getattr(torch, dtype))
+
+
+def checkpoint_fingerprint(path: str | Path) -> str:
+    """Identifies a checkpoint folder's contents cheaply: our `dare.json` when present (it carries
+    the producing run's config hash and time), else config.json plus each weight file's name,
+    size and modification time."""
+    import hashlib
+
+    folder = Path(path)
+    h = hashlib.sha256()
+    if (folder / "dare.json").is_file():
+        h.update((folder / "dare.json").read_bytes())
+    else:
+        if (folder / "config.json").is_file():
+            h.update((folder / "config.json").read_bytes())
+        for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
 
 
 def checkpoint_meta(path: str | Path) -> dict:

@@ -14,8 +14,10 @@ Deliberate differences from the original code:
 1. A 2-D `attention_mask` hides padded keys and positions follow `cumsum(mask) - 1`, so a
    left-padded row computes what the same row computes unpadded (the original numbers positions
    0..L-1 regardless of padding; with padded keys hidden, RoPE's relative form makes the two agree).
-2. Only the `llama` block type, RMS norm and RoPE are implemented (every released LLaDA uses them);
-   other OLMo options raise a clear error instead of being silently ignored.
+2. Only what the released LLaDA checkpoints use is implemented (the `llama` block, RMS norm with
+   affine weights, RoPE, no input-embedding norm, no logit scaling, no QKV clipping, no attention
+   layer norm); a config asking for another OLMo option raises a clear error instead of being
+   silently ignored (`UNSUPPORTED` below).
 """
 
 from __future__ import annotations
@@ -205,6 +207,13 @@ class LLaDAModel(nn.Module):
         return F.linear(x, t.wte.weight) if self.weight_tying else t.ff_out(x)
 
 
+# OLMo options of the original config class that this implementation does not support:
+# name -> the only accepted value (a config omitting the key gets that value).
+UNSUPPORTED = {"block_type": "llama", "layer_norm_type": "rms", "activation_type": "silu", "rope": True,
+               "alibi": False, "input_emb_norm": False, "scale_logits": False, "attention_layer_norm": False,
+               "clip_qkv": None, "layer_norm_with_affine": True, "block_group_size": 1}
+
+
 class LLaDAModelLM(PreTrainedModel):
     config_class = LLaDAConfig
     base_model_prefix = "model"
@@ -212,23 +221,19 @@ class LLaDAModelLM(PreTrainedModel):
     _supports_sdpa = True
 
     def __init__(self, config: LLaDAConfig):
-        for name, want in (("block_type", "llama"), ("layer_norm_type", "rms"), ("activation_type", "silu")):
-            if getattr(config, name) != want:
+        for name, want in UNSUPPORTED.items():
+            if getattr(config, name, want) != want:
                 raise NotImplementedError(f"LLaDA config {name}={getattr(config, name)!r}: only {want!r} is implemented")
-        if not config.rope:
-            raise NotImplementedError("LLaDA config rope=false (ALiBi/absolute positions) is not implemented")
         super().__init__(config)
         self.model = LLaDAModel(config)
         self.post_init()
 
     def _init_weights(self, module):
         std = self.config.init_std
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
+            if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
 

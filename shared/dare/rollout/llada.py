@@ -8,11 +8,15 @@
     positions after the current block and already committed positions get -inf;
     the k most confident positions of each row are committed.
 
-Differences from the reference, none of which change its outputs:
+Differences from the reference, none of which change its greedy outputs:
 1. Gumbel-max is computed in log space, `argmax(logits - T * log(-log u))`, in float64; the
    reference's `exp(logits) / (-log u)^T` has the same argmax but can overflow for large logits.
-2. Randomness comes from an explicit `torch.Generator` (the reference uses the global RNG).
-3. Left padding is masked out of attention (see `dare.models.llada`).
+2. Sampling and confidences are computed for the current block only: every other position gets
+   confidence -inf in the reference and is never committed, so this changes nothing but memory
+   (float64 (B, block, V) instead of (B, L, V)).
+3. Randomness comes from an explicit `torch.Generator` (the reference uses the global RNG), so
+   sampled outputs match the reference in distribution, not draw for draw.
+4. Left padding is masked out of attention (see `dare.models.llada`).
 """
 
 from __future__ import annotations
@@ -74,8 +78,10 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
         lo, hi = P + b * BL, P + (b + 1) * BL
         k_per_step = num_transfer_tokens((x[:, lo:hi] == f.mask_token_id).sum(dim=1), steps_per_block)
         for i in range(steps_per_block):
-            masked = x == f.mask_token_id
+            block = x[:, lo:hi]  # (B, BL)
+            masked = block == f.mask_token_id
             logits = _logits(model, x, attention_mask, prompt_positions, f.mask_token_id, params.cfg_scale)
+            logits = logits[:, lo:hi]  # positions outside the block are never committed
             nfe += 1
             x0 = sample_tokens(logits, params.temperature, generator)
             if params.remasking == "low_confidence":
@@ -83,9 +89,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
                 conf = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1).to(torch.float64)
             else:  # "random"
                 conf = torch.rand(x0.shape, dtype=torch.float64, device=device, generator=generator)
-            conf[:, hi:] = -torch.inf
             conf = torch.where(masked, conf, torch.tensor(-torch.inf, dtype=conf.dtype, device=device))
-            x0 = torch.where(masked, x0, x)
 
             k = k_per_step[:, i]
             kmax = int(k.max())
@@ -94,8 +98,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
                 top = conf.topk(kmax, dim=1).indices  # (B, kmax), most confident first
                 keep = torch.arange(kmax, device=device)[None, :] < k[:, None]
                 commit.scatter_(1, top, keep)
-            x = torch.where(commit, x0, x)
-            step_map[commit[:, P:]] = step
+            x[:, lo:hi] = torch.where(commit, x0, block)
+            step_map[:, lo - P:hi - P][commit] = step
             step += 1
 
     responses = x[:, P:]

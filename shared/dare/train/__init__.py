@@ -12,7 +12,9 @@ functions listed in that recipe's `REQUIRED`.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,6 +22,7 @@ from pathlib import Path
 from dare.config import ConfigError, config_hash, read_yaml
 from dare.config import load as load_config
 from dare.config import save as save_config
+from dare.models.api import checkpoint_fingerprint
 from dare.utils import REPO_ROOT, UserError, atomic_write_json, git_state
 
 RECIPES = {"sft": "dare.train.sft", "rl": "dare.train.rl"}
@@ -58,24 +61,38 @@ def resolve(name: str, config_path: str | Path | None = None, overrides=()):
 
 
 def train(name: str, config_path: str | Path | None = None, overrides=(), *, force: bool = False) -> Path:
-    """Run baseline `name`; returns its run directory. A finished run with the same config hash is
-    reused; an interrupted one resumes from its last checkpoint."""
+    """Run baseline `name`; returns its run directory. A finished run with the same config hash (and
+    the same starting checkpoint) is reused; an interrupted one resumes from its last checkpoint;
+    `force` starts over."""
     b, cfg, recipe = resolve(name, config_path, overrides)
     digest = config_hash(cfg)
-    run_dir = Path(cfg.run.out_dir) if cfg.run.out_dir else runs_dir() / name / digest[:12]
+    # A run is identified by its config and by the contents of the checkpoint it starts from
+    # (the same model.path can hold a different checkpoint later).
+    init = cfg.model.path and checkpoint_fingerprint(cfg.model.path)
+    key = hashlib.sha256(f"{digest}:{init or ''}".encode()).hexdigest() if init else digest
+    run_dir = Path(cfg.run.out_dir) if cfg.run.out_dir else runs_dir() / name / key[:12]
     status_path = run_dir / "run.json"
     status = json.loads(status_path.read_text()) if status_path.is_file() else {}
-    if status and status.get("config_hash") != digest:
-        raise ConfigError(f"{run_dir}: holds a run with config hash {status.get('config_hash', '?')[:12]}, not "
-                          f"{digest[:12]}; choose another run.out_dir or delete it")
+    if status and (status.get("config_hash"), status.get("init_fingerprint")) != (digest, init or None):
+        raise ConfigError(f"{run_dir}: holds a run with another config or starting checkpoint (config hash "
+                          f"{status.get('config_hash', '?')[:12]}, this one {digest[:12]}); choose another "
+                          f"run.out_dir or delete it")
     if status.get("status") == "done" and (run_dir / "final" / "dare.json").is_file() and not force:
         print(f"[{name}] reusing finished run {run_dir}", flush=True)
         return run_dir
+    if force:  # start over: no resuming from the old checkpoints
+        for old in ("checkpoints", "final", "metrics.jsonl"):
+            target = run_dir / old
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        status = {}
 
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir, header=f"dare train {name}" + (f" {config_path}" if config_path else "")
                 + "".join(f" {o}" for o in overrides))
-    status = {"baseline": name, "config_hash": digest, "status": "running",
+    status = {"baseline": name, "config_hash": digest, "init_fingerprint": init or None, "status": "running",
               "started_at": status.get("started_at", now()), "config_path": str(config_path or "")}
     atomic_write_json(status_path, status)
 

@@ -65,7 +65,7 @@ def lr_factor(step: int, total: int, train) -> float:
         return (step + 1) / train.warmup_steps
     if train.schedule == "constant":
         return 1.0
-    progress = (step - train.warmup_steps) / max(1, total - train.warmup_steps)
+    progress = (step - train.warmup_steps) / max(1, total - train.warmup_steps - 1)  # 1.0 at the last step
     floor = train.min_lr_ratio
     if train.schedule == "linear":
         return floor + (1 - floor) * max(0.0, 1 - progress)

@@ -1,0 +1,49 @@
+"""The embedded evaluator on a checkpoint folder we did not train (a "base" model)."""
+
+import json
+
+import pytest
+
+from dare.eval import default_out_dir, evaluate_checkpoint
+from dare.models.tokenizer import save_tokenizer
+from dare.results import read_result
+from dare.utils import UserError, sha256_file
+
+EVAL = ["eval.n_samples=20", "eval.batch_size=8", "eval.decoding.gen_length=4", "eval.decoding.block_length=4",
+        "eval.decoding.steps=4"]
+
+
+@pytest.fixture
+def checkpoint(tmp_path, trained_tiny, char_tok):
+    folder = tmp_path / "a" / "tiny"
+    trained_tiny.save_pretrained(folder)
+    save_tokenizer(char_tok, folder)
+    return folder
+
+
+def test_result_and_samples_of_a_base_checkpoint(checkpoint, tmp_path):
+    [path] = evaluate_checkpoint(checkpoint, None, EVAL, out_dir=tmp_path / "out")
+    r = read_result(path)
+    assert r.method.baseline == "base" and r.method.init is None and r.training is None
+    assert r.benchmark.n_samples.effective == 20 and r.benchmark.n_samples.original == 500
+    assert r.throughput.nfe_per_sample == 4 and r.throughput.tokens_per_forward == 1.0
+    samples = [json.loads(x) for x in (tmp_path / "out" / "samples_addition.jsonl").read_text().splitlines()]
+    assert len(samples) == 20 and r.artifacts.samples_sha256 == sha256_file(tmp_path / "out" / "samples_addition.jsonl")
+    acc = r.metric("accuracy")
+    assert acc.sum == sum(s["scores"]["accuracy"] for s in samples) and acc.count == 20
+    mtime = path.stat().st_mtime_ns
+    evaluate_checkpoint(checkpoint, None, EVAL, out_dir=tmp_path / "out")  # valid result: reused
+    assert path.stat().st_mtime_ns == mtime
+
+
+def test_same_folder_name_different_contents_never_share_results(checkpoint, tmp_path, trained_tiny, char_tok):
+    other = tmp_path / "b" / "tiny"
+    trained_tiny.save_pretrained(other)
+    save_tokenizer(char_tok, other)
+    (other / "config.json").write_text((other / "config.json").read_text().replace('"init_std": 0.02', '"init_std": 0.03'))
+    assert default_out_dir(checkpoint, "h" * 64) != default_out_dir(other, "h" * 64)
+
+
+def test_empty_selection_is_an_error(checkpoint, tmp_path):
+    with pytest.raises(UserError, match="n_samples"):
+        evaluate_checkpoint(checkpoint, None, ["eval.n_samples=0"], out_dir=tmp_path / "o")
