@@ -97,7 +97,7 @@ def build_result(*, meta: dict, model_info: dict, task_name: str, split: str, de
                     "init_config_hash": init.get("config_hash") if init else None}
     commit, dirty = git_state()
     run_seed = meta.get("seed", seed)
-    train_hash = meta.get("config_hash", "base")[:8]
+    train_hash = meta.get("run_key", meta.get("config_hash", "base"))[:8]  # config + starting checkpoint
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": f"{baseline}__{_slug(model_info['name'])}__{task_name}__s{run_seed}__{train_hash}-{eval_hash[:8]}",

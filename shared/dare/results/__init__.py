@@ -2,7 +2,8 @@
 
 Fields (all required unless marked optional):
     schema_version  "1"
-    run_id          "<baseline>__<model>__<benchmark>__s<seed>__<train hash[:8]>-<eval hash[:8]>"
+    run_id          "<baseline>__<model>__<benchmark>__s<seed>__<run key[:8]>-<eval hash[:8]>"; the run
+                    key hashes the training config and the checkpoint it started from
     created_at      ISO-8601 UTC
     method          baseline name, variant, paper id, and what it started from (`init`)
     model           name, family, revision, kind (masked | block), dtype, parameter count

@@ -100,7 +100,7 @@ def train(name: str, config_path: str | Path | None = None, overrides=(), *, for
     outcome = recipe.run(cfg, b.algorithm, run_dir, label=name)
     commit, dirty = git_state()
     meta = {
-        "baseline": name, "config_hash": digest, "seed": cfg.run.seed, "steps": outcome["steps"],
+        "baseline": name, "config_hash": digest, "run_key": key, "seed": cfg.run.seed, "steps": outcome["steps"],
         "model_name": outcome["model_name"], "family": cfg.model.family,
         "data": outcome["data"], "init": outcome["init"],
         "wall_time_s": round(outcome["elapsed_s"], 2), "git_commit": commit, "git_dirty": dirty,
