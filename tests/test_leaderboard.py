@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dare.results import write_result
+from dare.results import metric_from_values, write_result
 from test_results import make_result
 
 APP = str(Path(__file__).resolve().parent.parent / "leaderboard" / "app.py")
@@ -18,8 +18,6 @@ def runs(tmp_path, monkeypatch):
     for seed, acc in [(0, [1, 1, 0, 1]), (1, [1, 0, 0, 1])]:
         r = make_result(run_id=f"d1__tiny__addition__s{seed}__x")
         r["training"]["seed"] = seed
-        from dare.results import metric_from_values
-
         r["metrics"] = [metric_from_values("accuracy", acc).model_dump()]
         write_result(r, tmp_path / f"d1_{seed}" / "result_addition.json")
     sft = make_result(run_id="sft__tiny__addition__s0__x", method={"baseline": "sft", "init": "scratch"})

@@ -89,7 +89,7 @@ def test_mixed_prompt_lengths_equal_one_by_one(tiny_model):
         assert torch.equal(together[row], alone[0])
 
 
-def test_gumbel_argmax_follows_the_temperature(tiny_model):
+def test_gumbel_argmax_follows_the_temperature():
     """At a tiny temperature the sample is the argmax; at temperature 1 it follows softmax."""
     from dare.rollout.llada import sample_tokens
 

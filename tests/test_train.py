@@ -2,7 +2,6 @@
 
 import json
 import shutil
-from types import SimpleNamespace
 
 import pytest
 import torch

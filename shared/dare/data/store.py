@@ -71,18 +71,25 @@ def load_split(task: str, split: str, root: Path | None = None, *, build_missing
             raise DataError(f"{path}: column {f.name!r} has type {table.schema.field(f.name).type}, expected {f.type}")
     rows = table.to_pylist()
     for i, row in enumerate(rows):
-        def bad(field, why):
-            return DataError(f"{path}: row {i}: field {field!r} {why}")
-        if row["index"] != i:
-            raise bad("index", f"is {row['index']}, expected {i}")
-        if row["task"] != task or row["split"] != split:
-            raise bad("task", f"says {row['task']}/{row['split']}, expected {task}/{split}")
-        if not row["prompt"] or any(not m or m["role"] is None or m["content"] is None for m in row["prompt"]):
-            raise bad("prompt", "must be a non-empty list of {role, content} messages")
-        if row["ground_truth"] is None:
-            raise bad("ground_truth", "is null")
-        try:
-            row["extra"] = json.loads(row["extra"]) if row["extra"] else {}
-        except json.JSONDecodeError as e:
-            raise bad("extra", f"is not JSON ({e})") from None
+        problem = _row_problem(row, i, task, split)
+        if problem:
+            field, why = problem
+            raise DataError(f"{path}: row {i}: field {field!r} {why}")
     return rows
+
+
+def _row_problem(row: dict, i: int, task: str, split: str) -> tuple[str, str] | None:
+    """(field, what is wrong) for a row that breaks the schema; decodes `extra` in place."""
+    if row["index"] != i:
+        return "index", f"is {row['index']}, expected {i}"
+    if row["task"] != task or row["split"] != split:
+        return "task", f"says {row['task']}/{row['split']}, expected {task}/{split}"
+    if not row["prompt"] or any(not m or m["role"] is None or m["content"] is None for m in row["prompt"]):
+        return "prompt", "must be a non-empty list of {role, content} messages"
+    if row["ground_truth"] is None:
+        return "ground_truth", "is null"
+    try:
+        row["extra"] = json.loads(row["extra"]) if row["extra"] else {}
+    except json.JSONDecodeError as e:
+        return "extra", f"is not JSON ({e})"
+    return None

@@ -28,17 +28,9 @@ def register_all() -> None:
         family_module(family)
 
 
-def family_of_model_type(model_type: str) -> str:
-    for family, (_, mt) in FAMILIES.items():
-        if mt == model_type:
-            return family
-    raise KeyError(f"no family implements model_type {model_type!r}; known: "
-                   f"{sorted(mt for _, mt in FAMILIES.values())}")
-
-
 from dare.models.api import (  # noqa: E402  (torch is imported inside the functions)
     encode_chat, facts, load_pretrained, load_tokenizer, new_model, token_logits,
 )
 
-__all__ = ["FAMILIES", "family_module", "register_all", "family_of_model_type",
+__all__ = ["FAMILIES", "family_module", "register_all",
            "encode_chat", "facts", "load_pretrained", "load_tokenizer", "new_model", "token_logits"]
