@@ -13,6 +13,10 @@ import importlib
 # family -> (module, original `model_type`)
 FAMILIES: dict[str, tuple[str, str]] = {
     "llada": ("dare.models.llada", "llada"),
+    "dream": ("dare.models.dream", "Dream"),
+    "sdar": ("dare.models.sdar", "sdar"),
+    "sdar_moe": ("dare.models.sdar_moe", "sdar_moe"),
+    "llada2": ("dare.models.llada2", "llada2_moe"),
 }
 
 
@@ -29,8 +33,8 @@ def register_all() -> None:
 
 
 from dare.models.api import (  # noqa: E402  (torch is imported inside the functions)
-    encode_chat, facts, load_pretrained, load_tokenizer, new_model, token_logits,
+    align, encode_chat, facts, load_pretrained, load_tokenizer, new_model, output_head, token_hidden, token_logits,
 )
 
-__all__ = ["FAMILIES", "family_module", "register_all",
-           "encode_chat", "facts", "load_pretrained", "load_tokenizer", "new_model", "token_logits"]
+__all__ = ["FAMILIES", "family_module", "register_all", "align", "encode_chat", "facts", "load_pretrained",
+           "load_tokenizer", "new_model", "output_head", "token_hidden", "token_logits"]

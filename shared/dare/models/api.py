@@ -26,6 +26,8 @@ class ModelFacts:
     attention: Literal["bidirectional", "block_causal"]
     block_size: int | None = None
     """Block size of block-causal attention (SDAR, LLaDA2); None for bidirectional models."""
+    lora_targets: str = ""
+    """peft `target_modules` for LoRA: a regex over module names (attention and MLP projections)."""
 
 
 def facts(model) -> ModelFacts:
@@ -33,15 +35,45 @@ def facts(model) -> ModelFacts:
     return model.dllm_facts()
 
 
-def token_logits(model, input_ids, attention_mask=None):
-    """Full-vocabulary logits with `logits[:, i]` predicting token i. (B, L, V)"""
+def align(model, out, cu_seqlens=None):
+    """Re-align a shifted family's outputs (B, L, ...) so that `out[:, i]` predicts token i: the
+    output at i-1 moves to i; the first position of each sequence (each packed sequence, when
+    `cu_seqlens` is given) has no predecessor and keeps its own output, as the originals do.
+    Unshifted families are returned unchanged."""
     import torch
 
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    if facts(model).logits_shift:
-        # The first position has no predecessor; repeat its own logit (as the originals do).
-        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-    return logits
+    if not facts(model).logits_shift:
+        return out
+    shifted = torch.cat([out[:, :1], out[:, :-1]], dim=1)
+    if cu_seqlens is not None:  # never borrow the previous packed sequence's last output
+        starts = cu_seqlens[:-1].long()
+        starts = starts[starts < out.shape[1]]
+        shifted[:, starts] = out[:, starts]
+    return shifted
+
+
+def token_logits(model, input_ids, attention_mask=None, *, cu_seqlens=None, position_ids=None):
+    """Full-vocabulary logits with `logits[:, i]` predicting token i. (B, L, V)
+
+    `attention_mask` is a 2-D padding mask (pads are never attended); `cu_seqlens` packs several
+    sequences in one row of `input_ids` (1, total) with no compute spent across them."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   cu_seqlens=cu_seqlens).logits
+    return align(model, logits, cu_seqlens)
+
+
+def token_hidden(model, input_ids, attention_mask=None, *, cu_seqlens=None, position_ids=None):
+    """Final hidden states aligned like `token_logits`, without the vocabulary projection: the
+    logits are `output_head(model)(hidden)`, so a trainer can take the cross-entropy in chunks."""
+    hidden = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   cu_seqlens=cu_seqlens, output_logits=False).last_hidden_state
+    return align(model, hidden, cu_seqlens)
+
+
+def output_head(model):
+    """hidden -> logits, exactly as the model's forward computes them (including LLaDA2's float32 cast)."""
+    model = getattr(model, "module", model)
+    return model.logits_from_hidden
 
 
 def encode_chat(tokenizer, prompts: list[list[dict]]) -> list[list[int]]:

@@ -18,6 +18,10 @@ Deliberate differences from the original code:
    affine weights, RoPE, no input-embedding norm, no logit scaling, no QKV clipping, no attention
    layer norm); a config asking for another OLMo option raises a clear error instead of being
    silently ignored (`UNSUPPORTED` below).
+3. The KV cache (`past_key_values`, Fast-dLLM's prefix and dual cache) holds keys after RoPE
+   rather than before; every key keeps its own position, so the attention is the same.
+4. `flash_attention: true` in a config (DARE's copies) selects the flash-attn backend when it is
+   installed and falls back to SDPA with a notice otherwise.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig
 
 from dare.models.api import ModelFacts
+from dare.models.core import (
+    DLLMPreTrainedModel, Layout, RMSNorm, apply_rope, attend, check_forward_args, decoder_forward, resolve_backend,
+    rope_cos_sin,
+)
 
 
 class LLaDAConfig(PretrainedConfig):
@@ -101,42 +108,6 @@ class LLaDAConfig(PretrainedConfig):
         return self.n_heads
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, theta: float):
-        super().__init__()
-        self.head_dim, self.theta = head_dim, theta
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        # q, k: (B, H, L, D); positions: (B, L). Computed in float32 (rope_full_precision).
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, device=q.device,
-                                                      dtype=torch.float32) / self.head_dim))
-        freqs = positions.to(torch.float32)[..., None] * inv_freq  # (B, L, D/2)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, L, D)
-        cos, sin = emb.cos(), emb.sin()
-        qf, kf = q.float(), k.float()
-        q = (qf * cos + _rotate_half(qf) * sin).to(q.dtype)
-        k = (kf * cos + _rotate_half(kf) * sin).to(k.dtype)
-        return q, k
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
 class LLaDALlamaBlock(nn.Module):
     def __init__(self, config: LLaDAConfig):
         super().__init__()
@@ -154,22 +125,18 @@ class LLaDALlamaBlock(nn.Module):
         self.ff_proj = nn.Linear(d, hidden, bias=config.include_bias)  # gate, SiLU applied
         self.up_proj = nn.Linear(d, hidden, bias=config.include_bias)
         self.ff_out = nn.Linear(hidden, d, bias=config.include_bias)  # down
-        self.rotary_emb = RotaryEmbedding(self.head_dim, config.rope_theta)
 
-    def forward(self, x, positions, attn_mask):
+    def forward(self, x, cos_sin, layout: Layout, layer_idx: int):
         B, L, _ = x.shape
         h = self.attn_norm(x)
         q = self.q_proj(h).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(B, L, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(B, L, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = self.rotary_emb(q, k, positions)
-        if self.n_kv_heads != self.n_heads:
-            rep = self.n_heads // self.n_kv_heads
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        att = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=False)
-        x = x + self.attn_out(att.transpose(1, 2).reshape(B, L, -1))
+        qf, kf = apply_rope(q.float(), k.float(), *cos_sin)  # rope_full_precision: float32, then cast back
+        k, v = layout.cached(layer_idx, kf.to(k.dtype), v)
+        x = x + self.attn_out(attend(qf.to(q.dtype), k, v, layout).reshape(B, L, -1))
         h = self.ff_norm(x)
-        return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
+        return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h)), None
 
 
 class LLaDAModel(nn.Module):
@@ -186,24 +153,13 @@ class LLaDAModel(nn.Module):
             self.transformer["ff_out"] = nn.Linear(config.d_model, config.embedding_size or config.vocab_size,
                                                    bias=config.include_bias)
         self.weight_tying = config.weight_tying
+        self.head_dim, self.rope_theta = config.d_model // config.n_heads, config.rope_theta
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None):
+    def rope(self, positions, dtype):
+        return rope_cos_sin(positions, self.head_dim, self.rope_theta, torch.float32)
+
+    def head(self, x):
         t = self.transformer
-        x = t.wte(input_ids)
-        attn_mask = None
-        if attention_mask is not None and attention_mask.dim() == 2:
-            keep = attention_mask.bool()
-            if position_ids is None:
-                position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)
-            if not keep.all():
-                attn_mask = keep[:, None, None, :]  # (B, 1, 1, L): padded keys are never attended
-        elif attention_mask is not None:
-            attn_mask = attention_mask.bool()  # an explicit (B, 1, L, L) mask
-        if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        for block in t.blocks:
-            x = block(x, position_ids, attn_mask)
-        x = t.ln_f(x)
         return F.linear(x, t.wte.weight) if self.weight_tying else t.ff_out(x)
 
 
@@ -214,11 +170,10 @@ UNSUPPORTED = {"block_type": "llama", "layer_norm_type": "rms", "activation_type
                "clip_qkv": None, "layer_norm_with_affine": True, "block_group_size": 1}
 
 
-class LLaDAModelLM(PreTrainedModel):
+class LLaDAModelLM(DLLMPreTrainedModel):
     config_class = LLaDAConfig
     base_model_prefix = "model"
     _no_split_modules = ["LLaDALlamaBlock"]
-    _supports_sdpa = True
 
     def __init__(self, config: LLaDAConfig):
         for name, want in UNSUPPORTED.items():
@@ -226,23 +181,26 @@ class LLaDAModelLM(PreTrainedModel):
                 raise NotImplementedError(f"LLaDA config {name}={getattr(config, name)!r}: only {want!r} is implemented")
         super().__init__(config)
         self.model = LLaDAModel(config)
+        if getattr(config, "flash_attention", False):
+            self.attn_backend = resolve_backend("flash_attention_2", explicit=False)
         self.post_init()
-
-    def _init_weights(self, module):
-        std = self.config.init_std
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, RMSNorm):
-            nn.init.ones_(module.weight)
 
     def get_input_embeddings(self):
         return self.model.transformer.wte
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
-        logits = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids)
-        return CausalLMOutputWithPast(logits=logits)
+    def get_output_embeddings(self):
+        t = self.model.transformer
+        return t.wte if self.config.weight_tying else t.ff_out
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, use_cache=False, *, cu_seqlens=None, replace_position=None,
+                output_logits=True, **kwargs):
+        check_forward_args(kwargs, type(self).__name__)
+        m, t = self.model, self.model.transformer
+        return decoder_forward(self, (t.wte, t.blocks, t.ln_f, m.head, m.rope), input_ids, attention_mask,
+                               position_ids, inputs_embeds=inputs_embeds, cu_seqlens=cu_seqlens,
+                               past_key_values=past_key_values, use_cache=use_cache,
+                               replace_position=replace_position, output_logits=output_logits)
 
     def dllm_facts(self) -> ModelFacts:
         c = self.config
@@ -251,10 +209,13 @@ class LLaDAModelLM(PreTrainedModel):
                              "(126336 for LLaDA-8B, 5 for iLLaDA)")
         return ModelFacts(family="llada", mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
                           pad_token_id=c.pad_token_id if c.pad_token_id is not None else c.eos_token_id,
-                          logits_shift=False, attention="bidirectional", block_size=None)
+                          logits_shift=False, attention="bidirectional", block_size=None, lora_targets=LORA_TARGETS)
 
 
 MODEL_CLASS = LLaDAModelLM
+# The blocks' attention and MLP projections (a regex over module names, as peft's
+# `target_modules`; plain suffixes would also catch the output head `transformer.ff_out`).
+LORA_TARGETS = r".*\.blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)"
 
 
 def scratch_config(scratch, tokenizer) -> LLaDAConfig:

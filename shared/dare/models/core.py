@@ -1,0 +1,495 @@
+"""Pieces every family shares: RMSNorm, rotary embeddings, the attention layout (which key each
+query may see, at which position), the attention backends and the KV cache.
+
+A forward pass builds one `Layout` from its inputs and hands it to every attention layer:
+
+    layout = make_layout(model, input_ids, attention_mask, ...)     # once per forward
+    q, k = rope(q, k, layout.positions)                             # in each layer
+    k, v = layout.cached(layer_idx, k, v)                           # prepend / replace cached keys
+    out = attend(q, k, v, layout)                                   # SDPA, FlexAttention or flash-attn
+
+Visibility rule (one function, `visible`, used by every backend): a query sees a key when the key
+is a real token (not padding), both belong to the same packed sequence, and the family's block
+rule allows it: always for bidirectional models; for block-causal models (SDAR, LLaDA2) when the
+key's block is not later than the query's (block = position // block_size). The block-diffusion
+training layout `[x_t ; x_0]` (BD3-LM / SDAR) adds the three rules: x_t sees only its own block of
+x_t, x_t sees strictly earlier blocks of x_0, x_0 is block-causal over x_0 and never sees x_t.
+Padded query rows see every key (so no row is empty); their outputs are never used.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.utils import ModelOutput
+
+# ------------------------------------------------------------------------------------------------
+# Norm and rotary embedding
+
+
+class RMSNorm(nn.Module):
+    """`weight * (x / rms(x))`, normalised in float32. By default the result is cast back to the
+    input dtype before the weight is applied (the Llama/Qwen2 formula); `weight_in_fp32=True`
+    applies the weight in float32 and casts once (flash-attn's `rms_norm_fn`, used by SDAR).
+    The two agree exactly in float32."""
+
+    def __init__(self, dim: int, eps: float, weight_in_fp32: bool = False):
+        super().__init__()
+        self.eps, self.weight_in_fp32 = eps, weight_in_fp32
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight_in_fp32:
+            return (x * self.weight.float()).to(dtype)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin of NeoX-style rotary embeddings, computed in float32, shaped (B, 1, L, rotary_dim)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=positions.device)
+                                .float() / rotary_dim))
+    freqs = positions.float()[..., None] * inv_freq  # (B, L, rotary_dim / 2)
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotate the first `cos.shape[-1]` dims of q and k (all of them unless RoPE is partial)."""
+    r = cos.shape[-1]
+    if r == q.shape[-1]:
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    q_rot, q_pass = q[..., :r], q[..., r:]
+    k_rot, k_pass = k[..., :r], k[..., r:]
+    q_rot = q_rot * cos + rotate_half(q_rot) * sin
+    k_rot = k_rot * cos + rotate_half(k_rot) * sin
+    return torch.cat([q_rot, q_pass], dim=-1), torch.cat([k_rot, k_pass], dim=-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# KV cache
+
+
+class KVCache:
+    """Keys and values of already-processed positions, per layer, shaped (B, H_kv, L, D) after
+    RoPE, with each cached position's RoPE position and whether it is a real token.
+
+    How a forward uses it (`cache_mode`):
+      - "append": attend to [cache ; new] and store the new keys (prefix cache fill, committed blocks);
+      - "read":   attend to [cache ; new] without storing (denoising steps of the current block);
+      - "replace": overwrite cached positions [start, start + L) with the new keys and attend to the
+        whole cache (Fast-dLLM's dual cache: the suffix after the block stays cached too).
+    """
+
+    def __init__(self):
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.positions: torch.Tensor | None = None  # (B, L)
+        self.valid: torch.Tensor | None = None  # (B, L) bool
+
+    def __len__(self) -> int:
+        return 0 if self.positions is None else self.positions.shape[1]
+
+    def next_positions(self) -> torch.Tensor:
+        """(B,) the RoPE position of the next real token."""
+        return self.valid.sum(dim=1)
+
+    def truncate(self, length: int) -> "KVCache":
+        """Keep only the first `length` positions (e.g. the prompt, for a prefix cache)."""
+        self.keys = [k[:, :, :length] for k in self.keys]
+        self.values = [v[:, :, :length] for v in self.values]
+        self.positions, self.valid = self.positions[:, :length], self.valid[:, :length]
+        return self
+
+
+# ------------------------------------------------------------------------------------------------
+# Attention layout
+
+
+@dataclass
+class Layout:
+    positions: torch.Tensor
+    """(B, Lq) RoPE positions of the queries."""
+    mask: torch.Tensor | None
+    """(B, 1, Lq, Lk) bool, True where a query may see a key; None when every query sees every key."""
+    backend: str
+    cu_seqlens: torch.Tensor | None = None
+    max_seqlen: int = 0
+    segment_masks: list | None = None
+    """Packed input: each sequence's own (1, 1, n, n) mask, or None where it sees everything."""
+    cache: KVCache | None = None
+    cache_mode: str | None = None
+    replace_start: int = 0
+    _flex_mask: object = None
+
+    def cached(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """The keys/values this layer attends to, updating the cache as `cache_mode` says."""
+        c = self.cache
+        if c is None:
+            return k, v
+        if self.cache_mode == "replace":
+            s = self.replace_start
+            c.keys[layer][:, :, s:s + k.shape[2]] = k
+            c.values[layer][:, :, s:s + v.shape[2]] = v
+            return c.keys[layer], c.values[layer]
+        if layer < len(c.keys):
+            k, v = torch.cat([c.keys[layer], k], dim=2), torch.cat([c.values[layer], v], dim=2)
+        if self.cache_mode == "append":
+            if layer < len(c.keys):
+                c.keys[layer], c.values[layer] = k, v
+            else:
+                c.keys.append(k)
+                c.values.append(v)
+        return k, v
+
+
+def visible(q_pos, k_pos, k_valid, block_size=None, q_doc=None, k_doc=None, q_noisy=None, k_noisy=None):
+    """Which keys each query sees (broadcasting query tensors (.., Lq, 1) against keys (.., 1, Lk))."""
+    ok = k_valid
+    if q_doc is not None:
+        ok = ok & (q_doc == k_doc)
+    if block_size is not None:
+        qb, kb = q_pos // block_size, k_pos // block_size
+        if q_noisy is None:
+            ok = ok & (kb <= qb)
+        else:  # block-diffusion training layout [x_t ; x_0]
+            rule = torch.where(q_noisy, torch.where(k_noisy, kb == qb, kb < qb), ~k_noisy & (kb <= qb))
+            ok = ok & rule
+    return ok
+
+
+def _positions_from_mask(valid: torch.Tensor, start: torch.Tensor | int = 0) -> torch.Tensor:
+    return (valid.long().cumsum(-1) - 1).clamp(min=0) + (start if isinstance(start, int) else start[:, None])
+
+
+def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_ids=None, *, cu_seqlens=None,
+                past_key_values: KVCache | None = None, cache_mode: str | None = None, replace_start: int = 0,
+                block_diffusion: bool = False) -> Layout:
+    """Build the layout of one forward pass. `model.dllm_block_size()` (None: bidirectional) and
+    `model.attn_backend` say which rule and which kernel apply."""
+    B, L = input_ids.shape
+    dev = input_ids.device
+    block = model.dllm_block_size()
+    backend = model.attn_backend
+    if attention_mask is not None and attention_mask.dim() == 4:
+        # An explicit (B, 1, Lq, Lk) bool mask: used as given (positions 0..L-1 unless given).
+        if position_ids is None:
+            position_ids = torch.arange(L, device=dev).expand(B, L)
+        return Layout(position_ids, attention_mask.bool(), backend, cache=past_key_values, cache_mode=cache_mode,
+                      replace_start=replace_start)
+
+    if cu_seqlens is not None:
+        if B != 1 or attention_mask is not None or past_key_values is not None or block_diffusion:
+            raise ValueError("a packed forward (cu_seqlens) takes input_ids of shape (1, total) and no "
+                             "attention_mask, cache or block-diffusion layout")
+        cu = cu_seqlens.to(dev, torch.long)
+        if int(cu[0]) != 0 or int(cu[-1]) != L or bool((cu[1:] < cu[:-1]).any()):
+            raise ValueError(f"cu_seqlens must rise from 0 to the packed length {L}; got {cu.tolist()}")
+        lengths = cu[1:] - cu[:-1]
+        doc = torch.repeat_interleave(torch.arange(len(lengths), device=dev), lengths)
+        if position_ids is None:
+            position_ids = (torch.arange(L, device=dev) - cu[doc])[None]
+        segs = []
+        for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            p = position_ids[0, s:e]
+            segs.append(None if block is None else
+                        visible(p[:, None], p[None, :], torch.ones((), dtype=torch.bool, device=dev), block)[None, None])
+        mask = None
+        if backend == "flex" or (backend == "flash" and block is not None):
+            one = torch.ones((), dtype=torch.bool, device=dev)
+            mask = visible(position_ids[0][:, None], position_ids[0][None, :], one, block, doc[:, None], doc[None, :])
+            mask = mask[None, None]
+        return Layout(position_ids, mask, backend, cu_seqlens=cu.to(torch.int32),
+                      max_seqlen=int(lengths.max()) if len(lengths) else 0, segment_masks=segs)
+
+    valid = torch.ones(B, L, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
+    if valid.shape != (B, L) and not (block_diffusion and valid.shape == (B, L // 2)):
+        raise ValueError(f"attention_mask has shape {tuple(valid.shape)}, input_ids {(B, L)}")
+
+    if block_diffusion:
+        if block is None:
+            raise ValueError("the block-diffusion layout needs a block-causal model (SDAR, LLaDA2)")
+        if L % 2 or past_key_values is not None:
+            raise ValueError("the block-diffusion layout takes [x_t ; x_0] (even length) and no cache")
+        half = L // 2
+        v1 = valid if valid.shape[1] == half else valid[:, :half]
+        pos = _positions_from_mask(v1) if position_ids is None else position_ids[:, :half]
+        position_ids = torch.cat([pos, pos], dim=1)
+        k_valid = torch.cat([v1, v1], dim=1)
+        noisy = (torch.arange(L, device=dev) < half).expand(B, L)
+        mask = visible(position_ids[:, :, None], position_ids[:, None, :], k_valid[:, None, :], block,
+                       q_noisy=noisy[:, :, None], k_noisy=noisy[:, None, :])
+        mask = mask | ~k_valid[:, :, None]
+        return Layout(position_ids, mask[:, None], backend)
+
+    cache = past_key_values
+    if cache is None or len(cache) == 0:
+        if position_ids is None:
+            position_ids = _positions_from_mask(valid)
+        k_pos, k_valid = position_ids, valid
+        if cache is not None:
+            if cache_mode != "append":
+                raise ValueError("an empty cache can only be filled (cache_mode='append')")
+            cache.positions, cache.valid = position_ids, valid
+    elif cache_mode == "replace":
+        if replace_start < 0 or replace_start + L > len(cache):
+            raise ValueError(f"replace [{replace_start}, {replace_start + L}) is outside the cache (length {len(cache)})")
+        if position_ids is None:
+            position_ids = cache.positions[:, replace_start:replace_start + L]
+        cache.valid[:, replace_start:replace_start + L] = valid
+        k_pos, k_valid = cache.positions, cache.valid
+    elif cache_mode in ("read", "append"):
+        if position_ids is None:
+            position_ids = _positions_from_mask(valid, cache.next_positions())
+        k_pos = torch.cat([cache.positions, position_ids], dim=1)
+        k_valid = torch.cat([cache.valid, valid], dim=1)
+        if cache_mode == "append":
+            cache.positions, cache.valid = k_pos, k_valid
+    else:
+        raise ValueError(f"cache_mode must be 'append', 'read' or 'replace' with a non-empty cache; got {cache_mode!r}")
+
+    mask = None
+    if block is not None or not bool(k_valid.all()):
+        if block is None and bool(valid.all()):
+            mask = k_valid[:, None, None, :]  # key padding only
+        else:
+            q_valid = valid
+            mask = visible(position_ids[:, :, None], k_pos[:, None, :], k_valid[:, None, :], block)
+            mask = (mask | ~q_valid[:, :, None])[:, None]
+    return Layout(position_ids, mask, backend, cache=cache, cache_mode=cache_mode if cache is not None else None,
+                  replace_start=replace_start)
+
+
+# ------------------------------------------------------------------------------------------------
+# Backends
+
+
+def _notice(msg: str) -> None:
+    print(f"dare: {msg}", file=sys.stderr)
+
+
+@functools.cache
+def flash_attn_functions():
+    """(flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache), or None if not installed."""
+    try:
+        from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+    except Exception:  # ImportError, or a build that does not match the installed torch/CUDA
+        return None
+    return flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+
+
+@functools.cache
+def flex_attention_functions():
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except Exception:
+        return None
+    return flex_attention, create_block_mask
+
+
+BACKEND_ALIASES = {None: "sdpa", "sdpa": "sdpa", "eager": "sdpa", "flex": "flex", "flex_attention": "flex",
+                   "flash": "flash", "flash_attention_2": "flash", "flash_attention_3": "flash"}
+
+
+def resolve_backend(requested: str | None, *, explicit: bool) -> str:
+    """Map a requested attention implementation to one of sdpa | flex | flash.
+
+    A config that merely names flash/flex (as downloaded checkpoints do) falls back to SDPA with a
+    one-line notice when the kernel is missing; asking for it explicitly is an error."""
+    if requested not in BACKEND_ALIASES:
+        raise ValueError(f"unknown attention backend {requested!r}; choose sdpa, flex or flash")
+    name = BACKEND_ALIASES[requested]
+    if name == "flash" and flash_attn_functions() is None:
+        if explicit:
+            raise ImportError("attention backend 'flash' needs the flash-attn package (a CUDA build): "
+                              "pip install -e '.[gpu]' on a GPU machine, or choose 'sdpa'")
+        _notice(f"flash-attn is not installed; the config asks for {requested!r}, using SDPA")
+        return "sdpa"
+    if name == "flex" and flex_attention_functions() is None:
+        if explicit:
+            raise ImportError("attention backend 'flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
+        _notice(f"FlexAttention is unavailable; the config asks for {requested!r}, using SDPA")
+        return "sdpa"
+    return name
+
+
+def _sdpa(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """Attention of q (B, Hq, Lq, D) over k, v (B, Hkv, Lk, D) as `layout` allows. -> (B, Lq, Hq, D)"""
+    if layout.backend == "flash":
+        out = _flash(q, k, v, layout)
+        if out is not None:
+            return out
+    if layout.backend == "flex" and layout.mask is not None:
+        return _flex(q, k, v, layout).transpose(1, 2)
+    if layout.cu_seqlens is not None:  # packed: each sequence on its own, no compute across them
+        out = torch.empty_like(q)
+        cu = layout.cu_seqlens.tolist()
+        for i, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
+            out[:, :, s:e] = _sdpa(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], layout.segment_masks[i])
+        return out.transpose(1, 2)
+    return _sdpa(q, k, v, layout.mask).transpose(1, 2)
+
+
+def _flex(q, k, v, layout: Layout):
+    flex_attention, create_block_mask = flex_attention_functions()
+    if layout._flex_mask is None:  # built once per forward, shared by the layers
+        dense = layout.mask[:, 0]
+        B, Lq, Lk = dense.shape
+
+        def mask_mod(b, h, qi, ki):
+            return dense[b, qi, ki]
+
+        layout._flex_mask = create_block_mask(mask_mod, B, None, Lq, Lk, device=str(q.device))
+    return flex_attention(q, k, v, block_mask=layout._flex_mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _flash(q, k, v, layout: Layout):
+    """flash-attn where the layout needs no mask it cannot express; None means "use SDPA"."""
+    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"attention backend 'flash' needs fp16/bf16 tensors on CUDA; got {q.dtype} on {q.device}")
+    flash_func, varlen_func, kvcache_func = flash_attn_functions()
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, L, H, D)
+    if layout.cu_seqlens is not None:
+        if any(m is not None for m in layout.segment_masks):
+            return None  # block-causal inside a packed sequence: not expressible in flash-attn
+        cu, n = layout.cu_seqlens, layout.max_seqlen
+        return varlen_func(qt[0], kt[0], vt[0], cu, cu, n, n, causal=False)[None]
+    if layout.mask is not None:
+        return None
+    if layout.cache is not None and layout.cache_mode == "read" and kt.shape[1] > qt.shape[1]:
+        # queries of the current block over [cache ; block] (the cache already holds them concatenated)
+        return kvcache_func(qt, kt.contiguous(), vt.contiguous(), causal=False)
+    return flash_func(qt, kt, vt, causal=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# Output and base class
+
+
+@dataclass
+class DLLMOutput(ModelOutput):
+    """`logits` are the model's raw logits (Dream's are shifted: use `dare.models.token_logits` for
+    aligned ones). With `output_logits=False` only `last_hidden_state` (after the final norm) is
+    returned, for chunked cross-entropy against `get_output_embeddings()`."""
+
+    logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+    past_key_values: KVCache | None = None
+    router_logits: tuple | None = None
+
+
+class DLLMPreTrainedModel(PreTrainedModel):
+    """Base of every family's model class. The attention kernel is ours (`attn_backend`, one of
+    sdpa | flex | flash), so transformers' own attention dispatch is bypassed: a checkpoint whose
+    config names `flash_attention_2` loads anywhere and uses SDPA when flash-attn is missing."""
+
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_flash_attn = True
+    _supports_flash_attn_2 = True  # transformers 4.x name
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation=None, *args, **kwargs):
+        self.attn_backend = resolve_backend(attn_implementation, explicit=False)
+        return "sdpa"
+
+    def set_attention_backend(self, name: str) -> None:
+        """Choose sdpa | flex | flash; an unavailable kernel asked for here is an error."""
+        self.attn_backend = resolve_backend(name, explicit=True)
+
+    @property
+    def attn_backend(self) -> str:
+        return self.__dict__.get("_dare_attn_backend", "sdpa")
+
+    @attn_backend.setter
+    def attn_backend(self, value: str) -> None:
+        self.__dict__["_dare_attn_backend"] = value
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head, as `forward` applies it to the final hidden states."""
+        return self.get_output_embeddings()(hidden)
+
+    def dllm_block_size(self) -> int | None:
+        """Block size of block-causal attention; None for bidirectional models."""
+        return None
+
+    def _init_weights(self, module):
+        std = getattr(self.config, "initializer_range", None) or getattr(self.config, "init_std", 0.02)
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+
+def check_forward_args(kwargs: dict, model_name: str) -> None:
+    """Refuse options the originals accept but we do not implement, instead of ignoring them."""
+    ignored = {"return_dict", "output_attentions", "output_hidden_states", "labels", "num_items_in_batch",
+               "cache_position", "logits_to_keep"}
+    unknown = {k: v for k, v in kwargs.items() if k not in ignored}
+    if unknown:
+        raise TypeError(f"{model_name}.forward got unsupported arguments {sorted(unknown)}")
+    if kwargs.get("output_attentions") or kwargs.get("labels") is not None:
+        raise NotImplementedError(f"{model_name}.forward: output_attentions and labels are not supported "
+                                  "(losses live in the baselines)")
+
+
+def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_ids=None, *, inputs_embeds=None,
+                    cu_seqlens=None, past_key_values: KVCache | None = None, use_cache: bool = False,
+                    replace_position: int | None = None, block_diffusion: bool = False, output_logits: bool = True,
+                    output_router_logits: bool = False) -> DLLMOutput:
+    """The forward pass every family shares: embed, one layout, the layers, final norm, head.
+
+    `parts` = (embed, layers, norm, head, rope) where `rope(positions, dtype)` returns the layers'
+    cos/sin and each layer is called as `layer(x, cos_sin, layout, index)` -> (x, router_logits).
+
+    Cache use: `use_cache=True` appends the new keys to `past_key_values` (a fresh `KVCache` when
+    None); a cache with `use_cache=False` is only read; `replace_position=s` overwrites cached
+    positions [s, s + L) (dual cache). `block_diffusion=True` takes `[x_t ; x_0]` and returns the
+    outputs of the x_t half only.
+    """
+    embed, layers, norm, head, rope = parts
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("give exactly one of input_ids and inputs_embeds")
+    x = embed(input_ids) if inputs_embeds is None else inputs_embeds
+    shape_ids = input_ids if input_ids is not None else x[..., 0]
+    if use_cache and past_key_values is None:
+        past_key_values = KVCache()
+    mode = None
+    if past_key_values is not None:
+        mode = "replace" if replace_position is not None else ("append" if use_cache else "read")
+    layout = make_layout(model, shape_ids, attention_mask, position_ids, cu_seqlens=cu_seqlens,
+                         past_key_values=past_key_values, cache_mode=mode,
+                         replace_start=replace_position or 0, block_diffusion=block_diffusion)
+    cos_sin = rope(layout.positions, x.dtype)
+    routers = []
+    for i, layer in enumerate(layers):
+        x, router_logits = layer(x, cos_sin, layout, i)
+        if router_logits is not None:
+            routers.append(router_logits)
+    if block_diffusion:
+        x = x[:, : x.shape[1] // 2]
+    x = norm(x)
+    return DLLMOutput(logits=head(x) if output_logits else None, last_hidden_state=None if output_logits else x,
+                      past_key_values=past_key_values,
+                      router_logits=tuple(routers) if output_router_logits and routers else None)

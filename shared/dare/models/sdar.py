@@ -1,0 +1,200 @@
+"""SDAR (JetLM/SDAR-1.7B/4B/8B-Chat, TraDo): block diffusion on the Qwen3 layout, implemented
+natively with the original config and parameter names (exactly Qwen3's: `model.embed_tokens`,
+`model.layers.{i}.self_attn.{q,k,v,o}_proj`, `self_attn.{q,k}_norm`, `mlp.{gate,up,down}_proj`,
+`input_layernorm`, `post_attention_layernorm`, `model.norm`, `lm_head`).
+
+    q, k = q_norm(q_proj(n1(x)) per head), k_norm(k_proj(n1(x)) per head)    # before RoPE
+    h = x + o_proj(attention(rope(q), rope(k), v_proj(n1(x)), block-causal))
+    y = h + down_proj(silu(gate_proj(n2(h))) * up_proj(n2(h)))
+    logits = lm_head(norm(y))                                              # untied, no shift
+
+**Block-causal attention**: a token sees every token of its own block and of earlier blocks
+(block = position // `block_size`, blocks counted from the sequence's first token), as the
+original's `tril(ones(nb, nb)).repeat_interleave(block_size)` mask. RMSNorm applies its weight
+in float32 and casts once (the original calls flash-attn's `rms_norm_fn`); eps `rms_norm_eps`.
+Default RoPE with cos/sin computed in float32 and cast to the activation dtype.
+
+`block_size` and `mask_token_id` are not in the released config.json files; they default to the
+released checkpoints' values (4 and 151669, `<|MASK|>`); the `-b8/-b16/-b32` checkpoints need
+`block_size` set in their config.json.
+
+Deliberate differences from the original code:
+1. The attention mask is built here from `block_size` and a 2-D padding mask (the original
+   expects the caller's 3-D bool mask and crashes without one; a 4-D bool mask is still accepted).
+2. Training-mode forward does not compute a loss: `forward(block_diffusion=True)` takes
+   `[x_t ; x_0]` and returns the x_t half's logits (or hidden states); losses live in the baselines.
+3. flash-attn's RMSNorm kernel is replaced by the same arithmetic in torch (float32 throughout).
+4. Only default RoPE and no sliding window (as released); other values are refused.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig
+
+from dare.models.api import ModelFacts
+from dare.models.blocks import QwenAttention, QwenDecoderLayer, SwiGLU
+from dare.models.core import DLLMPreTrainedModel, RMSNorm, check_forward_args, decoder_forward, rope_cos_sin
+
+
+class SDARConfig(PretrainedConfig):
+    model_type = "sdar"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    rope_scaling = None  # a plain attribute here (transformers 5 turns it into `rope_parameters`)
+
+    def __init__(
+        self,
+        vocab_size: int = 151936,
+        hidden_size: int = 4096,
+        intermediate_size: int = 22016,
+        num_hidden_layers: int = 32,
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = 32,
+        head_dim: int | None = 128,
+        hidden_act: str = "silu",
+        max_position_embeddings: int = 32768,
+        initializer_range: float = 0.02,
+        rms_norm_eps: float = 1e-6,
+        use_cache: bool = True,
+        tie_word_embeddings: bool = False,
+        rope_theta: float = 10000.0,
+        rope_scaling: dict | None = None,
+        attention_bias: bool = False,
+        use_sliding_window: bool = False,
+        sliding_window: int | None = 4096,
+        max_window_layers: int = 28,
+        attention_dropout: float = 0.0,
+        block_size: int = 4,
+        mask_token_id: int = 151669,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.max_position_embeddings = max_position_embeddings
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.use_sliding_window = use_sliding_window
+        self.sliding_window = sliding_window if use_sliding_window else None
+        self.max_window_layers = max_window_layers
+        self.num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
+        self.head_dim = head_dim if head_dim is not None else hidden_size // num_attention_heads
+        self.hidden_act = hidden_act
+        self.initializer_range = initializer_range
+        self.rms_norm_eps = rms_norm_eps
+        self.use_cache = use_cache
+        self.rope_theta = rope_theta
+        self.rope_scaling = rope_scaling
+        self.attention_bias = attention_bias
+        self.attention_dropout = attention_dropout
+        self.block_size = block_size
+        self.mask_token_id = mask_token_id
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+
+def check_supported(config) -> None:
+    if config.rope_scaling is not None or config.use_sliding_window or config.hidden_act != "silu":
+        raise NotImplementedError(
+            f"{config.model_type} config with rope_scaling={config.rope_scaling!r}, use_sliding_window="
+            f"{config.use_sliding_window!r}, hidden_act={config.hidden_act!r}: only default RoPE, no sliding window "
+            "and silu (as in the released checkpoints) are implemented")
+    if not isinstance(config.block_size, int) or config.block_size < 1:
+        raise ValueError(f"{config.model_type} config: block_size must be a positive integer, got {config.block_size!r}")
+
+
+def qwen3_attention(c) -> QwenAttention:
+    return QwenAttention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                         qkv_bias=c.attention_bias, o_bias=c.attention_bias, qk_norm_eps=c.rms_norm_eps,
+                         norm_weight_in_fp32=True)
+
+
+class SDARModel(nn.Module):
+    """Embedding, layers and final norm (`model.*`); `mlp_for(layer_idx)` builds each layer's MLP."""
+
+    def __init__(self, c, mlp_for):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
+        self.layers = nn.ModuleList(
+            QwenDecoderLayer(c.hidden_size, c.rms_norm_eps, qwen3_attention(c), mlp_for(i), norm_weight_in_fp32=True)
+            for i in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=True)
+        self.head_dim, self.rope_theta = c.head_dim, c.rope_theta
+
+    def rope(self, positions, dtype):
+        return rope_cos_sin(positions, self.head_dim, self.rope_theta, dtype)
+
+
+class SDARForCausalLM(DLLMPreTrainedModel):
+    config_class = SDARConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["QwenDecoderLayer"]
+    _tied_weights_keys = ["lm_head.weight"]
+    family = "sdar"
+
+    def __init__(self, config):
+        check_supported(config)
+        super().__init__(config)
+        self.model = SDARModel(config, self.mlp_for)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def mlp_for(self, layer_idx: int) -> nn.Module:
+        return SwiGLU(self.config.hidden_size, self.config.intermediate_size)
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def dllm_block_size(self) -> int:
+        return self.config.block_size
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, use_cache=False, *, cu_seqlens=None, replace_position=None,
+                block_diffusion=False, output_logits=True, output_router_logits=False, store_kv=None, **kwargs):
+        check_forward_args(kwargs, type(self).__name__)
+        if store_kv is not None:  # the original's name for "append this block to the cache"
+            use_cache = bool(store_kv)
+        m = self.model
+        return decoder_forward(self, (m.embed_tokens, m.layers, m.norm, self.lm_head, m.rope), input_ids,
+                               attention_mask, position_ids, inputs_embeds=inputs_embeds, cu_seqlens=cu_seqlens,
+                               past_key_values=past_key_values, use_cache=use_cache,
+                               replace_position=replace_position, block_diffusion=block_diffusion,
+                               output_logits=output_logits, output_router_logits=output_router_logits)
+
+    def dllm_facts(self) -> ModelFacts:
+        c = self.config
+        return ModelFacts(family=self.family, mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
+                          pad_token_id=c.pad_token_id if c.pad_token_id is not None else c.eos_token_id,
+                          logits_shift=False, attention="block_causal", block_size=c.block_size,
+                          lora_targets=LORA_TARGETS)
+
+
+MODEL_CLASS = SDARForCausalLM
+# Attention and MLP projections (a regex over module names, as peft's `target_modules`).
+LORA_TARGETS = r".*\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))"
+
+# The released SDAR tokenizer's special tokens (Qwen3 vocabulary plus `<|MASK|>`).
+MASK_TOKEN = "<|MASK|>"
+SPECIAL_TOKENS = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
+
+
+def tiny_common(scratch, tokenizer, block_size: int = 4) -> dict:
+    kv = scratch.n_heads // 2 if scratch.n_heads % 2 == 0 else scratch.n_heads
+    return dict(vocab_size=len(tokenizer), hidden_size=scratch.d_model, intermediate_size=scratch.mlp_hidden_size,
+                num_hidden_layers=scratch.n_layers, num_attention_heads=scratch.n_heads, num_key_value_heads=kv,
+                head_dim=scratch.d_model // scratch.n_heads, max_position_embeddings=scratch.max_sequence_length,
+                rope_theta=scratch.rope_theta, block_size=block_size,
+                mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN), pad_token_id=tokenizer.pad_token_id,
+                bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+
+
+def scratch_config(scratch, tokenizer) -> SDARConfig:
+    """A small SDAR config (block size 4, grouped-query attention) for `tokenizer`."""
+    return SDARConfig(**tiny_common(scratch, tokenizer), architectures=["SDARForCausalLM"])
+
+
+AutoConfig.register("sdar", SDARConfig, exist_ok=True)
+AutoModel.register(SDARConfig, SDARForCausalLM, exist_ok=True)
+AutoModelForCausalLM.register(SDARConfig, SDARForCausalLM, exist_ok=True)
