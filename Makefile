@@ -5,12 +5,13 @@
 PYTHON ?= python3
 VENV   ?= .venv
 TRAIN  := $(VENV)/train
+EVAL   := $(VENV)/eval
 # The torch pin is read from the `train` extra in pyproject.toml, the single source of truth.
 TORCH  := $(shell $(PYTHON) -c 'import tomllib; x = tomllib.load(open("pyproject.toml", "rb")); print(next(p for p in x["project"]["optional-dependencies"]["train"] if p.startswith("torch")))')
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test leaderboard setup clean-venv help
+.PHONY: demo test leaderboard setup eval-env clean-venv help
 
 help:
 	@echo "make demo         set up the train venv and run the embedded default (tiny SFT -> d1 -> eval)"
@@ -18,6 +19,14 @@ help:
 	@echo "make leaderboard  open the Streamlit leaderboard on 127.0.0.1 (committed results + runs/)"
 
 setup: $(TRAIN)/.installed
+
+# The eval environment (transformers 4.x, numpy 1.x) from the `eval` extra; the tests use it to
+# check that checkpoints move between the two environments.
+$(EVAL)/.installed: pyproject.toml
+	@test -x $(EVAL)/bin/python || $(PYTHON) -m venv $(EVAL)
+	$(EVAL)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
+	$(EVAL)/bin/pip install $(PIP_FLAGS) -e ".[eval,dev]"
+	@touch $@
 
 # torch first, from its exact pin, so that nothing later resolves a CUDA build; then the project
 # editable with the pinned `train` and `dev` extras.
@@ -27,11 +36,13 @@ $(TRAIN)/.installed: pyproject.toml
 	$(TRAIN)/bin/pip install $(PIP_FLAGS) -e ".[train,dev]"
 	@touch $@
 
+eval-env: $(EVAL)/.installed
+
 demo: $(TRAIN)/.installed
 	$(TRAIN)/bin/dare demo
 
-test: $(TRAIN)/.installed
-	$(TRAIN)/bin/python -m pytest $(PYTEST_ARGS)
+test: $(TRAIN)/.installed $(EVAL)/.installed
+	DARE_EVAL_PYTHON=$(abspath $(EVAL))/bin/python $(TRAIN)/bin/python -m pytest $(PYTEST_ARGS)
 
 leaderboard: $(TRAIN)/.installed
 	$(TRAIN)/bin/dare leaderboard --runs runs

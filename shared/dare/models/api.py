@@ -35,20 +35,25 @@ def facts(model) -> ModelFacts:
     return model.dllm_facts()
 
 
-def align(model, out, cu_seqlens=None):
+def align(model, out, cu_seqlens=None, attention_mask=None):
     """Re-align a shifted family's outputs (B, L, ...) so that `out[:, i]` predicts token i: the
-    output at i-1 moves to i; the first position of each sequence (each packed sequence, when
-    `cu_seqlens` is given) has no predecessor and keeps its own output, as the originals do.
-    Unshifted families are returned unchanged."""
+    output at i-1 moves to i. The first token of each sequence has no predecessor and keeps its
+    own output, as the originals do; "first" means after left padding (`attention_mask`) and at
+    every packed-sequence start (`cu_seqlens`), so a sequence never borrows a pad's or the previous
+    packed sequence's output. Unshifted families are returned unchanged."""
     import torch
 
     if not facts(model).logits_shift:
         return out
     shifted = torch.cat([out[:, :1], out[:, :-1]], dim=1)
-    if cu_seqlens is not None:  # never borrow the previous packed sequence's last output
+    if cu_seqlens is not None:
         starts = cu_seqlens[:-1].long()
         starts = starts[starts < out.shape[1]]
         shifted[:, starts] = out[:, starts]
+    if attention_mask is not None and attention_mask.dim() == 2:
+        real = attention_mask.bool()
+        first = real & ~torch.cat([torch.zeros_like(real[:, :1]), real[:, :-1]], dim=1)
+        shifted = torch.where(first[..., None], out, shifted)
     return shifted
 
 
@@ -59,7 +64,7 @@ def token_logits(model, input_ids, attention_mask=None, *, cu_seqlens=None, posi
     sequences in one row of `input_ids` (1, total) with no compute spent across them."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    cu_seqlens=cu_seqlens).logits
-    return align(model, logits, cu_seqlens)
+    return align(model, logits, cu_seqlens, attention_mask)
 
 
 def token_hidden(model, input_ids, attention_mask=None, *, cu_seqlens=None, position_ids=None):
@@ -67,7 +72,7 @@ def token_hidden(model, input_ids, attention_mask=None, *, cu_seqlens=None, posi
     logits are `output_head(model)(hidden)`, so a trainer can take the cross-entropy in chunks."""
     hidden = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    cu_seqlens=cu_seqlens, output_logits=False).last_hidden_state
-    return align(model, hidden, cu_seqlens)
+    return align(model, hidden, cu_seqlens, attention_mask)
 
 
 def output_head(model):

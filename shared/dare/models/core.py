@@ -15,6 +15,11 @@ key's block is not later than the query's (block = position // block_size). The 
 training layout `[x_t ; x_0]` (BD3-LM / SDAR) adds the three rules: x_t sees only its own block of
 x_t, x_t sees strictly earlier blocks of x_0, x_0 is block-causal over x_0 and never sees x_t.
 Padded query rows see every key (so no row is empty); their outputs are never used.
+
+Blocks are counted in each row's own positions (`cumsum(attention_mask) - 1`), so a padded row
+computes exactly what it computes alone. A batch decoded chunk by chunk through the cache must
+therefore left-pad each row by a multiple of `block_size`, so that block boundaries fall on the
+same columns in every row (the originals decode one sequence at a time, where the two agree).
 """
 
 from __future__ import annotations
@@ -236,6 +241,8 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
         return Layout(position_ids, mask[:, None], backend)
 
     cache = past_key_values
+    if cache is not None and len(cache) == 0 and cache_mode == "read":
+        cache = None  # reading an empty cache: the tokens attend to themselves only
     if cache is None or len(cache) == 0:
         if position_ids is None:
             position_ids = _positions_from_mask(valid)
@@ -263,8 +270,8 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
 
     mask = None
     if block is not None or not bool(k_valid.all()):
-        if block is None and bool(valid.all()):
-            mask = k_valid[:, None, None, :]  # key padding only
+        if block is None and bool(k_valid.any(dim=1).all()):
+            mask = k_valid[:, None, None, :]  # key padding only (every row has a real key to see)
         else:
             q_valid = valid
             mask = visible(position_ids[:, :, None], k_pos[:, None, :], k_valid[:, None, :], block)
@@ -351,14 +358,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout) ->
 def _flex(q, k, v, layout: Layout):
     flex_attention, create_block_mask = flex_attention_functions()
     if layout._flex_mask is None:  # built once per forward, shared by the layers
-        dense = layout.mask[:, 0]
-        B, Lq, Lk = dense.shape
+        B, Lq, Lk = q.shape[0], q.shape[2], k.shape[2]
+        dense = layout.mask[:, 0].expand(B, Lq, Lk)
 
         def mask_mod(b, h, qi, ki):
             return dense[b, qi, ki]
 
         layout._flex_mask = create_block_mask(mask_mod, B, None, Lq, Lk, device=str(q.device))
+    if q.device.type == "cuda":  # the fused kernel; eager flex_attention is a slow reference on GPU
+        flex_attention = _compiled_flex()
     return flex_attention(q, k, v, block_mask=layout._flex_mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+@functools.cache
+def _compiled_flex():
+    return torch.compile(flex_attention_functions()[0], dynamic=True)
 
 
 def _flash(q, k, v, layout: Layout):
@@ -405,6 +419,12 @@ class DLLMPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_flash_attn = True
     _supports_flash_attn_2 = True  # transformers 4.x name
+
+    def __init__(self, config, *args, **kwargs):
+        if getattr(config, "tie_word_embeddings", False):
+            raise NotImplementedError(f"{config.model_type} config with tie_word_embeddings=true: the released "
+                                      "checkpoints have an untied output head, and only that is implemented")
+        super().__init__(config, *args, **kwargs)
 
     def _check_and_adjust_attn_implementation(self, attn_implementation=None, *args, **kwargs):
         self.attn_backend = resolve_backend(attn_implementation, explicit=False)

@@ -60,6 +60,8 @@ class DreamConfig(PretrainedConfig):
         attention_dropout: float = 0.0,
         mask_token_id: int = 151666,
         pad_token_id: int = 151643,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -79,7 +81,8 @@ class DreamConfig(PretrainedConfig):
         self.rope_theta = rope_theta
         self.rope_scaling = rope_scaling
         self.attention_dropout = attention_dropout
-        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+        super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         **kwargs)
         self.mask_token_id = mask_token_id
         self.pad_token_id = pad_token_id
 
@@ -107,7 +110,6 @@ class DreamModel(DLLMPreTrainedModel):
     config_class = DreamConfig
     base_model_prefix = "model"
     _no_split_modules = ["QwenDecoderLayer"]
-    _tied_weights_keys = ["lm_head.weight"]
 
     def __init__(self, config: DreamConfig):
         if config.rope_scaling is not None or config.use_sliding_window or config.hidden_act != "silu":
@@ -133,7 +135,7 @@ class DreamModel(DLLMPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=False, *, cu_seqlens=None, replace_position=None,
-                output_logits=True, **kwargs):
+                block_diffusion=False, output_logits=True, **kwargs):
         check_forward_args(kwargs, type(self).__name__)
         if isinstance(attention_mask, str):  # the original's "full": no mask
             attention_mask = None
@@ -141,7 +143,8 @@ class DreamModel(DLLMPreTrainedModel):
         return decoder_forward(self, (m.embed_tokens, m.layers, m.norm, self.lm_head, m.rope), input_ids,
                                attention_mask, position_ids, inputs_embeds=inputs_embeds, cu_seqlens=cu_seqlens,
                                past_key_values=past_key_values, use_cache=use_cache,
-                               replace_position=replace_position, output_logits=output_logits)
+                               replace_position=replace_position, block_diffusion=block_diffusion,
+                               output_logits=output_logits)
 
     def dllm_facts(self) -> ModelFacts:
         c = self.config

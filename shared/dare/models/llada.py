@@ -194,13 +194,14 @@ class LLaDAModelLM(DLLMPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=False, *, cu_seqlens=None, replace_position=None,
-                output_logits=True, **kwargs):
+                block_diffusion=False, output_logits=True, **kwargs):
         check_forward_args(kwargs, type(self).__name__)
         m, t = self.model, self.model.transformer
         return decoder_forward(self, (t.wte, t.blocks, t.ln_f, m.head, m.rope), input_ids, attention_mask,
                                position_ids, inputs_embeds=inputs_embeds, cu_seqlens=cu_seqlens,
                                past_key_values=past_key_values, use_cache=use_cache,
-                               replace_position=replace_position, output_logits=output_logits)
+                               replace_position=replace_position, block_diffusion=block_diffusion,
+                               output_logits=output_logits)
 
     def dllm_facts(self) -> ModelFacts:
         c = self.config

@@ -92,6 +92,7 @@ class LLaDA2MoeConfig(PretrainedConfig):
         block_size: int = 32,
         mask_token_id: int = 156895,
         eos_token_id: int | None = 156892,
+        bos_token_id: int | None = None,
         **kwargs,
     ):
         self.num_hidden_layers = num_hidden_layers
@@ -130,8 +131,8 @@ class LLaDA2MoeConfig(PretrainedConfig):
         self.partial_rotary_factor = partial_rotary_factor
         self.block_size = block_size
         self.mask_token_id = mask_token_id
-        super().__init__(pad_token_id=pad_token_id, eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings,
-                         **kwargs)
+        super().__init__(pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=bos_token_id,
+                         tie_word_embeddings=tie_word_embeddings, **kwargs)
 
 
 class LLaDA2MoeAttention(nn.Module):
@@ -236,7 +237,6 @@ class LLaDA2MoeModelLM(DLLMPreTrainedModel):
     config_class = LLaDA2MoeConfig
     base_model_prefix = "model"
     _no_split_modules = ["LLaDA2MoeDecoderLayer"]
-    _tied_weights_keys = ["lm_head.weight"]
 
     def __init__(self, config: LLaDA2MoeConfig):
         if config.rope_scaling is not None or config.hidden_act != "silu":

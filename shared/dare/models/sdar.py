@@ -66,6 +66,9 @@ class SDARConfig(PretrainedConfig):
         attention_dropout: float = 0.0,
         block_size: int = 4,
         mask_token_id: int = 151669,
+        pad_token_id: int | None = None,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -89,7 +92,8 @@ class SDARConfig(PretrainedConfig):
         self.attention_dropout = attention_dropout
         self.block_size = block_size
         self.mask_token_id = mask_token_id
-        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+        super().__init__(tie_word_embeddings=tie_word_embeddings, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+                         eos_token_id=eos_token_id, **kwargs)
 
 
 def check_supported(config) -> None:
@@ -128,7 +132,6 @@ class SDARForCausalLM(DLLMPreTrainedModel):
     config_class = SDARConfig
     base_model_prefix = "model"
     _no_split_modules = ["QwenDecoderLayer"]
-    _tied_weights_keys = ["lm_head.weight"]
     family = "sdar"
 
     def __init__(self, config):
