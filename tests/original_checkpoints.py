@@ -87,6 +87,20 @@ CONFIGS = {
         "use_cache": False, "use_qk_norm": True, "use_qkv_bias": False, "use_rmsnorm": True,
         "use_sliding_window": False, "using_split_qkv_in_self_attention": False, "vocab_size": VOCAB,
     },
+    # LLaDA-MoE: the released file says model_type "llada" (dllm renames it "lladamoe"); key set
+    # from the vendored configuration_lladamoe.py, values partly unverified (see lladamoe.py)
+    "lladamoe": {
+        "architectures": ["LLaDAMoEModelLM"], "attention_bias": False, "attention_dropout": 0.0, "clip_qkv": None,
+        "dense_intermediate_size": FFN, "eos_token_id": 38, "expert_intermediate_size": EXPERT_FFN,
+        "hidden_act": "silu", "hidden_size": H, "initializer_range": 0.02, "max_position_embeddings": 8192,
+        "model_type": "llada", "moe_layer_freq": [1] * LAYERS, "moe_router_enable_expert_bias": True,
+        "norm_topk_prob": False, "num_attention_heads": HEADS, "num_experts": EXPERTS, "num_experts_per_tok": 2,
+        "num_hidden_layers": LAYERS, "num_key_value_heads": HEADS, "output_router_logits": False,
+        "pad_token_id": 38, "partial_rotary_factor": 1.0, "qk_layernorm": True, "rms_norm_eps": 1e-05,
+        "rope_scaling": None, "rope_theta": 50000, "router_aux_loss_coef": 0.01,
+        "shared_expert_intermediate_size": None,
+        "tie_word_embeddings": False, "use_cache": False, "vocab_size": VOCAB,
+    },
 }
 
 
@@ -124,9 +138,9 @@ def weight_shapes(family: str) -> dict[str, tuple]:
                     w |= _swiglu(f"{p}.mlp.experts.{e}", EXPERT_FFN)
                 w |= _swiglu(f"{p}.mlp.shared_experts", EXPERT_FFN)
         return w
-    # Qwen2 (Dream) / Qwen3 (SDAR) / Qwen3-MoE (SDAR-MoE) names
-    heads_dim = H if family == "dream" else q
-    kv_dim = (H // HEADS) * KV if family == "dream" else kv
+    # Qwen2 (Dream) / Qwen3 (SDAR) / Qwen3-MoE (SDAR-MoE) / OLMoE (LLaDA-MoE) names
+    heads_dim = q
+    kv_dim = H if family == "lladamoe" else kv
     w = {"model.embed_tokens.weight": (VOCAB, H), "model.norm.weight": (H,), "lm_head.weight": (VOCAB, H)}
     for i in range(LAYERS):
         p = f"model.layers.{i}"
@@ -138,7 +152,9 @@ def weight_shapes(family: str) -> dict[str, tuple]:
                   f"{p}.self_attn.v_proj.bias": (kv_dim,)}
         else:
             w |= {f"{p}.self_attn.q_norm.weight": (HEAD_DIM,), f"{p}.self_attn.k_norm.weight": (HEAD_DIM,)}
-        if family == "sdar_moe":
+        if family == "lladamoe":
+            w[f"{p}.mlp.expert_bias"] = (EXPERTS,)
+        if family in ("sdar_moe", "lladamoe"):
             w[f"{p}.mlp.gate.weight"] = (EXPERTS, H)
             for e in range(EXPERTS):
                 w |= _swiglu(f"{p}.mlp.experts.{e}", EXPERT_FFN)

@@ -5,14 +5,15 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModel
 
-from dare.models import FAMILIES, align, facts, output_head, register_all, token_hidden, token_logits
+from dare.models import (
+    FAMILIES, align, facts, load_pretrained, output_head, register_all, token_hidden, token_logits,
+)
 from dare.models.core import KVCache, make_layout, visible
 from conftest import dare_cli
 from original_checkpoints import CONFIGS, VOCAB, weight_shapes, write_original_folder
@@ -20,7 +21,7 @@ from original_checkpoints import CONFIGS, VOCAB, weight_shapes, write_original_f
 register_all()
 ALL = list(FAMILIES)
 BLOCK = ["sdar", "sdar_moe", "llada2"]
-BIDIRECTIONAL = ["llada", "dream"]
+BIDIRECTIONAL = ["llada", "dream", "lladamoe"]
 ATOL = 2e-5
 
 
@@ -31,8 +32,17 @@ def originals(tmp_path_factory):
     for fam in ALL:
         folder = tmp_path_factory.mktemp(fam)
         tensors = write_original_folder(fam, folder)
-        out[fam] = (folder, tensors, AutoModel.from_pretrained(folder, dtype=torch.float32).eval())
+        out[fam] = (folder, tensors, load_pretrained(folder).eval())
     return out
+
+
+def from_pretrained_with_info(folder, family):
+    if family == "lladamoe":  # released config.json says model_type "llada": loaded by class, as load_pretrained does
+        from dare.models.lladamoe import LLaDAMoEConfig, LLaDAMoEModelLM
+
+        cfg = LLaDAMoEConfig.from_dict({k: v for k, v in CONFIGS[family].items() if k != "model_type"})
+        return LLaDAMoEModelLM.from_pretrained(folder, config=cfg, dtype=torch.float32, output_loading_info=True)
+    return AutoModel.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
 
 
 def ids(*lengths, seed=0):
@@ -43,7 +53,7 @@ def ids(*lengths, seed=0):
 @pytest.mark.parametrize("family", ALL)
 def test_original_folder_loads_with_zero_missing_or_unexpected_keys(family, originals, tmp_path):
     folder, tensors, _ = originals[family]
-    model, info = AutoModel.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
+    model, info = from_pretrained_with_info(folder, family)
     assert type(model).__name__ == CONFIGS[family]["architectures"][0]
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     state = model.state_dict()
@@ -54,8 +64,9 @@ def test_original_folder_loads_with_zero_missing_or_unexpected_keys(family, orig
     x = torch.stack(ids(12, 12, seed=1))
     before = token_logits(model, x)
     model.save_pretrained(tmp_path)
-    again = AutoModel.from_pretrained(tmp_path, dtype=torch.float32)
+    again = load_pretrained(tmp_path)
     torch.testing.assert_close(token_logits(again, x), before, rtol=0, atol=0)
+    assert type(load_pretrained(folder)) is type(model)
 
 
 @pytest.mark.parametrize("family", ALL)
@@ -63,7 +74,8 @@ def test_facts_come_from_the_checkpoint_config(family, originals):
     f = facts(originals[family][2])
     want = {"llada": (39, 38, False, "bidirectional", None), "dream": (39, 37, True, "bidirectional", None),
             "sdar": (151669, 37, False, "block_causal", 4), "sdar_moe": (151669, 37, False, "block_causal", 4),
-            "llada2": (156895, 156892, False, "block_causal", 32)}[family]
+            "llada2": (156895, 156892, False, "block_causal", 32),
+            "lladamoe": (156895, 38, False, "bidirectional", None)}[family]
     # SDAR and LLaDA2 release configs carry no mask id / block size: the released values are the defaults
     assert (f.mask_token_id, f.eos_token_id, f.logits_shift, f.attention, f.block_size) == want
 
@@ -389,18 +401,42 @@ def test_lora_targets_select_attention_and_mlp_projections_not_the_head(family, 
     head = [n for n, m in model.named_modules() if m is model.get_output_embeddings()][0]
     assert head not in picked
     assert not any(".experts." in n or n.endswith(".gate") for n in picked)  # routers and routed experts stay frozen
-    per_layer = {"llada": 7, "dream": 7, "sdar": 7, "sdar_moe": 4, "llada2": 2}[family]
+    per_layer = {"llada": 7, "dream": 7, "sdar": 7, "sdar_moe": 4, "llada2": 2, "lladamoe": 4}[family]
     extra = {"llada2": 3 + 3}.get(family, 0)  # the dense layer's MLP and the shared expert
     assert len(picked) == per_layer * 2 + extra
 
 
-def test_dare_models_lists_every_family_with_its_facts():
+# Published sizes (total, active) in billions: model cards / papers (Qwen2.5-7B for Dream,
+# Qwen3-8B and Qwen3-30B-A3B for SDAR, "16B total, 1.4B active" for LLaDA2-mini).
+PUBLISHED = {"llada": (8.02, 8.02), "dream": (7.62, 7.62), "sdar": (8.19, 8.19), "sdar_moe": (30.5, 3.3),
+             "llada2": (16.26, 1.4)}
+
+
+def test_dare_models_lists_every_family_with_its_facts_and_the_published_sizes():
+    """The released configs built on the meta device have the published parameter counts: a check
+    of the architectures (widths, expert counts, shared expert, dense first layer) at full size."""
     r = dare_cli("models")
     assert r.returncode == 0, r.stderr
     for fam, (_, model_type) in FAMILIES.items():
-        line = next(ln for ln in r.stdout.splitlines() if ln.startswith(fam + " "))
-        assert model_type in line
-    assert "block_causal" in r.stdout and "bidirectional" in r.stdout
+        cols = next(ln for ln in r.stdout.splitlines() if ln.startswith(fam + " ")).split()
+        assert cols[1] == model_type
+        if fam in PUBLISHED:
+            total, active = (float(c.rstrip("B")) for c in cols[6:8])
+            assert total == pytest.approx(PUBLISHED[fam][0], rel=0.02), fam
+            assert active == pytest.approx(PUBLISHED[fam][1], rel=0.04), fam
+    assert "151669" in r.stdout and "156895" in r.stdout and "126336" in r.stdout
+
+
+def test_dare_models_show_reads_a_config_or_a_checkpoint(originals, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(CONFIGS["llada2"]))
+    r = dare_cli("models", "show", str(tmp_path / "config.json"))
+    assert r.returncode == 0, r.stderr
+    assert "LLaDA2MoeModelLM" in r.stdout and "block_causal" in r.stdout and "156895" in r.stdout
+    r = dare_cli("models", "show", str(originals["dream"][0]))
+    assert r.returncode == 0, r.stderr
+    assert "logits_shift   True" in r.stdout
+    r = dare_cli("models", "show", str(tmp_path / "nowhere"))
+    assert r.returncode == 2 and "error:" in r.stderr
 
 
 EVAL_PYTHON = os.environ.get("DARE_EVAL_PYTHON") or str(Path(__file__).parents[1] / ".venv/eval/bin/python")

@@ -105,29 +105,62 @@ def cmd_data(ns) -> int:
 
 
 def cmd_models(ns) -> int:
-    from dare.models import FAMILIES
+    from dare.models import FAMILIES, family_module
+    from dare.models.api import count_parameters
+
+    def billions(n: int) -> str:
+        return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n:,}"
 
     if ns.action == "show":
         if not ns.checkpoint:
-            raise UserError("dare models show <checkpoint folder>")
+            raise UserError("dare models show <checkpoint folder or config.json>")
         from dare.models import facts, load_pretrained
 
-        model = load_pretrained(ns.checkpoint)
-        print(f"{ns.checkpoint}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters")
-        for k, v in vars(facts(model)).items():
+        target = Path(ns.checkpoint)
+        if target.name == "config.json" or (target.is_dir() and not any(target.glob("*.safetensors"))):
+            # a config alone: build it on the meta device for its facts and size
+            from transformers import AutoConfig
+
+            from dare.models import register_all
+
+            register_all()
+            cfg_file = target if target.name == "config.json" else target / "config.json"
+            if not cfg_file.is_file():
+                raise UserError(f"{target}: no config.json")
+            config = AutoConfig.from_pretrained(cfg_file)
+            model_class = next(family_module(f).MODEL_CLASS for f, (_, mt) in FAMILIES.items()
+                               if mt == config.model_type)
+            total, active = count_parameters(model_class, config)
+            import torch
+
+            with torch.device("meta"):
+                f = facts(model_class(config))
+            print(f"{cfg_file}: {model_class.__name__}, {billions(total)} parameters ({billions(active)} active)")
+        else:
+            model = load_pretrained(ns.checkpoint)
+            f = facts(model)
+            total, active = count_parameters(type(model), model.config)
+            print(f"{ns.checkpoint}: {type(model).__name__}, {billions(total)} parameters ({billions(active)} active)")
+        for k, v in vars(f).items():
             print(f"  {k:14s} {v}")
         return 0
-    from dare.config import ScratchModelConfig
-    from dare.models import facts, family_module, new_model
-    from dare.models.tokenizer import char_tokenizer
 
-    print(f"{'family':8s} {'model_type':12s} {'attention':14s} {'shift':6s} {'block':6s} {'tiny params':>12s}")
+    print(f"{'family':9s} {'model_type':11s} {'attention':13s} {'shift':5s} {'block':5s} {'mask id':>7s} "
+          f"{'params':>7s} {'active':>7s}  released checkpoint")
     for family, (_, model_type) in FAMILIES.items():
-        family_module(family)
-        tiny = new_model(family, char_tokenizer("0123456789+=", family), ScratchModelConfig(), seed=0)
-        f = facts(tiny)
-        print(f"{family:8s} {model_type:12s} {f.attention:14s} {str(f.logits_shift):6s} {str(f.block_size):6s} "
-              f"{sum(p.numel() for p in tiny.parameters()):>12,}")
+        module = family_module(family)
+        name, kwargs = module.RELEASED
+        config = module.MODEL_CLASS.config_class(**kwargs)
+        import torch
+
+        with torch.device("meta"):
+            f = module.MODEL_CLASS(config).dllm_facts()
+        total, active = count_parameters(module.MODEL_CLASS, config)
+        print(f"{family:9s} {model_type:11s} {f.attention:13s} {'yes' if f.logits_shift else 'no':5s} "
+              f"{str(f.block_size or '-'):5s} {f.mask_token_id:>7d} {billions(total):>7s} {billions(active):>7s}"
+              f"  {name}")
+    print("\nFacts are read from each checkpoint's config.json; `dare models show <folder|config.json>` prints them "
+          "for one checkpoint. Tiny configs for tests: `scratch_config` in each family's module.")
     return 0
 
 
@@ -208,8 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_data)
 
     s = sub.add_parser("models", help="list model families and their facts", description=(
-        "`dare models` lists the families with the facts of a tiny config; `dare models show <checkpoint>` "
-        "prints a checkpoint's facts (mask id, logit shift, attention kind, block size)."))
+        "`dare models` lists the families with the facts and parameter counts of their released checkpoints' "
+        "configs (built on the meta device); `dare models show <checkpoint folder | config.json>` prints one "
+        "checkpoint's facts (mask id, logit shift, attention kind, block size, LoRA targets) and size."))
     s.add_argument("action", nargs="?", default="list", choices=["list", "show"])
     s.add_argument("checkpoint", nargs="?")
     s.set_defaults(func=cmd_models)

@@ -17,6 +17,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "sdar": ("dare.models.sdar", "sdar"),
     "sdar_moe": ("dare.models.sdar_moe", "sdar_moe"),
     "llada2": ("dare.models.llada2", "llada2_moe"),
+    "lladamoe": ("dare.models.lladamoe", "lladamoe"),
 }
 
 

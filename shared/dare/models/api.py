@@ -98,8 +98,11 @@ def _check_folder(path: str | Path) -> Path:
     return p
 
 
-def load_pretrained(path: str | Path, dtype: str = "float32"):
-    """Load a checkpoint folder of any registered family, without `trust_remote_code`."""
+def load_pretrained(path: str | Path, dtype: str = "float32", attn_backend: str | None = None):
+    """Load a checkpoint folder of any registered family, without `trust_remote_code`.
+
+    `attn_backend` (sdpa | flex | flash) overrides what the checkpoint's config asks for; an
+    unavailable kernel asked for here is an error."""
     import torch
     from transformers import AutoModel
 
@@ -107,7 +110,17 @@ def load_pretrained(path: str | Path, dtype: str = "float32"):
 
     register_all()
     folder = _check_folder(path)
-    model = AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype))
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("model_type") == "llada" and "LLaDAMoEModelLM" in (config.get("architectures") or []):
+        # LLaDA-MoE's released config.json reuses `model_type: llada` for a different architecture
+        from dare.models.lladamoe import LLaDAMoEConfig, LLaDAMoEModelLM
+
+        cfg = LLaDAMoEConfig.from_dict({k: v for k, v in config.items() if k != "model_type"})
+        model = LLaDAMoEModelLM.from_pretrained(folder, config=cfg, dtype=getattr(torch, dtype))
+    else:
+        model = AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype))
+    if attn_backend is not None:
+        model.set_attention_backend(attn_backend)
     return model
 
 
@@ -157,3 +170,18 @@ def checkpoint_meta(path: str | Path) -> dict:
     """The `dare.json` written next to a checkpoint by our trainers ({} for foreign checkpoints)."""
     meta = Path(path) / "dare.json"
     return json.loads(meta.read_text()) if meta.is_file() else {}
+
+
+def count_parameters(model_class, config) -> tuple[int, int]:
+    """(total, active per token) parameters of `model_class(config)`, built on the meta device so
+    nothing is allocated (an 8B or 30B config counts in about a second). Active counts only
+    `num_experts_per_tok` of each layer's `num_experts` routed experts."""
+    import torch
+
+    with torch.device("meta"):
+        model = model_class(config)
+    total = sum(p.numel() for p in model.parameters())
+    routed = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    n_experts = getattr(config, "num_experts", None)
+    active = total - routed + (routed * config.num_experts_per_tok // n_experts if n_experts else 0)
+    return total, active

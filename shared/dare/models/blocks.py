@@ -51,20 +51,27 @@ class SwiGLU(nn.Module):
 
 
 class SoftmaxTopKMoE(nn.Module):
-    """Qwen3-MoE sparse block: softmax router in float32, top-k, optional renormalisation of the
-    k weights, weights cast back to the activation dtype; experts are SwiGLU MLPs."""
+    """Qwen3-MoE / OLMoE sparse block: softmax router in float32, top-k, optional renormalisation
+    of the k weights, weights cast back to the activation dtype; experts are SwiGLU MLPs.
+    With `expert_bias` (LLaDA-MoE) a persistent bias is added to the softmax probabilities
+    before the top-k, and so also to the weights, as in the original."""
 
-    def __init__(self, hidden: int, intermediate: int, n_experts: int, top_k: int, norm_topk_prob: bool):
+    def __init__(self, hidden: int, intermediate: int, n_experts: int, top_k: int, norm_topk_prob: bool,
+                 expert_bias: bool = False):
         super().__init__()
         self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
         self.gate = nn.Linear(hidden, n_experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(hidden, intermediate) for _ in range(n_experts))
+        if expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(n_experts))
 
     def forward(self, x: torch.Tensor):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         router_logits = self.gate(x)
         weights = F.softmax(router_logits, dim=-1, dtype=torch.float)
+        if hasattr(self, "expert_bias"):
+            weights = weights + self.expert_bias
         weights, chosen = torch.topk(weights, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)

@@ -207,14 +207,12 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
         doc = torch.repeat_interleave(torch.arange(len(lengths), device=dev), lengths)
         if position_ids is None:
             position_ids = (torch.arange(L, device=dev) - cu[doc])[None]
-        segs = []
+        segs, one = [], torch.ones((), dtype=torch.bool, device=dev)
         for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
             p = position_ids[0, s:e]
-            segs.append(None if block is None else
-                        visible(p[:, None], p[None, :], torch.ones((), dtype=torch.bool, device=dev), block)[None, None])
+            segs.append(None if block is None else visible(p[:, None], p[None, :], one, block)[None, None])
         mask = None
         if backend == "flex" or (backend == "flash" and block is not None):
-            one = torch.ones((), dtype=torch.bool, device=dev)
             mask = visible(position_ids[0][:, None], position_ids[0][None, :], one, block, doc[:, None], doc[None, :])
             mask = mask[None, None]
         return Layout(position_ids, mask, backend, cu_seqlens=cu.to(torch.int32),
@@ -253,7 +251,8 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
             cache.positions, cache.valid = position_ids, valid
     elif cache_mode == "replace":
         if replace_start < 0 or replace_start + L > len(cache):
-            raise ValueError(f"replace [{replace_start}, {replace_start + L}) is outside the cache (length {len(cache)})")
+            raise ValueError(f"replace [{replace_start}, {replace_start + L}) is outside the cache "
+                             f"(length {len(cache)})")
         if position_ids is None:
             position_ids = cache.positions[:, replace_start:replace_start + L]
         cache.valid[:, replace_start:replace_start + L] = valid

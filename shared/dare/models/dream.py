@@ -162,6 +162,12 @@ MASK_TOKEN = "<|mask|>"
 SPECIAL_TOKENS = {"bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
 
 
+# The headline released checkpoint and its config, for `dare models`.
+RELEASED = ("Dream-org/Dream-v0-Instruct-7B", dict(
+    vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+    num_key_value_heads=4, max_position_embeddings=131072, rope_theta=1000000.0, rms_norm_eps=1e-6,
+    mask_token_id=151666, pad_token_id=151643, bos_token_id=151643, eos_token_id=151643))
+
 def scratch_config(scratch, tokenizer) -> DreamConfig:
     """A small Dream config (grouped-query attention, 2 query heads per KV head) for `tokenizer`."""
     kv = scratch.n_heads // 2 if scratch.n_heads % 2 == 0 else scratch.n_heads

@@ -178,7 +178,8 @@ class LLaDAModelLM(DLLMPreTrainedModel):
     def __init__(self, config: LLaDAConfig):
         for name, want in UNSUPPORTED.items():
             if getattr(config, name, want) != want:
-                raise NotImplementedError(f"LLaDA config {name}={getattr(config, name)!r}: only {want!r} is implemented")
+                raise NotImplementedError(f"LLaDA config {name}={getattr(config, name)!r}: "
+                                          f"only {want!r} is implemented")
         super().__init__(config)
         self.model = LLaDAModel(config)
         if getattr(config, "flash_attention", False):
@@ -218,6 +219,13 @@ MODEL_CLASS = LLaDAModelLM
 # `target_modules`; plain suffixes would also catch the output head `transformer.ff_out`).
 LORA_TARGETS = r".*\.blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)"
 
+
+# The headline released checkpoint and its config (config.json of GSAI-ML/LLaDA-8B-Instruct),
+# for `dare models` (parameter counts are taken on the meta device, nothing is allocated).
+RELEASED = ("GSAI-ML/LLaDA-8B-Instruct", dict(
+    d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32, mlp_hidden_size=12288, vocab_size=126464,
+    embedding_size=126464, max_sequence_length=4096, rope_theta=500000.0, rms_norm_eps=1e-5, mask_token_id=126336,
+    eos_token_id=126081, pad_token_id=126081))
 
 def scratch_config(scratch, tokenizer) -> LLaDAConfig:
     """A small LLaDA config whose vocabulary and special tokens come from `tokenizer`."""

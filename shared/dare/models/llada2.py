@@ -241,7 +241,8 @@ class LLaDA2MoeModelLM(DLLMPreTrainedModel):
     def __init__(self, config: LLaDA2MoeConfig):
         if config.rope_scaling is not None or config.hidden_act != "silu":
             raise NotImplementedError(f"llada2_moe config with rope_scaling={config.rope_scaling!r}, hidden_act="
-                                      f"{config.hidden_act!r}: only default RoPE and silu (as released) are implemented")
+                                      f"{config.hidden_act!r}: only default RoPE and silu (as released) are "
+                                      "implemented")
         if config.num_experts is not None and config.num_experts % config.n_group:
             raise ValueError(f"llada2_moe config: num_experts={config.num_experts} is not divisible by "
                              f"n_group={config.n_group}")
@@ -290,11 +291,20 @@ class LLaDA2MoeModelLM(DLLMPreTrainedModel):
 MODEL_CLASS = LLaDA2MoeModelLM
 # Attention and the dense/shared MLPs (a regex over module names, as peft's `target_modules`);
 # the routed experts and the router stay frozen.
-LORA_TARGETS = r".*\.(attention\.(query_key_value|dense)|mlp\.(gate_proj|up_proj|down_proj)|shared_experts\.(gate_proj|up_proj|down_proj))"
+LORA_TARGETS = (r".*\.(attention\.(query_key_value|dense)|mlp\.(gate_proj|up_proj|down_proj)"
+                r"|shared_experts\.(gate_proj|up_proj|down_proj))")
 
 MASK_TOKEN = "<|mask|>"
 SPECIAL_TOKENS = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
 
+
+# The headline released checkpoint and its config (LLaDA2.0-mini has the same), for `dare models`.
+RELEASED = ("inclusionAI/LLaDA2.1-mini", dict(
+    vocab_size=157184, hidden_size=2048, intermediate_size=5120, num_hidden_layers=20, num_attention_heads=16,
+    num_key_value_heads=4, head_dim=128, use_qk_norm=True, use_bias=False, rms_norm_eps=1e-6, rope_theta=600000,
+    max_position_embeddings=32768, num_experts=256, num_shared_experts=1, num_experts_per_tok=8, n_group=8,
+    topk_group=4, routed_scaling_factor=2.5, moe_intermediate_size=512, first_k_dense_replace=1,
+    partial_rotary_factor=0.5, embedding_dropout=0.0, attention_dropout=0.0, output_dropout=0.0, pad_token_id=156892))
 
 def scratch_config(scratch, tokenizer) -> LLaDA2MoeConfig:
     """A small LLaDA2 config: first layer dense, then 8 experts in 4 groups (keep 2), top-2,

@@ -103,7 +103,8 @@ def check_supported(config) -> None:
             f"{config.use_sliding_window!r}, hidden_act={config.hidden_act!r}: only default RoPE, no sliding window "
             "and silu (as in the released checkpoints) are implemented")
     if not isinstance(config.block_size, int) or config.block_size < 1:
-        raise ValueError(f"{config.model_type} config: block_size must be a positive integer, got {config.block_size!r}")
+        raise ValueError(f"{config.model_type} config: block_size must be a positive integer, "
+                         f"got {config.block_size!r}")
 
 
 def qwen3_attention(c) -> QwenAttention:
@@ -192,6 +193,12 @@ def tiny_common(scratch, tokenizer, block_size: int = 4) -> dict:
                 mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN), pad_token_id=tokenizer.pad_token_id,
                 bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
 
+
+# The headline released checkpoint and its config, for `dare models`.
+RELEASED = ("JetLM/SDAR-8B-Chat", dict(
+    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, rope_theta=1000000, rms_norm_eps=1e-6, bos_token_id=151643,
+    eos_token_id=151643))
 
 def scratch_config(scratch, tokenizer) -> SDARConfig:
     """A small SDAR config (block size 4, grouped-query attention) for `tokenizer`."""

@@ -71,6 +71,12 @@ class SDARMoeForCausalLM(SDARForCausalLM):
 MODEL_CLASS = SDARMoeForCausalLM
 
 
+# The headline released checkpoint and its config, for `dare models`.
+RELEASED = ("JetLM/SDAR-30B-A3B-Chat", dict(
+    vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+    num_key_value_heads=4, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6, moe_intermediate_size=768,
+    num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, bos_token_id=151643, eos_token_id=151643))
+
 def scratch_config(scratch, tokenizer) -> SDARMoeConfig:
     """A small SDAR-MoE config: 8 experts, top-2, renormalised, every layer sparse, block size 4."""
     return SDARMoeConfig(**tiny_common(scratch, tokenizer), moe_intermediate_size=max(8, scratch.mlp_hidden_size // 4),
