@@ -14,6 +14,18 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config, items):
+    """`@pytest.mark.gpu` tests run only where CUDA is available (CPU CI skips them, saying why)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (gpu marker); run on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dare")

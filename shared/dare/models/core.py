@@ -212,7 +212,7 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
             p = position_ids[0, s:e]
             segs.append(None if block is None else visible(p[:, None], p[None, :], one, block)[None, None])
         mask = None
-        if backend == "flex" or (backend == "flash" and block is not None):
+        if backend == "flex":  # one mask over the whole pack, block-sparse in FlexAttention
             mask = visible(position_ids[0][:, None], position_ids[0][None, :], one, block, doc[:, None], doc[None, :])
             mask = mask[None, None]
         return Layout(position_ids, mask, backend, cu_seqlens=cu.to(torch.int32),
