@@ -455,6 +455,8 @@ for folder in sys.argv[1:]:
     torch.save(token_logits(model, x), folder / "logits_other.pt")
     tok = AutoTokenizer.from_pretrained(folder)
     model.config.save_pretrained(folder / "resaved")
+    model.save_pretrained(folder / "from_eval")  # and the other way round
+    tok.save_pretrained(folder / "from_eval")
     out[folder.name] = {"version": transformers.__version__, "problems": {k: v for k, v in info.items() if v},
                         "decoded": tok.decode(tok("12+34=")["input_ids"])}
 print(json.dumps(out))
@@ -463,9 +465,10 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(not Path(EVAL_PYTHON).exists(), reason="no eval environment (make test builds .venv/eval)")
 def test_checkpoints_move_between_train_and_eval_environments(tmp_path):
-    """Saved here (transformers 5), loaded in the eval env (transformers 4.57): identical logits,
-    identical config fields after a round trip, and the tokenizer loads."""
+    """Saved here (transformers 5), loaded in the eval env (transformers 4.57), saved there and
+    loaded here again: identical logits, identical config fields, and the tokenizers load."""
     import transformers
+    from transformers import AutoTokenizer
 
     from dare.config import ScratchModelConfig
     from dare.models import new_model
@@ -498,3 +501,9 @@ def test_checkpoints_move_between_train_and_eval_environments(tmp_path):
             if key != "transformers_version":
                 assert theirs.get(key) == value, (folder.name, key, value, theirs.get(key))
         assert "rope_parameters" not in ours and "rope_theta" in ours
+        back = load_pretrained(folder / "from_eval")
+        with torch.no_grad():
+            torch.testing.assert_close(token_logits(back, torch.load(folder / "x.pt")), torch.load(folder / "logits.pt"),
+                                       rtol=0, atol=0)
+        tok = AutoTokenizer.from_pretrained(folder / "from_eval")
+        assert tok.decode(tok("12+34=")["input_ids"]) == "12+34="
