@@ -507,3 +507,18 @@ def test_checkpoints_move_between_train_and_eval_environments(tmp_path):
                                        rtol=0, atol=0)
         tok = AutoTokenizer.from_pretrained(folder / "from_eval")
         assert tok.decode(tok("12+34=")["input_ids"]) == "12+34="
+
+
+def test_lladamoe_router_adds_expert_bias_to_the_probabilities_and_never_renormalises(originals):
+    model = originals["lladamoe"][2]
+    moe = model.model.layers[0].mlp
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        moe.expert_bias.copy_(torch.linspace(0, 0.3, 8))
+        y, router_logits = moe(x)
+        p = torch.softmax(router_logits.float(), -1) + moe.expert_bias  # the bias moves weights too
+        top = p.topk(2, -1)
+        want = torch.stack([sum(top.values[t, j] * moe.experts[int(top.indices[t, j])](x[t]) for j in range(2))
+                            for t in range(5)])
+        torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(top.values.sum(-1), torch.ones(5))  # not renormalised
