@@ -522,3 +522,26 @@ def test_lladamoe_router_adds_expert_bias_to_the_probabilities_and_never_renorma
                             for t in range(5)])
         torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)
         assert not torch.allclose(top.values.sum(-1), torch.ones(5))  # not renormalised
+
+
+def test_explicit_4d_masks_bool_or_additive_and_the_cache_keeps_pads_hidden(originals):
+    model = originals["sdar"][2]
+    x = ids(8, seed=15)[0][None]
+    blocks = torch.arange(8) // 4
+    allowed = (blocks[None, :] <= blocks[:, None])[None, None]  # the originals' block-causal mask
+    additive = torch.zeros(1, 1, 8, 8).masked_fill(~allowed, float("-inf"))
+    with torch.no_grad():
+        ref = model(x).logits
+        torch.testing.assert_close(model(x, allowed).logits, ref, rtol=0, atol=1e-6)
+        torch.testing.assert_close(model(x, additive).logits, ref, rtol=0, atol=1e-6)
+        with pytest.raises(ValueError, match="4-D attention mask cannot be combined"):
+            model(x, allowed, use_cache=True)
+        with pytest.raises(TypeError, match="KVCache"):
+            model(x, past_key_values=[])
+    llada = originals["llada"][2]
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        cache = llada(x, mask, use_cache=True).past_key_values
+        before = mask.clone()
+        llada(x[:, :4], past_key_values=cache, replace_position=0)  # no mask given: pads stay pads
+        assert cache.valid[0].tolist() == [False, False] + [True] * 6 and torch.equal(mask, before)

@@ -190,11 +190,17 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
     block = model.dllm_block_size()
     backend = model.attn_backend
     if attention_mask is not None and attention_mask.dim() == 4:
-        # An explicit (B, 1, Lq, Lk) bool mask: used as given (positions 0..L-1 unless given).
+        # An explicit (B, 1, Lq, Lk) mask, as the originals' callers build them: bool (True = visible)
+        # or additive float (0 = visible, -inf / dtype.min = hidden; LLaDA2.1's +1 counts as visible).
+        if past_key_values is not None or cu_seqlens is not None or block_diffusion:
+            raise ValueError("an explicit 4-D attention mask cannot be combined with a cache, packing or the "
+                             "block-diffusion layout; pass a 2-D padding mask instead")
+        m = attention_mask
+        if m.dtype != torch.bool:
+            m = torch.isfinite(m) & (m > torch.finfo(m.dtype).min / 2)
         if position_ids is None:
             position_ids = torch.arange(L, device=dev).expand(B, L)
-        return Layout(position_ids, attention_mask.bool(), backend, cache=past_key_values, cache_mode=cache_mode,
-                      replace_start=replace_start)
+        return Layout(position_ids, m, backend)
 
     if cu_seqlens is not None:
         if B != 1 or attention_mask is not None or past_key_values is not None or block_diffusion:
@@ -218,7 +224,8 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
         return Layout(position_ids, mask, backend, cu_seqlens=cu.to(torch.int32),
                       max_seqlen=int(lengths.max()) if len(lengths) else 0, segment_masks=segs)
 
-    valid = torch.ones(B, L, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
+    given = attention_mask is not None
+    valid = attention_mask.bool().clone() if given else torch.ones(B, L, dtype=torch.bool, device=dev)
     if valid.shape != (B, L) and not (block_diffusion and valid.shape == (B, L // 2)):
         raise ValueError(f"attention_mask has shape {tuple(valid.shape)}, input_ids {(B, L)}")
 
@@ -253,9 +260,12 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
         if replace_start < 0 or replace_start + L > len(cache):
             raise ValueError(f"replace [{replace_start}, {replace_start + L}) is outside the cache "
                              f"(length {len(cache)})")
+        window = slice(replace_start, replace_start + L)
         if position_ids is None:
-            position_ids = cache.positions[:, replace_start:replace_start + L]
-        cache.valid[:, replace_start:replace_start + L] = valid
+            position_ids = cache.positions[:, window]
+        if given:  # the cached positions stay what they were: pads stay hidden
+            cache.valid[:, window] &= valid
+        valid = cache.valid[:, window].clone()
         k_pos, k_valid = cache.positions, cache.valid
     elif cache_mode in ("read", "append"):
         if position_ids is None:
@@ -375,9 +385,10 @@ def _compiled_flex():
 
 
 def _flash(q, k, v, layout: Layout):
-    """flash-attn where the layout needs no mask it cannot express; None means "use SDPA"."""
+    """flash-attn where it applies (fp16/bf16 on CUDA, and no mask it cannot express: padding or
+    block-causal rules inside the query span); None means "use SDPA" for this call."""
     if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"attention backend 'flash' needs fp16/bf16 tensors on CUDA; got {q.dtype} on {q.device}")
+        return None
     flash_func, varlen_func, kvcache_func = flash_attn_functions()
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, L, H, D)
     if layout.cu_seqlens is not None:
@@ -490,6 +501,9 @@ def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_
     embed, layers, norm, head, rope = parts
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("give exactly one of input_ids and inputs_embeds")
+    if past_key_values is not None and not isinstance(past_key_values, KVCache):
+        raise TypeError(f"past_key_values must be a dare.models.core.KVCache (the one a forward with use_cache=True "
+                        f"returns), got {type(past_key_values).__name__}")
     x = embed(input_ids) if inputs_embeds is None else inputs_embeds
     shape_ids = input_ids if input_ids is not None else x[..., 0]
     if use_cache and past_key_values is None:

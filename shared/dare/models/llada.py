@@ -167,7 +167,8 @@ class LLaDAModel(nn.Module):
 # name -> the only accepted value (a config omitting the key gets that value).
 UNSUPPORTED = {"block_type": "llama", "layer_norm_type": "rms", "activation_type": "silu", "rope": True,
                "alibi": False, "input_emb_norm": False, "scale_logits": False, "attention_layer_norm": False,
-               "clip_qkv": None, "layer_norm_with_affine": True, "block_group_size": 1}
+               "clip_qkv": None, "layer_norm_with_affine": True, "block_group_size": 1, "include_bias": False,
+               "rope_full_precision": True, "multi_query_attention": None}
 
 
 class LLaDAModelLM(DLLMPreTrainedModel):
@@ -176,6 +177,8 @@ class LLaDAModelLM(DLLMPreTrainedModel):
     _no_split_modules = ["LLaDALlamaBlock"]
 
     def __init__(self, config: LLaDAConfig):
+        if getattr(config, "bias_for_layer_norm", None):
+            raise NotImplementedError("LLaDA config bias_for_layer_norm=true: only norms without bias are implemented")
         for name, want in UNSUPPORTED.items():
             if getattr(config, name, want) != want:
                 raise NotImplementedError(f"LLaDA config {name}={getattr(config, name)!r}: "
