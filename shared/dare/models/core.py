@@ -452,6 +452,30 @@ class DLLMPreTrainedModel(PreTrainedModel):
     def attn_backend(self, value: str) -> None:
         self.__dict__["_dare_attn_backend"] = value
 
+    def decoder_parts(self):
+        """(embedding, layers, final norm, output head, rope(positions, dtype) -> cos/sin)."""
+        raise NotImplementedError
+
+    def get_input_embeddings(self):
+        return self.decoder_parts()[0]
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, use_cache=False, *, cu_seqlens=None, replace_position=None,
+                block_diffusion=False, output_logits=True, output_router_logits=False, store_kv=None, **kwargs):
+        """The originals' positional signature (input_ids, attention_mask, position_ids, ...), plus
+        the forward modes of `decoder_forward`. `store_kv` is SDAR's name for `use_cache`; Dream's
+        `attention_mask="full"` means no mask."""
+        check_forward_args(kwargs, type(self).__name__)
+        if store_kv is not None:
+            use_cache = bool(store_kv)
+        if isinstance(attention_mask, str):
+            attention_mask = None
+        return decoder_forward(self, self.decoder_parts(), input_ids, attention_mask, position_ids,
+                               inputs_embeds=inputs_embeds, cu_seqlens=cu_seqlens, past_key_values=past_key_values,
+                               use_cache=use_cache, replace_position=replace_position,
+                               block_diffusion=block_diffusion, output_logits=output_logits,
+                               output_router_logits=output_router_logits)
+
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head, as `forward` applies it to the final hidden states."""
         return self.get_output_embeddings()(hidden)

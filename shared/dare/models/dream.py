@@ -30,7 +30,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Pretrained
 
 from dare.models.api import ModelFacts
 from dare.models.blocks import QwenAttention, QwenDecoderLayer, SwiGLU
-from dare.models.core import DLLMPreTrainedModel, RMSNorm, check_forward_args, decoder_forward, rope_cos_sin
+from dare.models.core import DLLMPreTrainedModel, RMSNorm, rope_cos_sin
 
 
 class DreamConfig(PretrainedConfig):
@@ -127,24 +127,12 @@ class DreamModel(DLLMPreTrainedModel):
         if isinstance(module, nn.Embedding) and module.padding_idx is not None:
             module.weight.data[module.padding_idx].zero_()
 
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
     def get_output_embeddings(self):
         return self.lm_head
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, use_cache=False, *, cu_seqlens=None, replace_position=None,
-                block_diffusion=False, output_logits=True, **kwargs):
-        check_forward_args(kwargs, type(self).__name__)
-        if isinstance(attention_mask, str):  # the original's "full": no mask
-            attention_mask = None
+    def decoder_parts(self):
         m = self.model
-        return decoder_forward(self, (m.embed_tokens, m.layers, m.norm, self.lm_head, m.rope), input_ids,
-                               attention_mask, position_ids, inputs_embeds=inputs_embeds, cu_seqlens=cu_seqlens,
-                               past_key_values=past_key_values, use_cache=use_cache,
-                               replace_position=replace_position, block_diffusion=block_diffusion,
-                               output_logits=output_logits)
+        return m.embed_tokens, m.layers, m.norm, self.lm_head, m.rope
 
     def dllm_facts(self) -> ModelFacts:
         c = self.config

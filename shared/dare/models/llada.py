@@ -33,7 +33,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Pretrained
 
 from dare.models.api import ModelFacts
 from dare.models.core import (
-    DLLMPreTrainedModel, Layout, RMSNorm, apply_rope, attend, check_forward_args, decoder_forward, resolve_backend,
+    DLLMPreTrainedModel, Layout, RMSNorm, apply_rope, attend, resolve_backend,
     rope_cos_sin,
 )
 
@@ -189,23 +189,13 @@ class LLaDAModelLM(DLLMPreTrainedModel):
             self.attn_backend = resolve_backend("flash_attention_2", explicit=False)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.model.transformer.wte
-
     def get_output_embeddings(self):
         t = self.model.transformer
         return t.wte if self.config.weight_tying else t.ff_out
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, use_cache=False, *, cu_seqlens=None, replace_position=None,
-                block_diffusion=False, output_logits=True, **kwargs):
-        check_forward_args(kwargs, type(self).__name__)
+    def decoder_parts(self):
         m, t = self.model, self.model.transformer
-        return decoder_forward(self, (t.wte, t.blocks, t.ln_f, m.head, m.rope), input_ids, attention_mask,
-                               position_ids, inputs_embeds=inputs_embeds, cu_seqlens=cu_seqlens,
-                               past_key_values=past_key_values, use_cache=use_cache,
-                               replace_position=replace_position, block_diffusion=block_diffusion,
-                               output_logits=output_logits)
+        return t.wte, t.blocks, t.ln_f, m.head, m.rope
 
     def dllm_facts(self) -> ModelFacts:
         c = self.config

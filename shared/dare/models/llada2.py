@@ -43,7 +43,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Pretrained
 from dare.models.api import ModelFacts
 from dare.models.blocks import SwiGLU
 from dare.models.core import (
-    DLLMPreTrainedModel, Layout, RMSNorm, apply_rope, attend, check_forward_args, decoder_forward, rope_cos_sin,
+    DLLMPreTrainedModel, Layout, RMSNorm, apply_rope, attend, rope_cos_sin,
 )
 
 
@@ -257,9 +257,6 @@ class LLaDA2MoeModelLM(DLLMPreTrainedModel):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
             module.expert_bias.zero_()
 
-    def get_input_embeddings(self):
-        return self.model.word_embeddings
-
     def get_output_embeddings(self):
         return self.lm_head
 
@@ -269,16 +266,9 @@ class LLaDA2MoeModelLM(DLLMPreTrainedModel):
     def logits_from_hidden(self, hidden):
         return self.lm_head(hidden).float()  # the original returns float32 logits
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, use_cache=False, *, cu_seqlens=None, replace_position=None,
-                block_diffusion=False, output_logits=True, output_router_logits=False, **kwargs):
-        check_forward_args(kwargs, type(self).__name__)
+    def decoder_parts(self):
         m = self.model
-        return decoder_forward(self, (m.word_embeddings, m.layers, m.norm, self.logits_from_hidden, m.rope), input_ids,
-                               attention_mask, position_ids, inputs_embeds=inputs_embeds, cu_seqlens=cu_seqlens,
-                               past_key_values=past_key_values, use_cache=use_cache,
-                               replace_position=replace_position, block_diffusion=block_diffusion,
-                               output_logits=output_logits, output_router_logits=output_router_logits)
+        return m.word_embeddings, m.layers, m.norm, self.logits_from_hidden, m.rope
 
     def dllm_facts(self) -> ModelFacts:
         c = self.config

@@ -32,7 +32,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Pretrained
 
 from dare.models.api import ModelFacts
 from dare.models.blocks import QwenAttention, QwenDecoderLayer, SoftmaxTopKMoE, SwiGLU
-from dare.models.core import DLLMPreTrainedModel, RMSNorm, check_forward_args, decoder_forward, rope_cos_sin
+from dare.models.core import DLLMPreTrainedModel, RMSNorm, rope_cos_sin
 
 
 class LLaDAMoEConfig(PretrainedConfig):
@@ -158,22 +158,12 @@ class LLaDAMoEModelLM(DLLMPreTrainedModel):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
     def get_output_embeddings(self):
         return self.lm_head
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, use_cache=False, *, cu_seqlens=None, replace_position=None,
-                block_diffusion=False, output_logits=True, output_router_logits=False, **kwargs):
-        check_forward_args(kwargs, type(self).__name__)
+    def decoder_parts(self):
         m = self.model
-        return decoder_forward(self, (m.embed_tokens, m.layers, m.norm, self.lm_head, m.rope), input_ids,
-                               attention_mask, position_ids, inputs_embeds=inputs_embeds, cu_seqlens=cu_seqlens,
-                               past_key_values=past_key_values, use_cache=use_cache,
-                               replace_position=replace_position, block_diffusion=block_diffusion,
-                               output_logits=output_logits, output_router_logits=output_router_logits)
+        return m.embed_tokens, m.layers, m.norm, self.lm_head, m.rope
 
     def dllm_facts(self) -> ModelFacts:
         c = self.config

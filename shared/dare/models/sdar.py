@@ -34,7 +34,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Pretrained
 
 from dare.models.api import ModelFacts
 from dare.models.blocks import QwenAttention, QwenDecoderLayer, SwiGLU
-from dare.models.core import DLLMPreTrainedModel, RMSNorm, check_forward_args, decoder_forward, rope_cos_sin
+from dare.models.core import DLLMPreTrainedModel, RMSNorm, rope_cos_sin
 
 
 class SDARConfig(PretrainedConfig):
@@ -145,27 +145,15 @@ class SDARForCausalLM(DLLMPreTrainedModel):
     def mlp_for(self, layer_idx: int) -> nn.Module:
         return SwiGLU(self.config.hidden_size, self.config.intermediate_size)
 
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
     def get_output_embeddings(self):
         return self.lm_head
 
     def dllm_block_size(self) -> int:
         return self.config.block_size
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, use_cache=False, *, cu_seqlens=None, replace_position=None,
-                block_diffusion=False, output_logits=True, output_router_logits=False, store_kv=None, **kwargs):
-        check_forward_args(kwargs, type(self).__name__)
-        if store_kv is not None:  # the original's name for "append this block to the cache"
-            use_cache = bool(store_kv)
+    def decoder_parts(self):
         m = self.model
-        return decoder_forward(self, (m.embed_tokens, m.layers, m.norm, self.lm_head, m.rope), input_ids,
-                               attention_mask, position_ids, inputs_embeds=inputs_embeds, cu_seqlens=cu_seqlens,
-                               past_key_values=past_key_values, use_cache=use_cache,
-                               replace_position=replace_position, block_diffusion=block_diffusion,
-                               output_logits=output_logits, output_router_logits=output_router_logits)
+        return m.embed_tokens, m.layers, m.norm, self.lm_head, m.rope
 
     def dllm_facts(self) -> ModelFacts:
         c = self.config
