@@ -87,20 +87,35 @@ def cmd_leaderboard(ns) -> int:
 
 
 def cmd_data(ns) -> int:
-    from dare.data import TASKS, build, split_path
+    from dare.data import TASKS, build, recorded_hashes, split_path
+    from dare.utils import sha256_file
 
     if ns.action == "list":
+        print(f"{'task':14s} {'version':16s} {'source':22s} splits")
         for name, task in TASKS.items():
             have = ", ".join(f"{s}{'' if split_path(name, s).is_file() else ' (not built)'}" for s in task.splits)
-            print(f"{name:12s} version {task.version:16s} splits: {have}")
+            source = "offline" if task.offline else "--from / hub / dvc pull"
+            print(f"{name:14s} {task.version:16s} {source:22s} {have}")
         return 0
-    names = ns.tasks or list(TASKS)
+    names = ns.tasks or [n for n, t in TASKS.items() if t.offline]
     unknown = [n for n in names if n not in TASKS]
     if unknown:
         raise UserError(f"unknown task(s) {unknown}; known: {sorted(TASKS)}")
+    source = Path(ns.source) if ns.source else None
+    if source is not None:
+        if len(names) != 1:
+            raise UserError("--from reads one task's original files: name exactly one task")
+        if not source.exists():
+            raise UserError(f"--from {source}: no such file or folder")
+    recorded = recorded_hashes()
     for name in names:
         for split in TASKS[name].splits:
-            print(build(name, split))
+            path = build(name, split, source=source)
+            digest = sha256_file(path)
+            want = recorded.get(f"{name}/{split}") if source is None else None
+            note = "" if want is None else ("  (= recorded hash)" if want == digest else
+                                            f"  DIFFERS from the recorded hash {want[:12]}: bump the task version")
+            print(f"{path}  sha256 {digest[:12]}{note}")
     return 0
 
 
@@ -234,10 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_leaderboard)
 
     s = sub.add_parser("data", help="list or build task datasets", description=(
-        "Tasks live in data/<task>/<split>.parquet (one schema; see dare.data). Synthetic tasks are "
-        "generated offline and byte-deterministically."))
+        "Tasks live in data/<task>/<split>.parquet (one schema; see dare.data). `dare data build` with no "
+        "task builds every offline task (generated or shipped by a package), byte-deterministically; other "
+        "tasks are built from their original files (--from PATH) or downloaded when the hub is reachable. "
+        "`dvc pull` fetches the preprocessed data instead."))
     s.add_argument("action", choices=["list", "build"])
     s.add_argument("tasks", nargs="*", metavar="TASK")
+    s.add_argument("--from", dest="source", metavar="PATH",
+                   help="a file or folder with the task's original files (e.g. gsm8k's train.jsonl/test.jsonl)")
     s.set_defaults(func=cmd_data)
 
     s = sub.add_parser("models", help="list model families and their facts", description=(

@@ -116,6 +116,9 @@ class DataConfig:
     task: str = "addition"
     """Task name from `dare data list`; its parquet is built on demand under `data/`."""
     split: str = "train"
+    reward: str = "default"
+    """Reward style of the task: "default" (correctness), or "d1" for d1's format-shaped rewards
+    (gsm8k, math)."""
 
     def validate(self):
         from dare.data import TASKS
@@ -123,6 +126,8 @@ class DataConfig:
         check(self.task in TASKS, f"unknown task {self.task!r}; known: {sorted(TASKS)}", "task")
         check(self.split in TASKS[self.task].splits, f"task {self.task!r} has splits {TASKS[self.task].splits}",
               "split")
+        styles = TASKS[self.task].reward_styles
+        check(self.reward in styles, f"task {self.task!r} has reward styles {styles}", "reward")
 
 
 @dataclass

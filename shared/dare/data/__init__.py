@@ -1,12 +1,14 @@
 """Tasks and the one parquet schema every baseline trains and evaluates on.
 
-`TASKS` is an explicit dict: name -> task object with
+`TASKS` is an explicit dict: name -> task object (`dare.data.base.Task`) with
     splits        the split names it provides
     version       bumped with any change to data, prompt or reward (recorded in results)
-    build(split)  the rows of a split (offline-buildable tasks only)
+    offline       True when `build` needs no download (generated, or shipped by a package)
+    build(split, source=None)   the rows of a split: generated, read from `source` (original
+                  files, `dare data build --from`), or downloaded from the hub when reachable
     target(row)   the supervised response text (SFT)
-    reward(completion, row) -> float    RL reward, from `dare.rewards`
-    score(completion, row) -> dict      evaluation metrics (sufficient statistics: per-sample values)
+    reward(completion, row, style) -> float     RL reward from `dare.rewards` (`rewards` batched)
+    score(completion, row) -> dict              evaluation metrics per sample (`scores` batched)
     alphabet      characters a from-scratch character tokenizer needs (synthetic tasks)
 
 Parquet schema (one row per example; `load_split` validates it and names file, row and field):
@@ -20,12 +22,25 @@ Parquet schema (one row per example; `load_split` validates it and names file, r
 
 from __future__ import annotations
 
+from dare.data.code import MBPP, HumanEval
+from dare.data.mathtasks import GSM8K, MATH, MATH500
+from dare.data.preference import UltraFeedback
+from dare.data.puzzles import Countdown, Sudoku
 from dare.data.synthetic import Addition
 
 TASKS = {
     "addition": Addition(digits=2, n_test=500),
+    "gsm8k": GSM8K(),
+    "math": MATH(),
+    "math500": MATH500(),
+    "countdown": Countdown(n_numbers=3),
+    "countdown4": Countdown(n_numbers=4),
+    "sudoku": Sudoku(),
+    "humaneval": HumanEval(),
+    "mbpp": MBPP(),
+    "ultrafeedback": UltraFeedback(),
 }
 
-from dare.data.store import build, data_dir, load_split, split_path  # noqa: E402
+from dare.data.store import DataError, build, data_dir, load_split, recorded_hashes, split_path  # noqa: E402
 
-__all__ = ["TASKS", "build", "data_dir", "load_split", "split_path"]
+__all__ = ["TASKS", "DataError", "build", "data_dir", "load_split", "recorded_hashes", "split_path"]

@@ -33,14 +33,23 @@ def _schema():
     ])
 
 
-def build(task: str, split: str, root: Path | None = None) -> Path:
-    """Generate a split and write it atomically; the same code and seed give the same bytes."""
+HASHES = Path(__file__).with_name("hashes.json")
+
+
+def recorded_hashes() -> dict[str, str]:
+    """sha256 of every offline-buildable split as built by this code ("task/split" -> hex)."""
+    return json.loads(HASHES.read_text()) if HASHES.is_file() else {}
+
+
+def build(task: str, split: str, root: Path | None = None, source: Path | None = None) -> Path:
+    """Build a split (generated, from `source`, or downloaded) and write it atomically; the same
+    input gives the same bytes, so the DVC hash of `data/` is reproducible."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from dare.data import TASKS
 
-    rows = TASKS[task].build(split)
+    rows = TASKS[task].build(split, source)
     table = pa.Table.from_pylist([
         {"index": i, "task": task, "split": split, "prompt": r["prompt"], "ground_truth": r["ground_truth"],
          "extra": json.dumps(r.get("extra", {}), sort_keys=True)}

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import random
 
+from dare.data.base import Task
 from dare.rewards import arithmetic
 
 
-class Addition:
+class Addition(Task):
     """`a+b=` -> `a+b` with a, b uniform in [0, 10^digits). The test split is a fixed random
     sample of n_test pairs; the train split is every other pair (disjoint from test)."""
 
+    name = "addition"
     splits = ("train", "test")
+    offline = True
     seed = 1234
 
     def __init__(self, digits: int, n_test: int):
@@ -21,9 +24,7 @@ class Addition:
         self.version = f"d{digits}.n{n_test}.r{arithmetic.VERSION}.1"
         self.alphabet = "0123456789+="
 
-    def build(self, split: str) -> list[dict]:
-        if split not in self.splits:
-            raise KeyError(f"addition has splits {self.splits}, not {split!r}")
+    def generate(self, split: str) -> list[dict]:
         n = 10 ** self.digits
         pairs = [(a, b) for a in range(n) for b in range(n)]
         random.Random(self.seed).shuffle(pairs)
@@ -33,11 +34,7 @@ class Addition:
         return [{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "ground_truth": str(a + b),
                  "extra": {"a": a, "b": b}} for a, b in chosen]
 
-    def target(self, row: dict) -> str:
-        """The supervised response for SFT."""
-        return row["ground_truth"]
-
-    def reward(self, completion: str, row: dict) -> float:
+    def reward(self, completion: str, row: dict, style: str = "default") -> float:
         return arithmetic.exact_match(completion, row["ground_truth"])
 
     def score(self, completion: str, row: dict) -> dict[str, float]:

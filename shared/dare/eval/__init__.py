@@ -52,8 +52,7 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
             nfe_total += out.nfe * len(chunk)
             tokens_total += int(out.response_mask.sum())
             committed_total += out.responses.numel()
-            for row, text in zip(chunk, texts):
-                scores = task.score(text, row)
+            for row, text, scores in zip(chunk, texts, task.scores(texts, chunk)):
                 for name, v in scores.items():
                     values[name].append(float(v))
                 samples.append({"index": row["index"], "prompt": row["prompt"], "target": row["ground_truth"],

@@ -90,7 +90,7 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
         model.eval()
         out = generate(model, ids, mask, cfg.rl.rollout, rollout_gen)
         texts = decode_responses(tokenizer, out.responses, f.eos_token_id)
-        rewards = torch.tensor([task.reward(text, rows[i]) for i, text in zip(row_of, texts)],
+        rewards = torch.tensor(task.rewards(texts, [rows[i] for i in row_of], style=cfg.data.reward),
                                dtype=torch.float32, device=out.sequences.device)
         advantages = algo.advantages(rewards.view(n_prompts, G), cfg.algo).reshape(-1)
         batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,

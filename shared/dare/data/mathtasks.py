@@ -1,0 +1,81 @@
+"""GSM8K, MATH and MATH500 with d1's prompts (d1:diffu-grpo/data_utils.py) and answers.
+
+Sources (`--from <folder>` with the original files, or the hub when reachable):
+- gsm8k: `train.jsonl` / `test.jsonl` of openai/gsm8k (`{"question", "answer": "... #### 42"}`),
+  or the hub's parquet files.
+- math: MATH (hendrycks) `train.jsonl` / `test.jsonl` (`{"problem", "solution", "level", "type"}`;
+  the answer is the solution's last `\\boxed{}`); the hub's `ankner/math-500` train split is what
+  d1 trains on.
+- math500: `test.jsonl` of HuggingFaceH4/MATH-500 (`{"problem", "solution", "answer", ...}`).
+"""
+
+from __future__ import annotations
+
+from dare.data.base import REASONING_FORMAT, Task
+from dare.rewards import formats
+from dare.rewards import math as mathr
+
+MATH_INSTRUCTION = ("You are a math expert. You will be given a question to solve. Solve it step by step. "
+                    "Wrap the final answer in a \\boxed{}. ")
+
+
+class GSM8K(Task):
+    name = "gsm8k"
+    splits = ("train", "test")
+    version = f"p1.r{mathr.VERSION}.f{formats.VERSION}"
+    files = {"train": ["train.jsonl", "gsm8k_train.jsonl", "train-00000-of-00001.parquet"],
+             "test": ["test.jsonl", "gsm8k_test.jsonl", "test-00000-of-00001.parquet"]}
+    hub = {"train": ("openai/gsm8k", "main/train-*.parquet"), "test": ("openai/gsm8k", "main/test-*.parquet")}
+    reward_styles = ("default", "d1")
+
+    def convert(self, record: dict, split: str) -> dict:
+        question, answer = record["question"], record["answer"]
+        reasoning, _, final = answer.rpartition("####")
+        return {"prompt": [{"role": "user", "content": REASONING_FORMAT + "\n\n" + question}],
+                "ground_truth": final.strip().replace(",", ""), "extra": {"solution": reasoning.strip()}}
+
+    def target(self, row: dict) -> str:
+        return (f"<reasoning>\n{row['extra']['solution']}\n</reasoning>\n<answer>\n{row['ground_truth']}\n"
+                "</answer>")
+
+    def reward(self, completion: str, row: dict, style: str = "default") -> float:
+        if style == "d1":  # d1's five additive terms (maximum 4.0)
+            return sum(formats.gsm8k_d1(completion, row["ground_truth"]).values())
+        return mathr.gsm8k_reward(completion, row["ground_truth"])
+
+    def score(self, completion: str, row: dict) -> dict[str, float]:
+        return {"accuracy": mathr.gsm8k_reward(completion, row["ground_truth"])}
+
+
+class MATH(Task):
+    name = "math"
+    splits = ("train", "test")
+    version = f"p1.r{mathr.VERSION}.f{formats.VERSION}"
+    files = {"train": ["train.jsonl", "math_train.jsonl"], "test": ["test.jsonl", "math_test.jsonl"]}
+    hub = {"train": ("ankner/math-500", "*train*.parquet"), "test": ("ankner/math-500", "*test*.parquet")}
+    reward_styles = ("default", "d1")
+
+    def convert(self, record: dict, split: str) -> dict | None:
+        answer = record.get("answer") or mathr.last_boxed(record["solution"])
+        if answer is None:
+            return None  # a solution without a boxed answer cannot be scored
+        extra = {k: record[k] for k in ("solution", "level", "type", "subject", "unique_id") if k in record}
+        return {"prompt": [{"role": "user", "content": f"{REASONING_FORMAT}\n\n{MATH_INSTRUCTION}\n\n"
+                                                       f"{record['problem']}"}],
+                "ground_truth": answer, "extra": extra}
+
+    def target(self, row: dict) -> str:
+        solution = row["extra"].get("solution", "")
+        return f"<reasoning>\n{solution}\n</reasoning>\n<answer>\n\\boxed{{{row['ground_truth']}}}\n</answer>"
+
+    def reward(self, completion: str, row: dict, style: str = "default") -> float:
+        if style == "d1":
+            return sum(formats.math_d1(completion, row["ground_truth"]).values())
+        return mathr.math_reward(completion, row["ground_truth"])
+
+
+class MATH500(MATH):
+    name = "math500"
+    splits = ("test",)
+    files = {"test": ["test.jsonl", "math500.jsonl", "MATH-500.jsonl"]}
+    hub = {"test": ("HuggingFaceH4/MATH-500", "test.jsonl")}
