@@ -180,8 +180,13 @@ def cmd_models(ns) -> int:
 
 
 def cmd_bench(ns) -> int:
-    from dare.bench import rollout_benchmark
+    from dare.bench import rewards_benchmark, rollout_benchmark
 
+    if ns.what == "rewards":
+        if ns.args:
+            raise UserError(f"dare bench rewards takes no key=value arguments ({ns.args})")
+        rewards_benchmark(n=ns.n, workers=ns.workers, out=ns.out)
+        return 0
     path, overrides = _split_config_args(ns.args)
     if path:
         raise UserError(f"dare bench {ns.what} takes key=value decoding overrides, not a file ({path!r})")
@@ -267,14 +272,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("checkpoint", nargs="?")
     s.set_defaults(func=cmd_models)
 
-    s = sub.add_parser("bench", help="benchmarks (rollout throughput)", description=(
+    s = sub.add_parser("bench", help="benchmarks (rollout, rewards)", description=(
         "dare bench rollout: tokens/s and forward passes of the sampler on a checkpoint (default: a random "
-        "tiny LLaDA) for prompts of the addition task; key=value overrides set the decoding (gen_length=...)."))
-    s.add_argument("what", choices=["rollout"])
+        "tiny LLaDA) for prompts of the addition task; key=value overrides set the decoding (gen_length=...). "
+        "dare bench rewards: rewards per second for --n completions per task, serial vs --workers processes "
+        "(sandboxes for code), written as a JSON report (--out, default runs/bench/)."))
+    s.add_argument("what", choices=["rollout", "rewards"])
     s.add_argument("args", nargs="*", metavar="key=value")
     s.add_argument("--checkpoint")
     s.add_argument("--repeats", type=int, default=3)
     s.add_argument("--batch-size", type=int, default=8)
+    s.add_argument("--n", type=int, default=1000, help="rewards: completions per task")
+    s.add_argument("--workers", type=int, default=None, help="rewards: parallel workers (default: CPU count)")
+    s.add_argument("--out", help="rewards: where to write the JSON report")
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("results", help="publish result JSONs to the leaderboard", description=(
