@@ -175,8 +175,19 @@ def run_program(source: str, limits: Limits = Limits()) -> Outcome:
     except subprocess.TimeoutExpired:
         status = "timeout"
     finally:
+        # Kill the namespace's pid 1 (the program): the kernel then kills everything in the
+        # namespace, and `unshare` reaps it and exits, so no process is left or orphaned.
+        for pid in _children(proc.pid) if isolate else []:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the whole tree, whatever the program started
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # without namespaces: the whole process group
         except ProcessLookupError:
             pass
         proc.wait()
@@ -188,6 +199,14 @@ def run_program(source: str, limits: Limits = Limits()) -> Outcome:
         status = "passed" if rc == 0 else "failed"
     return Outcome(passed=status == "passed", status=status, returncode=rc,
                    output=tail.decode(errors="replace"), wall_s=time.monotonic() - start)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
 
 
 def run_programs(sources: list[str], limits: Limits = Limits(), workers: int | None = None) -> list[Outcome]:
