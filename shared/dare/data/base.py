@@ -34,19 +34,30 @@ class Task:
             raise DataError(f"{self.name} has splits {self.splits}, not {split!r}")
         if self.offline and source is None:
             return self.generate(split)
-        records = self.records(split, source)
-        rows = [r for r in (self.convert(rec, split) for rec in records) if r is not None]
+        path, records = self.records(split, source)
+        rows = []
+        for i, record in enumerate(records):
+            try:
+                row = self.convert(record, split)
+            except KeyError as e:
+                raise DataError(f"{path}: record {i}: missing field {e}") from None
+            except (TypeError, ValueError, AttributeError) as e:
+                raise DataError(f"{path}: record {i}: {type(e).__name__}: {e}") from None
+            if row is not None:
+                rows.append(row)
         if not rows:
-            raise DataError(f"{self.name}/{split}: no usable records in the source")
+            raise DataError(f"{path}: no usable {self.name}/{split} records")
         return rows
 
-    def records(self, split: str, source: Path | None) -> list[dict]:
+    def records(self, split: str, source: Path | None) -> tuple[Path, list[dict]]:
         if source is not None:
-            return read_records(find_file(Path(source), self.files.get(split, []), self.name, split))
-        if split not in self.hub:
+            path = find_file(Path(source), self.files.get(split, []), self.name, split)
+        elif split in self.hub:
+            repo, pattern = self.hub[split]
+            path = hub_file(repo, pattern, self.name)
+        else:
             raise DataError(f"{self.name}/{split}: no download source; run `dare data build {self.name} --from <folder>`")
-        repo, pattern = self.hub[split]
-        return read_records(hub_file(repo, pattern, self.name))
+        return path, read_records(path)
 
     def generate(self, split: str) -> list[dict]:
         raise NotImplementedError

@@ -35,8 +35,9 @@ class GSM8K(Task):
                 "ground_truth": final.strip().replace(",", ""), "extra": {"solution": reasoning.strip()}}
 
     def target(self, row: dict) -> str:
+        # d1's layout, trailing newline included (its xmlcount term expects it)
         return (f"<reasoning>\n{row['extra']['solution']}\n</reasoning>\n<answer>\n{row['ground_truth']}\n"
-                "</answer>")
+                "</answer>\n")
 
     def reward(self, completion: str, row: dict, style: str = "default") -> float:
         if style == "d1":  # d1's five additive terms (maximum 4.0)
@@ -66,7 +67,7 @@ class MATH(Task):
 
     def target(self, row: dict) -> str:
         solution = row["extra"].get("solution", "")
-        return f"<reasoning>\n{solution}\n</reasoning>\n<answer>\n\\boxed{{{row['ground_truth']}}}\n</answer>"
+        return f"<reasoning>\n{solution}\n</reasoning>\n<answer>\n\\boxed{{{row['ground_truth']}}}\n</answer>\n"
 
     def reward(self, completion: str, row: dict, style: str = "default") -> float:
         if style == "d1":

@@ -1,0 +1,217 @@
+"""The task registry: offline tasks rebuild to their recorded hashes, file-sourced tasks read the
+original formats, bad records are named, generators hold their invariants, DVC round-trips."""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import dare_cli
+from dare.data import TASKS, DataError, build, load_split, recorded_hashes
+from dare.rewards.puzzles import safe_arithmetic
+from dare.utils import sha256_file
+
+OFFLINE = [n for n, t in TASKS.items() if t.offline]
+
+
+def test_registry_has_the_tasks_of_the_papers():
+    assert set(TASKS) >= {"gsm8k", "math", "math500", "countdown", "countdown4", "sudoku", "humaneval", "mbpp",
+                          "ultrafeedback", "addition"}
+    assert set(OFFLINE) == {"addition", "countdown", "countdown4", "sudoku", "humaneval"}
+    assert set(recorded_hashes()) == {f"{n}/{s}" for n in OFFLINE for s in TASKS[n].splits}
+
+
+@pytest.mark.parametrize("name", OFFLINE)
+def test_offline_tasks_rebuild_to_their_recorded_hashes(name, tmp_path):
+    for split in TASKS[name].splits:
+        path = build(name, split, tmp_path)
+        assert sha256_file(path) == recorded_hashes()[f"{name}/{split}"], f"{name}/{split}: bump its version"
+        rows = load_split(name, split, tmp_path, build_missing=False)
+        assert rows and all(r["prompt"][0]["role"] == "user" for r in rows)
+
+
+def test_countdown_generator_invariants():
+    for name, n in [("countdown", 3), ("countdown4", 4)]:
+        train, test = TASKS[name].build("train"), TASKS[name].build("test")
+        assert (len(train), len(test)) == (20000, 256)
+        keys = {(tuple(sorted(r["extra"]["numbers"])), r["extra"]["target"]) for r in train}
+        assert not keys & {(tuple(sorted(r["extra"]["numbers"])), r["extra"]["target"]) for r in test}
+        for r in test[:50] + train[:50]:
+            nums, expr = r["extra"]["numbers"], r["extra"]["solution"]
+            assert len(nums) == n and all(1 <= x <= 100 for x in nums)
+            assert safe_arithmetic(expr) == r["extra"]["target"] and 1 <= r["extra"]["target"] <= 1000
+            assert Counter(int(t) for t in __import__("re").findall(r"\d+", expr)) == Counter(nums)
+            assert TASKS[name].reward(TASKS[name].target(r), r) == 1.0  # the SFT target earns the reward
+
+
+def test_sudoku_generator_invariants():
+    from dare.data.puzzles import _all_grids, _cell_masks, _n_solutions
+
+    grids = _all_grids()
+    masks = _cell_masks(tuple(grids))
+    train, test = TASKS["sudoku"].build("train"), TASKS["sudoku"].build("test")
+    assert not {r["ground_truth"] for r in train} & {r["ground_truth"] for r in test}  # disjoint solution grids
+    for r in test + train[:300]:
+        puzzle, solution = r["extra"]["puzzle"], r["ground_truth"]
+        assert solution in grids and 6 <= puzzle.count("0") <= 11
+        assert all(p in ("0", s) for p, s in zip(puzzle, solution))
+        assert _n_solutions(list(puzzle), masks) == 1
+        assert TASKS["sudoku"].reward(f"<answer>{solution}</answer>", r) == 1.0
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_from_original_files_for_every_file_sourced_task(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _write_jsonl(src / "test.jsonl", [{"question": "Tom has 3 apples and buys 4. How many?",
+                                       "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
+                                      {"question": "Big?", "answer": "ok\n#### 1,250"}])
+    (gsm, math_dir, m500, mbpp, uf, cd, sd) = (tmp_path / d for d in ("gsm", "math", "m500", "mbpp", "uf", "cd", "sd"))
+    for d in (gsm, math_dir, m500, mbpp, uf, cd, sd):
+        d.mkdir()
+    shutil.copy(src / "test.jsonl", gsm / "test.jsonl")
+    _write_jsonl(gsm / "train.jsonl", [{"question": "1+1?", "answer": "#### 2"}])
+    _write_jsonl(math_dir / "train.jsonl", [{"problem": "Half of 1?", "solution": "It is $\\boxed{\\frac{1}{2}}$.",
+                                             "level": "Level 1", "type": "Algebra"},
+                                            {"problem": "No answer", "solution": "none", "level": "Level 1",
+                                             "type": "Algebra"}])
+    _write_jsonl(math_dir / "test.jsonl", [{"problem": "2+2?", "solution": "$\\boxed{4}$", "level": "Level 1",
+                                            "type": "Prealgebra"}])
+    _write_jsonl(m500 / "test.jsonl", [{"problem": "3*3?", "solution": "\\boxed{9}", "answer": "9",
+                                        "subject": "Prealgebra", "level": 1, "unique_id": "test/x.json"}])
+    _write_jsonl(mbpp / "mbpp.jsonl", [
+        {"task_id": tid, "text": "Write a function to add two numbers.", "code": "def add(a, b):\n    return a + b",
+         "test_list": ["assert add(1, 2) == 3"], "test_setup_code": "", "challenge_test_list": []}
+        for tid in (2, 11, 12, 520, 700)])
+    chosen = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    rejected = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Go away."}]
+    table = pa.Table.from_pylist([{"prompt": "Hi", "prompt_id": "p1", "chosen": chosen, "rejected": rejected,
+                                   "score_chosen": 8.0, "score_rejected": 2.0}])
+    for split in ("train", "test"):
+        pq.write_table(table, uf / f"{split}_prefs-00000-of-00001.parquet")
+    _write_jsonl(cd / "countdown_cd3_test.jsonl", [{"input": "30,100,93", "output": "23"}])
+    with open(sd / "4x4_test_sudoku.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Puzzle", "Solution"])
+        w.writerow(["3014002020004130", "3214142323414132"])
+
+    built = {}
+    for name, folder, split in [("gsm8k", gsm, "test"), ("gsm8k", gsm, "train"), ("math", math_dir, "train"),
+                                ("math", math_dir, "test"), ("math500", m500, "test"), ("mbpp", mbpp, "test"),
+                                ("mbpp", mbpp, "train"), ("ultrafeedback", uf, "train"), ("countdown", cd, "test"),
+                                ("sudoku", sd, "test")]:
+        out = tmp_path / "data"
+        path = build(name, split, out, source=folder)
+        again = build(name, split, tmp_path / "again", source=folder)
+        assert path.read_bytes() == again.read_bytes()  # same input, same bytes
+        built[(name, split)] = load_split(name, split, out, build_missing=False)
+    g = built[("gsm8k", "test")]
+    assert [r["ground_truth"] for r in g] == ["7", "1250"] and "Respond in the following format" in \
+        g[0]["prompt"][0]["content"]
+    assert TASKS["gsm8k"].reward("<answer>\n7\n</answer>", g[0]) == 1.0
+    assert TASKS["gsm8k"].reward(TASKS["gsm8k"].target(g[0]), g[0], style="d1") == pytest.approx(4.0)
+    m = built[("math", "train")]
+    assert len(m) == 1 and m[0]["ground_truth"] == "\\frac{1}{2}"  # the record without a boxed answer is dropped
+    assert TASKS["math"].reward("so \\boxed{0.5}", m[0]) == 1.0
+    assert built[("math500", "test")][0]["ground_truth"] == "9"
+    assert [r["extra"]["task_id"] for r in built[("mbpp", "test")]] == [11, 12]  # ids 11-510
+    assert [r["extra"]["task_id"] for r in built[("mbpp", "train")]] == [700]
+    assert TASKS["mbpp"].rewards([TASKS["mbpp"].target(r) for r in built[("mbpp", "test")]],
+                                 built[("mbpp", "test")]) == [1.0, 1.0]
+    u = built[("ultrafeedback", "train")][0]
+    assert u["extra"]["chosen"] == "Hello!" and u["extra"]["rejected"] == "Go away." and u["ground_truth"] == "Hello!"
+    c = built[("countdown", "test")][0]
+    assert c["extra"] == {"numbers": [30, 100, 93], "target": 23}
+    assert TASKS["countdown"].reward("<answer>100 - 93 + 30 - 14</answer>", c) == 0.1
+    assert TASKS["countdown"].reward("<answer>30 - (100 - 93)</answer>", c) == 1.0
+    assert built[("sudoku", "test")][0]["extra"]["puzzle"] == "3014002020004130"
+
+
+def test_bad_source_records_name_file_record_and_field(tmp_path):
+    _write_jsonl(tmp_path / "test.jsonl", [{"question": "ok", "answer": "#### 1"}, {"question": "no answer"}])
+    with pytest.raises(DataError, match=r"test\.jsonl: record 1: missing field 'answer'"):
+        build("gsm8k", "test", tmp_path / "out", source=tmp_path)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "test.jsonl").write_text('{"question": "x", "answer": "#### 1"}\n{not json\n')
+    with pytest.raises(DataError, match=r"broken/test\.jsonl: cannot read"):
+        build("gsm8k", "test", tmp_path / "out", source=tmp_path / "broken")
+    with pytest.raises(DataError, match=r"none of \['train\.jsonl'"):
+        build("gsm8k", "train", tmp_path / "out", source=tmp_path / "broken")
+    assert not (tmp_path / "out" / "gsm8k" / "test.parquet").exists()  # nothing half-written
+
+
+def test_unreachable_hub_says_what_to_do(tmp_path):
+    r = dare_cli("data", "build", "gsm8k", env={"DARE_DATA": str(tmp_path)}, timeout=120)
+    assert r.returncode == 2
+    assert "dvc pull" in r.stderr and "--from" in r.stderr and "gsm8k" in r.stderr
+    r = dare_cli("data", "build", "gsm8k", "sudoku", "--from", str(tmp_path), env={"DARE_DATA": str(tmp_path)})
+    assert r.returncode == 2 and "exactly one task" in r.stderr
+
+
+def test_dare_data_build_prints_hashes_and_checks_them(tmp_path):
+    r = dare_cli("data", "build", "sudoku", "countdown", env={"DARE_DATA": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("(= recorded hash)") == 4
+
+
+def test_dvc_add_push_pull_round_trip_through_a_local_remote(tmp_path):
+    dvc = str(Path(sys.executable).with_name("dvc"))
+    repo, remote = tmp_path / "repo", tmp_path / "remote"
+    repo.mkdir()
+    env = {**os.environ, "DARE_DATA": str(repo / "data")}
+
+    def run(*args):
+        r = subprocess.run([dvc, *args], cwd=repo, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    run("init", "--no-scm")
+    run("config", "core.analytics", "false")
+    run("remote", "add", "-d", "local", str(remote))
+    for name in ("sudoku", "addition"):
+        for split in TASKS[name].splits:
+            build(name, split, repo / "data")
+    original = {p.relative_to(repo): p.read_bytes() for p in sorted((repo / "data").rglob("*.parquet"))}
+    run("add", "data")
+    run("push")
+    dvc_file = (repo / "data.dvc").read_text()
+    shutil.rmtree(repo / "data")
+    shutil.rmtree(repo / ".dvc" / "cache")
+    run("pull")
+    assert {p.relative_to(repo): p.read_bytes() for p in sorted((repo / "data").rglob("*.parquet"))} == original
+    # rebuilding gives the same DVC hash: `dvc status` sees no change
+    for name in ("sudoku", "addition"):
+        for split in TASKS[name].splits:
+            build(name, split, repo / "data")
+    assert "up to date" in run("status").lower() or run("status").strip() == ""
+    assert (repo / "data.dvc").read_text() == dvc_file
+
+
+def test_project_data_dvc_tracks_the_offline_tasks():
+    text = (Path(__file__).parents[1] / "data.dvc").read_text()
+    assert "path: data" in text and "nfiles: 9" in text
+
+
+def test_bench_rewards_writes_a_report(tmp_path):
+    out = tmp_path / "bench.json"
+    r = dare_cli("bench", "rewards", "--n", "20", "--workers", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert set(report["tasks"]) == {"gsm8k", "math", "countdown", "sudoku", "humaneval"}
+    for name, entry in report["tasks"].items():
+        assert entry["serial_per_s"] > 0 and entry["parallel_per_s"] > 0
+        assert 0.3 < entry["mean_reward"] < 0.9, name  # about half of the inputs are right
+    assert report["workers"] == 2 and report["n"] == 20 and "hardware" in report
