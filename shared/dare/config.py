@@ -117,7 +117,7 @@ class DataConfig:
     """Task name from `dare data list`; its parquet is built on demand under `data/`."""
     split: str = "train"
     reward: str = "default"
-    """Reward style of the task: "default" (correctness), or "d1" for d1's format-shaped rewards
+    """Reward style of the task: "default" (correctness), or "d1_format" for the format-shaped rewards of d1
     (gsm8k, math)."""
 
     def validate(self):

@@ -26,7 +26,7 @@ class GSM8K(Task):
     files = {"train": ["train.jsonl", "gsm8k_train.jsonl", "train-00000-of-00001.parquet"],
              "test": ["test.jsonl", "gsm8k_test.jsonl", "test-00000-of-00001.parquet"]}
     hub = {"train": ("openai/gsm8k", "main/train-*.parquet"), "test": ("openai/gsm8k", "main/test-*.parquet")}
-    reward_styles = ("default", "d1")
+    reward_styles = ("default", "d1_format")
 
     def convert(self, record: dict, split: str) -> dict:
         question, answer = record["question"], record["answer"]
@@ -40,7 +40,7 @@ class GSM8K(Task):
                 "</answer>\n")
 
     def reward(self, completion: str, row: dict, style: str = "default") -> float:
-        if style == "d1":  # d1's five additive terms (maximum 4.0)
+        if style == "d1_format":  # d1's five additive terms (maximum 4.0)
             return sum(formats.gsm8k_d1(completion, row["ground_truth"]).values())
         return mathr.gsm8k_reward(completion, row["ground_truth"])
 
@@ -54,7 +54,7 @@ class MATH(Task):
     version = f"p1.r{mathr.VERSION}.f{formats.VERSION}"
     files = {"train": ["train.jsonl", "math_train.jsonl"], "test": ["test.jsonl", "math_test.jsonl"]}
     hub = {"train": ("ankner/math-500", "*train*.parquet"), "test": ("ankner/math-500", "*test*.parquet")}
-    reward_styles = ("default", "d1")
+    reward_styles = ("default", "d1_format")
 
     def convert(self, record: dict, split: str) -> dict | None:
         answer = record.get("answer") or mathr.last_boxed(record["solution"])
@@ -70,7 +70,7 @@ class MATH(Task):
         return f"<reasoning>\n{solution}\n</reasoning>\n<answer>\n\\boxed{{{row['ground_truth']}}}\n</answer>\n"
 
     def reward(self, completion: str, row: dict, style: str = "default") -> float:
-        if style == "d1":
+        if style == "d1_format":
             return sum(formats.math_d1(completion, row["ground_truth"]).values())
         return mathr.math_reward(completion, row["ground_truth"])
 
