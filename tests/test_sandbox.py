@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 
-import pytest
 
 from dare.data import TASKS
 from dare.rewards.code import code_rewards, extract_code, humaneval_program

@@ -105,7 +105,6 @@ def rewards_benchmark(n: int = 1000, workers: int | None = None, out: str | None
                       tasks: tuple[str, ...] = ("gsm8k", "math", "countdown", "sudoku", "humaneval")) -> dict:
     """Rewards per second for `n` completions per task, serial and with `workers` processes
     (code tasks: sandboxes at a time). Prints a table and writes a JSON report."""
-    import json
     import os
     from concurrent.futures import ProcessPoolExecutor
     from pathlib import Path

@@ -56,7 +56,8 @@ class Task:
             repo, pattern = self.hub[split]
             path = hub_file(repo, pattern, self.name)
         else:
-            raise DataError(f"{self.name}/{split}: no download source; run `dare data build {self.name} --from <folder>`")
+            raise DataError(f"{self.name}/{split}: no download source; run "
+                            f"`dare data build {self.name} --from <folder>`")
         return path, read_records(path)
 
     def generate(self, split: str) -> list[dict]:
