@@ -120,7 +120,7 @@ def rewards_benchmark(n: int = 1000, workers: int | None = None, out: str | None
     for name in tasks:
         task = TASKS[name]
         completions, rows = _reward_inputs(name, n)
-        task.rewards(completions[:4], rows[:4])  # warm-up: imports and parser caches
+        task.rewards(completions[:64], rows[:64])  # warm-up: imports and parser caches (the workers fork warm)
         if hasattr(task, "workers"):  # code: sandboxes, one at a time vs `workers` at a time
             saved, task.workers = task.workers, 1
             t0 = time.perf_counter()
