@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from dare.config import DecodingConfig
 from dare.models import facts, token_logits
 from dare.rollout import generate, left_pad, response_mask
-from dare.rollout.llada import num_transfer_tokens
+from dare.rollout.core import num_transfer_tokens
 
 PROMPTS = [[5, 10, 11, 7, 12, 13, 18, 6], [5, 14, 7, 15, 18, 6], [5, 17, 18, 9, 16, 15, 14, 6]]
 
@@ -91,7 +91,7 @@ def test_mixed_prompt_lengths_equal_one_by_one(tiny_model):
 
 def test_gumbel_argmax_follows_the_temperature():
     """At a tiny temperature the sample is the argmax; at temperature 1 it follows softmax."""
-    from dare.rollout.llada import sample_tokens
+    from dare.rollout.core import gumbel_argmax as sample_tokens
 
     logits = torch.tensor([[[2.0, 1.0, 0.0]]]).expand(1, 20000, 3)
     g = torch.Generator().manual_seed(0)
@@ -109,7 +109,7 @@ def test_cfg_and_response_mask(trained_tiny):
 
 
 def test_cfg_zero_equals_plain_logits(tiny_model):
-    from dare.rollout.llada import _logits
+    from dare.rollout.llada import _guided_logits as _logits
 
     x = torch.tensor([[5, 9, 10, 2, 2]])
     am = torch.ones_like(x)

@@ -132,14 +132,49 @@ class DataConfig:
 
 @dataclass
 class DecodingConfig:
-    """Semi-autoregressive masked-diffusion decoding (LLaDA `generate`; defaults = d1's protocol)."""
+    """How the rollout engine decodes (`dare.rollout`); defaults = d1's protocol on LLaDA.
 
+    `sampler` picks the algorithm ("auto": from the model's facts: block-causal models get the
+    block sampler, others the masked-diffusion one); the rest are its options. Fields a sampler
+    does not use are ignored by it (and listed in its module docstring)."""
+
+    sampler: Literal["auto", "masked", "dream", "block"] = "auto"
+    """masked: LLaDA's semi-autoregressive sampler with Fast-dLLM's caches and parallel decoding;
+    dream: Dream's `diffusion_generate` algorithms; block: SDAR/LLaDA2 block diffusion."""
     gen_length: int = 256
     block_length: int = 32
+    """Semi-AR block (masked sampler). The block sampler uses the model's own block size."""
     steps: int = 128
+    """Masked: total steps over all blocks. Block: denoising steps per block. Dream: total steps."""
     remasking: Literal["low_confidence", "random"] = "low_confidence"
     temperature: float = 0.0
     cfg_scale: float = 0.0
+    cache: Literal["none", "prefix", "dual"] = "none"
+    """Fast-dLLM KV cache (masked sampler): the prefix before the block, or prefix and suffix."""
+    threshold: float = 0.0
+    """Parallel decoding: commit every masked token whose confidence reaches it (at least one per
+    step); 0 = off (fixed quota). Block sampler: its dynamic rule (threshold, else the quota)."""
+    factor: float = 0.0
+    """Fast-dLLM's factor rule (masked sampler): commit the n most confident with c_m >= 1 - f/(m+1); 0 = off."""
+    alg: Literal["origin", "maskgit_plus", "topk_margin", "entropy"] = "maskgit_plus"
+    """Dream sampler: which confidence orders the unmasking."""
+    alg_temp: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    eps: float = 1e-3
+    """Dream's timestep schedule: linspace(1, eps, steps + 1)."""
+    logits_eos_inf: bool = False
+    """LLaDA option: never predict EOS."""
+    confidence_eos_eot_inf: bool = False
+    """LLaDA option: EOS/EoT predictions get confidence -inf (committed last)."""
+    eos_early_stop: bool = False
+    """Block sampler: stop once every row has committed an EOS (the rest is filled with EOS)."""
+    editing_threshold: float = 0.0
+    """Block sampler, LLaDA2.1 token editing: re-write a committed token of the current block whose
+    prediction changed with probability above this; 0 = off."""
+    max_post_steps: int = 16
+    record_trajectory: bool = False
+    """Keep the response after every step (CJ-GRPO, MDPO, TraceRL need the trajectory)."""
 
     def validate(self):
         check(self.gen_length > 0, "must be positive", "gen_length")
@@ -148,11 +183,23 @@ class DecodingConfig:
               f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
               "gen_length", "block_length")
         n_blocks = self.gen_length // self.block_length
-        check(self.steps > 0 and self.steps % n_blocks == 0,
-              f"steps ({self.steps}) must be a positive multiple of the number of blocks ({n_blocks})",
-              "steps", "gen_length", "block_length")
+        if self.sampler in ("auto", "masked"):
+            check(self.steps > 0 and self.steps % n_blocks == 0,
+                  f"steps ({self.steps}) must be a positive multiple of the number of blocks ({n_blocks})",
+                  "steps", "gen_length", "block_length")
+        check(self.steps > 0, "must be positive", "steps")
         check(self.temperature >= 0, "must be >= 0", "temperature")
         check(self.cfg_scale >= 0, "must be >= 0", "cfg_scale")
+        check(0 <= self.threshold <= 1, "must be in [0, 1]", "threshold")
+        check(self.factor >= 0, "must be >= 0", "factor")
+        check(not (self.threshold and self.factor), "choose one parallel rule: threshold or factor", "threshold",
+              "factor")
+        check(not (self.cfg_scale and self.cache != "none"), "classifier-free guidance is not combined with a "
+              "KV cache", "cfg_scale", "cache")
+        check(0 < self.top_p <= 1, "must be in (0, 1]", "top_p")
+        check(self.top_k >= 0, "must be >= 0", "top_k")
+        check(0 < self.eps < 1, "must be in (0, 1)", "eps")
+        check(0 <= self.editing_threshold <= 1, "must be in [0, 1]", "editing_threshold")
 
 
 @dataclass

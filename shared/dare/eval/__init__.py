@@ -37,6 +37,8 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
 
         raise UserError(f"{task_name}/{split} has no examples to evaluate")
     f = facts(model)
+    from dare.rollout import sampler_name
+
     prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
     generator = make_generator(seed, f"eval:{task_name}:{split}")
     samples, values = [], defaultdict(list)
@@ -60,6 +62,7 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
     seconds = time.perf_counter() - t0
     n = len(rows)
     return {"samples": samples, "values": dict(values), "n_original": original, "n_effective": n,
+            "sampler": sampler_name(model, decoding),
             "seconds": seconds, "throughput": {
                 "eval_samples_per_s": n / seconds, "eval_tokens_per_s": tokens_total / seconds,
                 "nfe_per_sample": nfe_total / n, "tokens_per_forward": committed_total / max(1, nfe_total)}}
@@ -67,6 +70,21 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
 
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-." else "-" for c in text).strip("-").lower()
+
+
+DECODING_MAIN = ("gen_length", "block_length", "steps", "remasking", "temperature", "cfg_scale")
+
+
+def decoding_record(decoding, sampler: str) -> dict:
+    """The result's `decoding` section: the sampler that ran, the main settings, and every other
+    setting that differs from its default under `extra` (so results stay comparable)."""
+    from dare.config import DecodingConfig
+
+    d, default = to_dict(decoding), to_dict(DecodingConfig())
+    extra = {k: v for k, v in d.items() if k not in DECODING_MAIN and k not in ("sampler", "threshold")
+             and v != default[k]}
+    return {"sampler": sampler, **{k: d[k] for k in DECODING_MAIN}, "threshold": d["threshold"] or None,
+            "extra": extra}
 
 
 def build_result(*, meta: dict, model_info: dict, task_name: str, split: str, decoding, outcome: dict,
@@ -105,7 +123,7 @@ def build_result(*, meta: dict, model_info: dict, task_name: str, split: str, de
         "model": model_info,
         "benchmark": {"name": task_name, "split": split, "version": TASKS[task_name].version, "n_shot": 0,
                       "n_samples": {"original": outcome["n_original"], "effective": outcome["n_effective"]}},
-        "decoding": {"sampler": "llada", **to_dict(decoding)},
+        "decoding": decoding_record(decoding, outcome.get("sampler", "masked")),
         "metrics": [metric_from_values(name, vals).model_dump() for name, vals in outcome["values"].items()],
         "reference": None,
         "training": training,

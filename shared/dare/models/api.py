@@ -28,6 +28,8 @@ class ModelFacts:
     """Block size of block-causal attention (SDAR, LLaDA2); None for bidirectional models."""
     lora_targets: str = ""
     """peft `target_modules` for LoRA: a regex over module names (attention and MLP projections)."""
+    eot_token_id: int | None = None
+    """End-of-turn token when the chat format has one (config `eot_token_id`; LLaDA-Instruct 126348)."""
 
 
 def facts(model) -> ModelFacts:

@@ -204,7 +204,8 @@ class LLaDAModelLM(DLLMPreTrainedModel):
                              "(126336 for LLaDA-8B, 5 for iLLaDA)")
         return ModelFacts(family="llada", mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
                           pad_token_id=c.pad_token_id if c.pad_token_id is not None else c.eos_token_id,
-                          logits_shift=False, attention="bidirectional", block_size=None, lora_targets=LORA_TARGETS)
+                          logits_shift=False, attention="bidirectional", block_size=None, lora_targets=LORA_TARGETS,
+                          eot_token_id=getattr(c, "eot_token_id", None))
 
 
 MODEL_CLASS = LLaDAModelLM

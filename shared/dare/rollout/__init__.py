@@ -3,13 +3,52 @@
     out = generate(model, prompt_ids, prompt_mask, params, generator)
 
 `prompt_ids` are left-padded (B, P) with `prompt_mask` marking real tokens; padded positions are
-never attended, so at temperature 0 a row decodes exactly as it would alone (sampled decoding
-draws its noise for the whole batch from one generator). `params` is a `DecodingConfig`.
-The output carries the token ids, the response mask (up to and including the first EOS), the
-number of forward passes (NFE) and, per generated position, the step that committed it.
+never attended, so a row decodes exactly as it would alone at temperature 0 (sampled decoding
+draws the batch's noise from one generator). `params` is a `DecodingConfig`; its `sampler`
+chooses the algorithm ("auto": the block sampler for block-causal models, the masked-diffusion
+sampler otherwise):
+
+    masked   LLaDA's reference sampler + Fast-dLLM prefix/dual cache, threshold/factor parallel
+             decoding (`dare.rollout.llada`); Dream runs here too through its aligned logits
+    dream    Dream's own algorithms: origin, maskgit_plus, topk_margin, entropy (`dare.rollout.dream`)
+    block    SDAR / LLaDA2 block diffusion with a cache of committed blocks (`dare.rollout.block`)
+
+The output (`RolloutOutput`) carries the sequences (prompt + `gen_length` tokens), the response
+mask (up to and including the first EOS), the number of forward passes (NFE), the step that
+committed each generated position and, with `record_trajectory`, the response after every step.
 """
 
+from dare.rollout import block, dream, llada
 from dare.rollout.core import RolloutOutput, decode_responses, left_pad, response_mask
-from dare.rollout.llada import generate
 
-__all__ = ["RolloutOutput", "generate", "left_pad", "response_mask", "decode_responses"]
+SAMPLERS = {"masked": llada.generate, "dream": dream.generate, "block": block.generate}
+
+
+def sampler_name(model, params) -> str:
+    """The sampler `generate` runs for this model and these params."""
+    if params.sampler != "auto":
+        return params.sampler
+    from dare.models import facts
+
+    return "block" if facts(model).attention == "block_causal" else "masked"
+
+
+def generate(model, prompt_ids, prompt_mask, params, generator=None) -> RolloutOutput:
+    return SAMPLERS[sampler_name(model, params)](model, prompt_ids, prompt_mask, params, generator)
+
+
+def replay(out: RolloutOutput) -> "torch.Tensor":  # noqa: F821
+    """The final response rebuilt from the step map and the trajectory's per-step states: each
+    position takes the token it held right after the step that (last) committed it."""
+    import torch
+
+    if out.trajectory is None:
+        raise ValueError("no trajectory: decode with record_trajectory=true")
+    steps = out.step_map.clamp(min=0)
+    states = out.trajectory  # (T, B, G)
+    rebuilt = torch.gather(states.permute(1, 2, 0), 2, steps[..., None]).squeeze(-1)
+    return torch.where(out.step_map >= 0, rebuilt, out.responses)
+
+
+__all__ = ["RolloutOutput", "SAMPLERS", "decode_responses", "generate", "left_pad", "replay", "response_mask",
+           "sampler_name"]

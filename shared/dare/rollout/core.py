@@ -1,10 +1,11 @@
-"""Rollout outputs and the padding/response helpers shared by every sampler."""
+"""Rollout outputs, padding/response helpers and the commit rules shared by every sampler."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass
@@ -18,9 +19,12 @@ class RolloutOutput:
     response_mask: torch.Tensor
     """(B, G) bool: generated tokens up to and including the first EOS."""
     step_map: torch.Tensor
-    """(B, G) long: the decoding step at which each generated position was committed."""
+    """(B, G) long: the decoding step at which each generated position was (last) committed."""
     nfe: int
     """Forward passes of the model (a CFG step counts once)."""
+    sampler: str = "masked"
+    trajectory: torch.Tensor | None = None
+    """(steps, B, G): the response after every step, when `record_trajectory` is set."""
 
     @property
     def responses(self) -> torch.Tensor:
@@ -54,3 +58,99 @@ def decode_responses(tokenizer, responses: torch.Tensor, eos_id: int) -> list[st
         texts.append(tokenizer.decode(row, skip_special_tokens=True))
     return texts
 
+
+# ------------------------------------------------------------------------------------------------
+# Sampling and commit rules
+
+
+def num_transfer_tokens(masked_count: torch.Tensor, steps: int) -> torch.Tensor:
+    """(B,) masked tokens of a block -> (B, steps) tokens to commit per step: an even split, the
+    remainder going to the first steps (LLaDA's `get_num_transfer_tokens`)."""
+    base = masked_count // steps
+    remainder = masked_count % steps
+    k = base[:, None].repeat(1, steps)
+    k += (torch.arange(steps, device=masked_count.device)[None, :] < remainder[:, None]).long()
+    return k
+
+
+def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """A sample from softmax(logits / T) by Gumbel-max in float64 (argmax at T = 0)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
+    return (logits.to(torch.float64) - temperature * torch.log(-torch.log(u))).argmax(dim=-1)
+
+
+def predict(logits, masked, params, generator, eos_id=None, eot_id=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """LLaDA's prediction and confidence on a span: x0 (Gumbel-max sample) and the untempered
+    probability of x0 ("low_confidence") or U(0,1) ("random"); -inf where not masked.
+
+    `logits_eos_inf` sets the EOS logit to -inf before sampling. `confidence_eos_eot_inf` does
+    what the reference does: it sets the EOS logit of the *noised* copy and the EoT logit of the
+    clean one to -inf after x0 is chosen, so an EoT prediction gets confidence 0 and EOS is
+    unaffected (a quirk of the original, kept for fidelity)."""
+    if params.logits_eos_inf and eos_id is not None:
+        logits = logits.clone()
+        logits[..., eos_id] = -torch.inf
+    x0 = gumbel_argmax(logits, params.temperature, generator)
+    if params.remasking == "low_confidence":
+        if params.confidence_eos_eot_inf and eot_id is not None:
+            logits = logits.clone()
+            logits[..., eot_id] = -torch.inf
+        probs = F.softmax(logits.to(torch.float64), dim=-1)
+        conf = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1)
+    else:
+        conf = torch.rand(x0.shape, dtype=torch.float64, device=logits.device, generator=generator)
+    return x0, torch.where(masked, conf, torch.tensor(-torch.inf, dtype=conf.dtype, device=conf.device))
+
+
+def commit_quota(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The k[j] most confident positions of each row j. (B, L) bool"""
+    commit = torch.zeros(conf.shape, dtype=torch.bool, device=conf.device)
+    kmax = int(k.max()) if k.numel() else 0
+    if kmax > 0:
+        top = conf.topk(kmax, dim=1).indices
+        keep = torch.arange(kmax, device=conf.device)[None, :] < k[:, None]
+        commit.scatter_(1, top, keep)
+    return commit & torch.isfinite(conf)
+
+
+def commit_threshold(conf: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Every masked position with confidence >= threshold, and always each row's most confident
+    one (Fast-dLLM `get_transfer_index` with `threshold`)."""
+    finite = torch.isfinite(conf)
+    commit = (conf >= threshold) & finite
+    best = conf.argmax(dim=1)
+    has = finite.any(dim=1)
+    commit[torch.arange(conf.shape[0], device=conf.device)[has], best[has]] = True
+    return commit
+
+
+def commit_factor(conf: torch.Tensor, factor: float) -> torch.Tensor:
+    """Fast-dLLM's factor rule (`get_transfer_index_dynamic`): with the masked confidences sorted
+    c_1 >= c_2 >= ..., commit the top n where n is the first m (m >= 2) with c_m < 1 - f/(m+1),
+    at least one; as in the original, when the first failure is the last position, all go."""
+    commit = torch.zeros(conf.shape, dtype=torch.bool, device=conf.device)
+    for j in range(conf.shape[0]):
+        n_masked = int(torch.isfinite(conf[j]).sum())
+        if n_masked == 0:
+            continue
+        ranked = conf[j].sort(descending=True)
+        thresholds = [-1.0] + [1 - factor / (n + 1) for n in range(2, n_masked + 1)]
+        top = n_masked - 1
+        for i, t in enumerate(thresholds):
+            if float(ranked.values[i]) < t:
+                top = i
+                break
+        if top == 0 or top == n_masked - 1:
+            top += 1
+        commit[j, ranked.indices[:top]] = True
+    return commit
+
+
+def commit_rule(conf: torch.Tensor, params, quota: torch.Tensor) -> torch.Tensor:
+    if params.threshold > 0:
+        return commit_threshold(conf, params.threshold)
+    if params.factor > 0:
+        return commit_factor(conf, params.factor)
+    return commit_quota(conf, quota)

@@ -1,51 +1,45 @@
-"""LLaDA's reference sampler (`ML-GSAI/LLaDA:generate.py`), batched and pad-aware.
+"""The masked-diffusion sampler: LLaDA's reference `generate` (`ML-GSAI/LLaDA:generate.py`) with
+Fast-dLLM's KV caches and parallel decoding (`NVlabs/Fast-dLLM:llada/generate.py`), batched and
+pad-aware, for every bidirectional family (LLaDA, LLaDA-MoE; Dream through its aligned logits).
 
-    x = [prompt | MASK * gen_length]; the response is split into blocks of `block_length`,
-    decoded left to right; each block gets steps / n_blocks steps and its masked tokens are
-    committed in an even split over them (the remainder goes to the first steps).
-    At each step: x0 = Gumbel-max sample of the logits (argmax at temperature 0);
-    confidence = softmax probability of x0 ("low_confidence") or U(0,1) ("random");
-    positions after the current block and already committed positions get -inf;
-    the k most confident positions of each row are committed.
+    x = [prompt | MASK * gen_length]; blocks of `block_length` are decoded left to right; each
+    block gets steps / n_blocks steps and its masked tokens are committed in an even split over
+    them (the remainder to the first steps). Each step: x0 = Gumbel-max sample of the logits
+    (argmax at temperature 0); confidence = softmax probability of x0 ("low_confidence") or
+    U(0,1) ("random"), -inf outside the current block and on committed positions; commit the
+    quota's most confident positions per row.
 
-Differences from the reference, none of which change its greedy outputs:
+Fast-dLLM options:
+- `cache="prefix"`: one full forward per block fills the KV cache (and makes the block's first
+  commit); the cache is cut to the prefix and every later step runs the block and everything
+  after it on top of it. `cache="dual"`: the full cache is kept and each step runs only the
+  block, replacing its keys in the cache (the masked suffix's keys are reused, stale).
+- `threshold=t`: commit every masked token with confidence >= t, at least the most confident
+  one, until the block is clean (steps become nominal). `factor=f`: the factor rule.
+  Both apply with or without a cache.
+
+Differences from the references, none of which change their greedy outputs:
 1. Gumbel-max is computed in log space, `argmax(logits - T * log(-log u))`, in float64; the
-   reference's `exp(logits) / (-log u)^T` has the same argmax but can overflow for large logits.
-2. Sampling and confidences are computed for the current block only: every other position gets
-   confidence -inf in the reference and is never committed, so this changes nothing but memory
-   (float64 (B, block, V) instead of (B, L, V)).
-3. Randomness comes from an explicit `torch.Generator` (the reference uses the global RNG), so
-   sampled outputs match the reference in distribution, not draw for draw.
-4. Left padding is masked out of attention (see `dare.models.llada`).
+   reference's `exp(logits) / (-log u)^T` has the same argmax but can overflow.
+2. Sampling and confidences are computed for the current block only (elsewhere the confidence is
+   -inf in the references, so nothing there is ever committed).
+3. Randomness comes from an explicit `torch.Generator`, so sampled outputs match the references
+   in distribution, not draw for draw.
+4. Left padding is hidden from attention and positions start at each prompt's first token.
+5. Shifted models (Dream) with a cache run the step from position s-1 so that the block's first
+   position gets its real (shifted) logit; Fast-dLLM's Dream instead commits that position from
+   the block's full forward.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from dare.models import facts, token_logits
-from dare.rollout.core import RolloutOutput, response_mask
-
-
-def num_transfer_tokens(masked_count: torch.Tensor, steps: int) -> torch.Tensor:
-    """(B,) masked tokens of a block -> (B, steps) tokens to commit per step."""
-    base = masked_count // steps
-    remainder = masked_count % steps
-    k = base[:, None].repeat(1, steps)
-    k += (torch.arange(steps, device=masked_count.device)[None, :] < remainder[:, None]).long()
-    return k
+from dare.models import align, facts, token_logits
+from dare.rollout.core import RolloutOutput, commit_rule, num_transfer_tokens, predict, response_mask
 
 
-def sample_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    """Gumbel-max sample from softmax(logits / T) in float64; argmax at T = 0."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
-    return (logits.to(torch.float64) - temperature * torch.log(-torch.log(u))).argmax(dim=-1)
-
-
-def _logits(model, x, attention_mask, prompt_positions, mask_id: int, cfg_scale: float):
+def _guided_logits(model, x, attention_mask, prompt_positions, mask_id: int, cfg_scale: float):
     if cfg_scale <= 0:
         return token_logits(model, x, attention_mask)
     # Unsupervised classifier-free guidance: the unconditional pass sees the prompt masked.
@@ -65,43 +59,61 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
     G, BL = params.gen_length, params.block_length
     n_blocks = G // BL
     steps_per_block = params.steps // n_blocks
+    mask_id, shift = f.mask_token_id, f.logits_shift
 
-    x = torch.full((B, P + G), f.mask_token_id, dtype=torch.long, device=device)
+    x = torch.full((B, P + G), mask_id, dtype=torch.long, device=device)
     x[:, :P] = prompt_ids
     attention_mask = torch.cat([prompt_mask.long(), torch.ones(B, G, dtype=torch.long, device=device)], dim=1)
     prompt_positions = torch.zeros_like(x, dtype=torch.bool)
     prompt_positions[:, :P] = True
     step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
-    nfe, step = 0, 0
+    trajectory = []
+    nfe = step = 0
+
+    def commit(lo: int, hi: int, logits: torch.Tensor, quota: torch.Tensor) -> None:
+        nonlocal step
+        block = x[:, lo:hi]
+        masked = block == mask_id
+        x0, conf = predict(logits, masked, params, generator, f.eos_token_id, f.eot_token_id)
+        chosen = commit_rule(conf, params, quota)
+        x[:, lo:hi] = torch.where(chosen, x0, block)
+        step_map[:, lo - P:hi - P][chosen] = step
+        step += 1
+        if params.record_trajectory:
+            trajectory.append(x[:, P:].clone())
 
     for b in range(n_blocks):
         lo, hi = P + b * BL, P + (b + 1) * BL
-        k_per_step = num_transfer_tokens((x[:, lo:hi] == f.mask_token_id).sum(dim=1), steps_per_block)
-        for i in range(steps_per_block):
-            block = x[:, lo:hi]  # (B, BL)
-            masked = block == f.mask_token_id
-            logits = _logits(model, x, attention_mask, prompt_positions, f.mask_token_id, params.cfg_scale)
-            logits = logits[:, lo:hi]  # positions outside the block are never committed
+        quota = num_transfer_tokens((x[:, lo:hi] == mask_id).sum(dim=1), steps_per_block)
+        parallel = params.threshold > 0 or params.factor > 0
+        i = 0
+        if params.cache == "none":
+            while (x[:, lo:hi] == mask_id).any() and (parallel or i < steps_per_block):
+                logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, params.cfg_scale)
+                nfe += 1
+                commit(lo, hi, logits[:, lo:hi], quota[:, min(i, steps_per_block - 1)])
+                i += 1
+            continue
+        # Fast-dLLM: a full forward fills the cache and makes the block's first commit
+        out = model(x, attention_mask, use_cache=True)
+        nfe += 1
+        commit(lo, hi, align(model, out.logits, attention_mask=attention_mask)[:, lo:hi], quota[:, 0])
+        i = 1
+        start = lo - 1 if shift else lo  # a shifted model reads position s's logit at s - 1
+        cache = out.past_key_values
+        if params.cache == "prefix":
+            cache.truncate(start)
+        while (x[:, lo:hi] == mask_id).any():
+            if params.cache == "prefix":
+                raw = model(x[:, start:], attention_mask[:, start:], past_key_values=cache).logits
+            else:
+                raw = model(x[:, start:hi], attention_mask[:, start:hi], past_key_values=cache,
+                            replace_position=start).logits
             nfe += 1
-            x0 = sample_tokens(logits, params.temperature, generator)
-            if params.remasking == "low_confidence":
-                probs = F.softmax(logits, dim=-1)
-                conf = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1).to(torch.float64)
-            else:  # "random"
-                conf = torch.rand(x0.shape, dtype=torch.float64, device=device, generator=generator)
-            conf = torch.where(masked, conf, torch.tensor(-torch.inf, dtype=conf.dtype, device=device))
-
-            k = k_per_step[:, i]
-            kmax = int(k.max())
-            commit = torch.zeros_like(masked)
-            if kmax > 0:
-                top = conf.topk(kmax, dim=1).indices  # (B, kmax), most confident first
-                keep = torch.arange(kmax, device=device)[None, :] < k[:, None]
-                commit.scatter_(1, top, keep)
-            x[:, lo:hi] = torch.where(commit, x0, block)
-            step_map[:, lo - P:hi - P][commit] = step
-            step += 1
+            commit(lo, hi, raw[:, :BL], quota[:, min(i, steps_per_block - 1)])
+            i += 1
 
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
-                         response_mask=response_mask(responses, f.eos_token_id), step_map=step_map, nfe=nfe)
+                         response_mask=response_mask(responses, f.eos_token_id), step_map=step_map, nfe=nfe,
+                         sampler="masked", trajectory=torch.stack(trajectory) if trajectory else None)
