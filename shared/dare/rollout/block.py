@@ -87,7 +87,9 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
                 break
             logits = model(x[:, cols], valid[:, cols], past_key_values=cache).logits
             nfe += 1
-            conf, x0 = sample_tokens(logits.reshape(-1, logits.shape[-1]).float(), params, generator)
+            flat = logits.reshape(-1, logits.shape[-1]).float()
+            flat[:, mask_id] = -torch.inf  # never predict MASK (the loop runs until the block is clean)
+            conf, x0 = sample_tokens(flat, params, generator)
             conf, x0 = conf.view(B, bs).double(), x0.view(B, bs)
             k = quota[:, min(i, params.steps - 1)]
             masked_conf = torch.where(masked, conf, torch.tensor(-torch.inf, dtype=conf.dtype, device=device))

@@ -81,14 +81,20 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Gen
     return (logits.to(torch.float64) - temperature * torch.log(-torch.log(u))).argmax(dim=-1)
 
 
-def predict(logits, masked, params, generator, eos_id=None, eot_id=None) -> tuple[torch.Tensor, torch.Tensor]:
+def predict(logits, masked, params, generator, eos_id=None, eot_id=None,
+            forbid: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """LLaDA's prediction and confidence on a span: x0 (Gumbel-max sample) and the untempered
     probability of x0 ("low_confidence") or U(0,1) ("random"); -inf where not masked.
 
     `logits_eos_inf` sets the EOS logit to -inf before sampling. `confidence_eos_eot_inf` does
     what the reference does: it sets the EOS logit of the *noised* copy and the EoT logit of the
     clean one to -inf after x0 is chosen, so an EoT prediction gets confidence 0 and EOS is
-    unaffected (a quirk of the original, kept for fidelity)."""
+    unaffected (a quirk of the original, kept for fidelity). `forbid` (the mask id) is never
+    predicted: loops that run until a block is clean would otherwise never end on a model that
+    predicts MASK (trained checkpoints do not)."""
+    if forbid is not None:
+        logits = logits.clone()
+        logits[..., forbid] = -torch.inf
     if params.logits_eos_inf and eos_id is not None:
         logits = logits.clone()
         logits[..., eos_id] = -torch.inf

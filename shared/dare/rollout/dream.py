@@ -15,7 +15,8 @@ Differences from the reference: randomness comes from an explicit generator
 (`torch.multinomial` instead of `Categorical.sample`, same distribution); padding is hidden
 from attention with positions from each prompt's first token (the reference builds the same
 4-D mask and `cumsum - 1` positions itself); `gen_length`/`block_length` are ours (Dream has no
-blocks: the block length is ignored).
+blocks: the block length is ignored); the mask token is never predicted (the reference can
+reveal a position as MASK, which trained checkpoints never do).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
         logits = token_logits(model, x, attention_mask)
         nfe += 1
         mask_logits = logits[masked]
+        mask_logits[:, mask_id] = -torch.inf  # never "reveal" a MASK (trained checkpoints never predict it)
         t, s = timesteps[i], timesteps[i + 1]
         before = x.clone()
         if params.alg == "origin":

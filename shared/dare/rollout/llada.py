@@ -29,6 +29,8 @@ Differences from the references, none of which change their greedy outputs:
 5. Shifted models (Dream) with a cache run the step from position s-1 so that the block's first
    position gets its real (shifted) logit; Fast-dLLM's Dream instead commits that position from
    the block's full forward.
+6. With a cache or parallel decoding (loops that run until the block is clean) the mask token is
+   never predicted, as in dInfer; the reference path (no cache, fixed quota) is untouched.
 """
 
 from __future__ import annotations
@@ -74,7 +76,9 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
         nonlocal step
         block = x[:, lo:hi]
         masked = block == mask_id
-        x0, conf = predict(logits, masked, params, generator, f.eos_token_id, f.eot_token_id)
+        until_clean = params.cache != "none" or params.threshold > 0 or params.factor > 0
+        x0, conf = predict(logits, masked, params, generator, f.eos_token_id, f.eot_token_id,
+                           forbid=mask_id if until_clean else None)
         chosen = commit_rule(conf, params, quota)
         x[:, lo:hi] = torch.where(chosen, x0, block)
         step_map[:, lo - P:hi - P][chosen] = step
