@@ -1,0 +1,205 @@
+"""The rollout engine across samplers and families: determinism, no MASK left, block-locality,
+parallel decoding progress, exact block caching, prefix-cache agreement, batching, replay."""
+
+import pytest
+import torch
+
+from dare.config import DecodingConfig, ScratchModelConfig
+from dare.models import facts, new_model
+from dare.models.tokenizer import char_tokenizer
+from dare.rollout import generate, left_pad, replay
+from dare.rollout.core import commit_factor, commit_quota, commit_threshold
+
+PROMPTS = [[5, 6, 7], [5, 6, 7, 8, 9, 10, 11], [9, 8], [4, 5, 6, 7, 8]]
+
+CONFIGS = [  # (family, decoding overrides)
+    ("llada", {}),
+    ("llada", {"cache": "prefix"}),
+    ("llada", {"cache": "dual"}),
+    ("llada", {"threshold": 0.4}),
+    ("llada", {"cache": "dual", "threshold": 0.4}),
+    ("llada", {"factor": 1.0}),
+    ("dream", {"sampler": "dream", "alg": "entropy"}),
+    ("dream", {"sampler": "dream", "alg": "topk_margin", "steps": 8}),
+    ("dream", {"cache": "prefix", "threshold": 0.4}),
+    ("lladamoe", {"cache": "dual"}),
+    ("sdar", {"steps": 4}),
+    ("sdar", {"steps": 4, "threshold": 0.3}),
+    ("sdar_moe", {"steps": 2}),
+    ("llada2", {"steps": 4, "threshold": 0.3, "editing_threshold": 0.6}),
+]
+
+
+@pytest.fixture(scope="module")
+def models():
+    out = {}
+    for fam in {c[0] for c in CONFIGS}:
+        tok = char_tokenizer("0123456789+=", fam)
+        out[fam] = new_model(fam, tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64),
+                             seed=0).eval()
+    return out
+
+
+def params(**kw):
+    return DecodingConfig(**{"gen_length": 16, "block_length": 8, "steps": 16, "record_trajectory": True, **kw})
+
+
+def run(model, prompts, p, seed=0):
+    ids, mask = left_pad(prompts, facts(model).pad_token_id)
+    return generate(model, ids, mask, p, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("family, kw", CONFIGS, ids=[f"{f}-{'-'.join(map(str, k.values())) or 'ref'}" for f, k in CONFIGS])
+def test_every_sampler_finishes_replays_and_is_seeded(family, kw, models):
+    model = models[family]
+    p = params(**kw)
+    out = run(model, PROMPTS, p)
+    assert out.responses.shape == (len(PROMPTS), 16)
+    assert not (out.responses == facts(model).mask_token_id).any()  # no mask token left
+    assert (out.step_map >= 0).all()
+    assert torch.equal(replay(out), out.responses)  # the trajectory replays to the final output
+    assert out.trajectory.shape[0] == int(out.step_map.max()) + 1
+    sampled = params(**{**kw, "temperature": 0.8})
+    a, b = run(model, PROMPTS, sampled, seed=3), run(model, PROMPTS, sampled, seed=3)
+    assert torch.equal(a.sequences, b.sequences) and a.nfe == b.nfe  # seeded determinism
+
+
+@pytest.mark.parametrize("family, kw", CONFIGS, ids=[f"{f}-{'-'.join(map(str, k.values())) or 'ref'}" for f, k in CONFIGS])
+def test_mixed_prompt_lengths_batch_equals_one_by_one(family, kw, models):
+    model = models[family]
+    if kw.get("sampler") == "dream":
+        pytest.skip("Dream's transfer count is the batch average (a quirk of the original): rows interact")
+    p = params(**kw)
+    batch = run(model, PROMPTS, p)
+    for i, prompt in enumerate(PROMPTS):
+        alone = run(model, [prompt], p)
+        assert torch.equal(batch.responses[i], alone.responses[0]), i
+
+
+@pytest.mark.parametrize("kw", [{}, {"cache": "prefix"}, {"cache": "dual", "threshold": 0.4}, {"factor": 1.0}])
+def test_masked_sampler_commits_only_inside_the_current_block(kw, models):
+    out = run(models["llada"], PROMPTS, params(**kw))
+    block_of_step = {}
+    prev = torch.full_like(out.responses, facts(models["llada"]).mask_token_id)
+    for t, state in enumerate(out.trajectory):
+        changed = (state != prev).nonzero()[:, 1]
+        blocks = set((changed // 8).tolist())
+        assert len(blocks) <= 1, (t, blocks)
+        block_of_step[t] = blocks
+        prev = state
+    order = [min(b) for b in block_of_step.values() if b]
+    assert order == sorted(order)  # blocks are decoded left to right
+
+
+@pytest.mark.parametrize("family, kw", [("llada", {"threshold": 0.95}), ("llada", {"cache": "dual", "threshold": 0.99}),
+                                        ("sdar", {"steps": 4, "threshold": 0.99})])
+def test_threshold_decoding_commits_at_least_one_token_per_step(family, kw, models):
+    out = run(models[family], PROMPTS, params(**kw))
+    mask_id = facts(models[family]).mask_token_id
+    remaining = [int((s == mask_id).sum()) for s in out.trajectory]
+    start = int((out.trajectory[0] == mask_id).sum()) + 1
+    for before, after in zip([len(PROMPTS) * 16] + remaining, remaining):
+        assert after < before or after == 0
+    assert start > 0
+
+
+def _block_reference(model, prompt, p):
+    """The block sampler without any cache, one prompt, written as LLaDA2's HF `generate` does
+    it: each step re-runs the whole prefix up to the end of the current block (no KV cache),
+    with the same commit rule (static quota, T = 0)."""
+    f = facts(model)
+    bs, mask_id, G = f.block_size, f.mask_token_id, p.gen_length
+    n_blocks = -(-(len(prompt) + G) // bs)
+    x = torch.full((1, n_blocks * bs), mask_id)
+    x[0, :len(prompt)] = torch.tensor(prompt)
+    x[0, len(prompt) + G:] = f.pad_token_id
+    valid = torch.zeros_like(x, dtype=torch.bool)
+    valid[0, :len(prompt) + G] = True
+    for b in range(len(prompt) // bs, n_blocks):
+        lo, hi = b * bs, (b + 1) * bs
+        masked_count = (x[:, lo:hi] == mask_id).sum(dim=1)
+        quota = [int(masked_count) // p.steps + (1 if s < int(masked_count) % p.steps else 0) for s in range(p.steps)]
+        for k in quota:
+            masked = x[:, lo:hi] == mask_id
+            if not masked.any():
+                break
+            logits = model(x[:, :hi], valid[:, :hi]).logits[:, lo:hi].float()
+            logits[..., mask_id] = -torch.inf
+            probs = logits.softmax(-1)
+            conf, x0 = probs.max(-1)
+            conf = torch.where(masked, conf.double(), torch.tensor(-torch.inf, dtype=torch.float64))
+            top = conf[0].topk(k).indices if k else torch.tensor([], dtype=torch.long)
+            x[0, lo + top] = x0[0, top]
+    return x[0, len(prompt):len(prompt) + G]
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
+def test_block_causal_cache_is_exact(family, models):
+    model = models[family]
+    p = params(steps=4)
+    for prompt in PROMPTS:
+        cached = run(model, [prompt], p).responses[0]
+        assert torch.equal(cached, _block_reference(model, prompt, p)), prompt
+
+
+def test_commit_rules_by_hand():
+    inf = float("-inf")
+    conf = torch.tensor([[0.9, 0.2, inf, 0.95, 0.5], [inf, inf, inf, inf, inf], [0.1, 0.3, 0.2, inf, inf]],
+                        dtype=torch.float64)
+    assert commit_quota(conf, torch.tensor([2, 1, 1])).tolist() == [
+        [True, False, False, True, False], [False] * 5, [False, True, False, False, False]]
+    assert commit_threshold(conf, 0.85).tolist() == [
+        [True, False, False, True, False], [False] * 5, [False, True, False, False, False]]  # top-1 always
+    # factor 1: thresholds -1, 1-1/3, 1-1/4, ...: row 0 sorted .95 .9 .5 .2 -> .5 < .75 stops at 2
+    assert commit_factor(conf, 1.0).tolist() == [
+        [True, False, False, True, False], [False] * 5, [False, True, False, False, False]]
+    # the original's quirk: a first failure at the last position commits everything
+    two = torch.tensor([[0.9, 0.1]], dtype=torch.float64)
+    assert commit_factor(two, 1.0).tolist() == [[True, True]]
+
+
+MEASURED_AGREEMENT = {"prefix": 0.875, "dual": 0.875}  # 56 of 64 responses identical
+
+
+def test_prefix_and_dual_cache_agree_with_no_cache_on_a_trained_model(trained_tiny, char_tok):
+    """The caches reuse keys computed before the block changed, so outputs may differ; on the
+    trained tiny LLaDA with the addition prompts they agree on the fraction measured here
+    (documented in the README; the measurement is deterministic)."""
+    from dare.data import load_split
+    from dare.models import encode_chat
+
+    rows = load_split("addition", "test")[:64]
+    prompts = encode_chat(char_tok, [r["prompt"] for r in rows])
+    p = DecodingConfig(gen_length=8, block_length=4, steps=8)
+    ref = run(trained_tiny, prompts, p).responses
+    for cache in ("prefix", "dual"):
+        got = run(trained_tiny, prompts, DecodingConfig(gen_length=8, block_length=4, steps=8, cache=cache)).responses
+        agree = (got == ref).all(dim=1).float().mean().item()
+        assert agree >= MEASURED_AGREEMENT[cache], (cache, agree)
+
+
+def test_block_sampler_refuses_bidirectional_models_and_sampler_choice_is_by_facts(models):
+    from dare.rollout import sampler_name
+
+    with pytest.raises(ValueError, match="block-causal"):
+        run(models["llada"], PROMPTS, params(sampler="block"))
+    assert sampler_name(models["sdar"], params()) == "block"
+    assert sampler_name(models["llada"], params()) == "masked"
+    assert sampler_name(models["dream"], params(sampler="dream")) == "dream"
+
+
+def test_eos_early_stop_fills_the_rest_with_eos(models):
+    model = models["sdar"]
+    f = facts(model)
+    # bias the head towards EOS so rows finish in the first block
+    with torch.no_grad():
+        saved = model.lm_head.weight[f.eos_token_id].clone()
+        model.lm_head.weight[f.eos_token_id] += 5 * model.model.norm.weight
+    try:
+        out = run(model, PROMPTS, params(steps=4, eos_early_stop=True))
+        full = run(model, PROMPTS, params(steps=4))
+    finally:
+        with torch.no_grad():
+            model.lm_head.weight[f.eos_token_id] = saved
+    assert out.nfe < full.nfe
+    assert (out.responses == f.eos_token_id).any(dim=1).all()
