@@ -140,6 +140,10 @@ def test_block_causal_cache_is_exact(family, models):
     for prompt in PROMPTS:
         cached = run(model, [prompt], p).responses[0]
         assert torch.equal(cached, _block_reference(model, prompt, p)), prompt
+    # and the engine's own no-cache path, batched, with the dynamic rule too
+    for kw in ({"steps": 4}, {"steps": 4, "threshold": 0.3}):
+        assert torch.equal(run(model, PROMPTS, params(**kw)).responses,
+                           run(model, PROMPTS, params(cache="none", **kw)).responses)
 
 
 def test_commit_rules_by_hand():

@@ -149,8 +149,10 @@ class DecodingConfig:
     remasking: Literal["low_confidence", "random"] = "low_confidence"
     temperature: float = 0.0
     cfg_scale: float = 0.0
-    cache: Literal["none", "prefix", "dual"] = "none"
-    """Fast-dLLM KV cache (masked sampler): the prefix before the block, or prefix and suffix."""
+    cache: Literal["auto", "none", "prefix", "dual"] = "auto"
+    """KV cache. Masked sampler: Fast-dLLM's prefix (before the block) or dual (prefix and suffix)
+    cache; auto = none (the reference). Block sampler: auto/prefix/dual = the exact cache of
+    committed blocks, none = recompute the whole prefix every step (LLaDA2's HF `generate`)."""
     threshold: float = 0.0
     """Parallel decoding: commit every masked token whose confidence reaches it (at least one per
     step); 0 = off (fixed quota). Block sampler: its dynamic rule (threshold, else the quota)."""
@@ -194,8 +196,8 @@ class DecodingConfig:
         check(self.factor >= 0, "must be >= 0", "factor")
         check(not (self.threshold and self.factor), "choose one parallel rule: threshold or factor", "threshold",
               "factor")
-        check(not (self.cfg_scale and self.cache != "none"), "classifier-free guidance is not combined with a "
-              "KV cache", "cfg_scale", "cache")
+        check(not (self.cfg_scale and self.cache in ("prefix", "dual")), "classifier-free guidance is not combined "
+              "with a KV cache", "cfg_scale", "cache")
         check(0 < self.top_p <= 1, "must be in (0, 1]", "top_p")
         check(self.top_k >= 0, "must be >= 0", "top_k")
         check(0 < self.eps < 1, "must be in (0, 1)", "eps")

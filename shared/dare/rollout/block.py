@@ -22,8 +22,9 @@ batched over prompts of different lengths.
 Batching: each row's prompt is placed so that its first token starts a block column (left
 padding by whole blocks), so one column chunk is one block for every row; rows with longer
 prompts simply have more prompt tokens in the chunk. The output is repacked to the usual layout
-(left-padded prompt, then `gen_length` tokens). `block_length` and `cache` are not used: the
-block is the model's and the cache of committed blocks is exact.
+(left-padded prompt, then `gen_length` tokens). `block_length` is not used: the block is the
+model's. The cache of committed blocks is exact; `cache=none` recomputes the whole prefix every
+step instead (as LLaDA2's HF `generate`), which the tests use as the reference.
 
 Differences from the originals: batch > 1 (both originals decode one prompt at a time);
 LLaDA2's HF `generate` recomputes the whole prefix every step (no cache) and LLaDA2.0 samples
@@ -75,7 +76,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
         cols = slice(c * bs, (c + 1) * bs)
         if not (x[:, cols] == mask_id).any():
             continue  # nothing to decode here yet: prefilled together with the next block
-        if done_cols < c * bs:  # prefill the complete blocks before this one
+        cached = params.cache != "none"
+        if cached and done_cols < c * bs:  # prefill the complete blocks before this one
             model(x[:, done_cols:c * bs], valid[:, done_cols:c * bs], past_key_values=cache, use_cache=True)
             nfe += 1
         quota = num_transfer_tokens((x[:, cols] == mask_id).sum(dim=1), params.steps)
@@ -85,7 +87,10 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
             editing = params.editing_threshold > 0
             if not masked.any() and (not editing or post >= params.max_post_steps):
                 break
-            logits = model(x[:, cols], valid[:, cols], past_key_values=cache).logits
+            if cached:
+                logits = model(x[:, cols], valid[:, cols], past_key_values=cache).logits
+            else:  # recompute everything up to the end of the block (LLaDA2's HF `generate`)
+                logits = model(x[:, :cols.stop], valid[:, :cols.stop]).logits[:, cols]
             nfe += 1
             flat = logits.reshape(-1, logits.shape[-1]).float()
             flat[:, mask_id] = -torch.inf  # never predict MASK (the loop runs until the block is clean)
@@ -112,8 +117,9 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
             i += 1
             if params.record_trajectory:
                 trajectory.append(x.gather(1, gen_cols).clone())
-        model(x[:, cols], valid[:, cols], past_key_values=cache, use_cache=True)  # commit the block's keys
-        nfe += 1
+        if cached:
+            model(x[:, cols], valid[:, cols], past_key_values=cache, use_cache=True)  # commit the block's keys
+            nfe += 1
         done_cols = (c + 1) * bs
         if params.eos_early_stop and _all_finished(x.gather(1, gen_cols), mask_id, f.eos_token_id):
             response = x.gather(1, gen_cols)

@@ -76,7 +76,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
         nonlocal step
         block = x[:, lo:hi]
         masked = block == mask_id
-        until_clean = params.cache != "none" or params.threshold > 0 or params.factor > 0
+        until_clean = params.cache in ("prefix", "dual") or params.threshold > 0 or params.factor > 0
         x0, conf = predict(logits, masked, params, generator, f.eos_token_id, f.eot_token_id,
                            forbid=mask_id if until_clean else None)
         chosen = commit_rule(conf, params, quota)
@@ -91,7 +91,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
         quota = num_transfer_tokens((x[:, lo:hi] == mask_id).sum(dim=1), steps_per_block)
         parallel = params.threshold > 0 or params.factor > 0
         i = 0
-        if params.cache == "none":
+        if params.cache not in ("prefix", "dual"):  # "auto" / "none": the reference, no cache
             while (x[:, lo:hi] == mask_id).any() and (parallel or i < steps_per_block):
                 logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, params.cfg_scale)
                 nfe += 1
