@@ -53,7 +53,3 @@ def test_models_and_data_list():
     assert r.returncode == 0 and "addition" in r.stdout
 
 
-def test_bench_rollout_runs():
-    r = dare_cli("bench", "rollout", "gen_length=8", "block_length=4", "steps=4", "--repeats", "1")
-    assert r.returncode == 0, r.stderr
-    assert "tokens/s" in r.stdout and "NFE 4" in r.stdout

@@ -74,7 +74,7 @@ def test_inconsistent_values_fail_with_key_and_file(tmp_path):
     with pytest.raises(ConfigError, match=r"inner\.size: must be even"):
         config.load(Outer, None, ["inner.size=3"])
     with pytest.raises(ConfigError, match="steps"):
-        config.load(Outer, None, ["decoding.steps=100"])  # 8 blocks do not divide 100 steps
+        config.load(Outer, None, ["decoding.sampler=masked", "decoding.steps=100"])  # 8 blocks do not divide 100
 
 
 def test_bad_yaml_files(tmp_path):

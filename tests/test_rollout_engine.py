@@ -30,6 +30,9 @@ CONFIGS = [  # (family, decoding overrides)
 ]
 
 
+IDS = [f"{f}-{'-'.join(map(str, k.values())) or 'ref'}" for f, k in CONFIGS]
+
+
 @pytest.fixture(scope="module")
 def models():
     out = {}
@@ -49,7 +52,7 @@ def run(model, prompts, p, seed=0):
     return generate(model, ids, mask, p, torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("family, kw", CONFIGS, ids=[f"{f}-{'-'.join(map(str, k.values())) or 'ref'}" for f, k in CONFIGS])
+@pytest.mark.parametrize("family, kw", CONFIGS, ids=IDS)
 def test_every_sampler_finishes_replays_and_is_seeded(family, kw, models):
     model = models[family]
     p = params(**kw)
@@ -64,7 +67,7 @@ def test_every_sampler_finishes_replays_and_is_seeded(family, kw, models):
     assert torch.equal(a.sequences, b.sequences) and a.nfe == b.nfe  # seeded determinism
 
 
-@pytest.mark.parametrize("family, kw", CONFIGS, ids=[f"{f}-{'-'.join(map(str, k.values())) or 'ref'}" for f, k in CONFIGS])
+@pytest.mark.parametrize("family, kw", CONFIGS, ids=IDS)
 def test_mixed_prompt_lengths_batch_equals_one_by_one(family, kw, models):
     model = models[family]
     if kw.get("sampler") == "dream":
@@ -207,3 +210,37 @@ def test_eos_early_stop_fills_the_rest_with_eos(models):
             model.lm_head.weight[f.eos_token_id] = saved
     assert out.nfe < full.nfe
     assert (out.responses == f.eos_token_id).any(dim=1).all()
+
+
+def test_bench_rollout_runs_every_strategy_side_by_side(trained_tiny, char_tok, tmp_path):
+    """One command, a checkpoint folder: a table row and a valid result JSON per strategy."""
+    import json
+
+    from conftest import dare_cli
+    from dare.models.tokenizer import save_tokenizer
+    from dare.results import read_result
+
+    ckpt = tmp_path / "ckpt"
+    trained_tiny.save_pretrained(ckpt)
+    save_tokenizer(char_tok, ckpt)
+    out = tmp_path / "bench"
+    r = dare_cli("bench", "rollout", "--checkpoint", str(ckpt), "--prompts", "8", "--out", str(out),
+                 "gen_length=32", "block_length=8")
+    assert r.returncode == 0, r.stderr
+    for name in ("vanilla", "prefix_cache", "dual_cache", "parallel", "dual_cache+parallel"):
+        assert any(line.split()[:1] == [name] for line in r.stdout.splitlines()), name
+        result = read_result(out / f"llada-{name}" / "result_addition.json")
+        metrics = {m.name: m.value for m in result.metrics}
+        assert {"accuracy", "tokens_per_s", "speedup_vs_vanilla", "tokens_per_forward"} <= set(metrics)
+        assert result.method.variant == f"rollout:{name}" and result.decoding.gen_length == 32
+    vanilla = read_result(out / "llada-vanilla" / "result_addition.json")
+    assert {m.name: m.value for m in vanilla.metrics}["speedup_vs_vanilla"] == 1.0
+    assert json.loads((out / "llada-dual_cache" / "result_addition.json").read_text())["decoding"]["extra"] == {
+        "cache": "dual"}
+
+
+def test_lmdeploy_where_it_cannot_run_is_a_clear_error(models):
+    from dare.utils import UserError
+
+    with pytest.raises(UserError, match="lmdeploy is not installed"):
+        run(models["sdar"], PROMPTS, params(sampler="lmdeploy"))

@@ -1,55 +1,131 @@
-"""`dare bench rollout`: sampler throughput on a checkpoint (default: a random tiny LLaDA).
+"""Benchmarks: `dare bench rollout` (decoding strategies side by side) and `dare bench rewards`.
 
-Prints tokens/s, forward passes (NFE) and tokens committed per forward for a batch of prompts
-from the addition task. Timings are wall-clock medians over `repeats` runs after one warm-up.
+`dare bench rollout` decodes the addition test prompts with every strategy on the demo's trained
+tiny LLaDA and a tiny SDAR trained the same way (both trained on first use and then reused, by
+their run keys), or on `--checkpoint`, at gen_length 256, block 32, batch 8 by default, and
+reports tokens/s (batch x gen_length / decoding time), NFE, tokens per forward, task accuracy and
+the speedup over vanilla measured in the same run. Each strategy's numbers are written as a
+result JSON (metrics `accuracy`, `tokens_per_s`, `speedup_vs_vanilla`, `tokens_per_forward`).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
+
+# strategy -> decoding overrides (on top of gen_length/block_length; vanilla: steps = gen_length / 2)
+MASKED_STRATEGIES = {
+    "vanilla": {"cache": "none"},
+    "prefix_cache": {"cache": "prefix"},
+    "dual_cache": {"cache": "dual"},
+    "parallel": {"cache": "none", "threshold": 0.9},
+    "prefix_cache+parallel": {"cache": "prefix", "threshold": 0.9},
+    "dual_cache+parallel": {"cache": "dual", "threshold": 0.9},
+}
+BLOCK_STRATEGIES = {  # SDAR: denoising steps = block size (one token per step) unless parallel
+    "vanilla": {"cache": "none"},
+    "block_cache": {"cache": "auto"},
+    "parallel": {"cache": "none", "threshold": 0.9},
+    "block_cache+parallel": {"cache": "auto", "threshold": 0.9},
+}
 
 
-def rollout_benchmark(checkpoint: str | None, overrides: list[str], repeats: int = 3, batch_size: int = 8) -> dict:
+def _demo_checkpoint(family: str) -> Path:
+    """The demo's SFT checkpoint for `family` (trained on first use, then reused by run key)."""
+    from dare.demo import DEMO
+    from dare.train import train
+
+    overrides = [] if family == "llada" else [f"model.family={family}", f"model.name=tiny-{family}-addition"]
+    return Path(train("sft", DEMO / "sft.yaml", overrides)) / "final"
+
+
+def rollout_benchmark(checkpoint: str | None, overrides: list[str], repeats: int = 1, batch_size: int = 8,
+                      n_prompts: int = 64, device: str = "cpu", out: str | None = None) -> list[dict]:
     import torch
 
-    from dare.config import DecodingConfig, ScratchModelConfig
+    from dare.config import DecodingConfig
     from dare.config import load as load_config
-    from dare.data import TASKS, load_split
-    from dare.models import encode_chat, facts, load_pretrained, load_tokenizer, new_model
-    from dare.models.tokenizer import char_tokenizer
-    from dare.rollout import generate, left_pad
-    from dare.utils import make_generator
+    from dare.eval import evaluate_model
+    from dare.models import facts, load_pretrained, load_tokenizer
+    from dare.models.api import checkpoint_meta
+    from dare.train import now, runs_dir
 
-    params = load_config(DecodingConfig, None, overrides)
-    if checkpoint:
-        model, tokenizer, label = load_pretrained(checkpoint), load_tokenizer(checkpoint), checkpoint
-    else:
-        tokenizer = char_tokenizer(TASKS["addition"].alphabet, "llada")
-        model, label = new_model("llada", tokenizer, ScratchModelConfig(), seed=0), "random tiny llada"
-    model.eval()
-    rows = load_split("addition", "test")[:batch_size]
-    ids, mask = left_pad(encode_chat(tokenizer, [r["prompt"] for r in rows]), facts(model).pad_token_id)
+    base = load_config(DecodingConfig, None, ["gen_length=256", "block_length=32", *overrides])
+    targets = [Path(checkpoint)] if checkpoint else [_demo_checkpoint("llada"), _demo_checkpoint("sdar")]
+    out_root = Path(out) if out else runs_dir() / "bench" / f"rollout-{now().replace(':', '')}"
+    reports = []
+    for ckpt in targets:
+        model = load_pretrained(ckpt).to(device).eval()
+        tokenizer = load_tokenizer(ckpt)
+        f = facts(model)
+        block = f.attention == "block_causal"
+        strategies = BLOCK_STRATEGIES if block else MASKED_STRATEGIES
+        label = checkpoint_meta(ckpt).get("model_name") or ckpt.parent.name
+        print(f"rollout benchmark: {label} ({f.family}), {n_prompts} addition prompts, batch {batch_size}, "
+              f"gen {base.gen_length}, block {f.block_size or base.block_length}, {torch.get_num_threads()} threads, "
+              f"{device}")
+        print(f"  {'strategy':24s} {'tokens/s':>9s} {'speedup':>8s} {'NFE':>6s} {'tok/fwd':>8s} {'accuracy':>9s}")
+        rows, vanilla_tps = [], None
+        for name, kw in strategies.items():
+            steps = (f.block_size if block else base.gen_length // 2)
+            chosen = {**_changed(base), "steps": steps, "sampler": "block" if block else "masked", **kw}
+            params = load_config(DecodingConfig, None, [f"{k}={v}" for k, v in chosen.items()])
+            times, outcome = [], None
+            for r in range(repeats):
+                outcome = evaluate_model(model, tokenizer, "addition", "test", params, batch_size, n_prompts, seed=r)
+                times.append(outcome["seconds"])
+            seconds = statistics.median(times)
+            tps = n_prompts * params.gen_length / seconds
+            vanilla_tps = vanilla_tps or tps
+            nfe = outcome["throughput"]["nfe_per_sample"]
+            acc = sum(outcome["values"]["accuracy"]) / len(outcome["values"]["accuracy"])
+            row = {"strategy": name, "tokens_per_s": tps, "speedup_vs_vanilla": tps / vanilla_tps,
+                   "nfe_per_batch": nfe, "tokens_per_forward": params.gen_length / nfe, "accuracy": acc,
+                   "seconds": seconds, "decoding": kw}
+            rows.append(row)
+            print(f"  {name:24s} {tps:9.1f} {row['speedup_vs_vanilla']:7.2f}x {nfe:6.0f} "
+                  f"{row['tokens_per_forward']:8.2f} {acc:9.3f}")
+            _write_result(ckpt, model, label, params, outcome, row, out_root / f"{f.family}-{name}")
+        reports.append({"model": label, "family": f.family, "rows": rows})
+        print(f"  -> {out_root}")
+    return reports
 
-    def once(seed):
-        t0 = time.perf_counter()
-        out = generate(model, ids, mask, params, make_generator(seed, "bench"))
-        return time.perf_counter() - t0, out
 
-    once(-1)  # warm-up
-    runs = [once(i) for i in range(repeats)]
-    seconds = statistics.median(t for t, _ in runs)
-    out = runs[0][1]
-    tokens = ids.shape[0] * params.gen_length
-    report = {"model": label, "batch_size": ids.shape[0], "gen_length": params.gen_length,
-              "block_length": params.block_length, "steps": params.steps, "seconds": seconds,
-              "tokens_per_s": tokens / seconds, "nfe": out.nfe, "tokens_per_forward": params.gen_length / out.nfe,
-              "threads": torch.get_num_threads()}
-    print(f"rollout benchmark: {label}, batch {report['batch_size']}, gen {params.gen_length}, block "
-          f"{params.block_length}, steps {params.steps}, {report['threads']} threads")
-    print(f"  {report['tokens_per_s']:.1f} tokens/s   NFE {report['nfe']}   "
-          f"{report['tokens_per_forward']:.2f} tokens/forward   {seconds:.3f}s per batch (median of {repeats})")
-    return report
+def _changed(cfg) -> dict:
+    from dare.config import DecodingConfig, to_dict
+
+    default = to_dict(DecodingConfig())
+    return {k: v for k, v in to_dict(cfg).items() if v != default[k]}
+
+
+def _write_result(ckpt: Path, model, label: str, params, outcome: dict, row: dict, folder: Path) -> Path:
+    """One strategy's numbers as a result JSON (the eval result plus the speed metrics)."""
+    import json
+
+    from dare.config import config_hash
+    from dare.eval import build_result
+    from dare.models import facts
+    from dare.models.api import checkpoint_meta
+    from dare.results import metric_from_values, write_result
+    from dare.utils import atomic_write
+
+    f = facts(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    samples = folder / "samples_addition.jsonl"
+    atomic_write(samples, "".join(json.dumps(s) + "\n" for s in outcome["samples"]))
+    model_info = {"name": label, "family": f.family, "revision": None,
+                  "kind": "block" if f.attention == "block_causal" else "masked", "dtype": "float32",
+                  "n_params": sum(p.numel() for p in model.parameters())}
+    result = build_result(meta=checkpoint_meta(ckpt), model_info=model_info, task_name="addition", split="test",
+                          decoding=params, outcome=outcome, eval_hash=config_hash(params), seed=0,
+                          samples_path=samples, command="dare bench rollout")
+    result["method"]["variant"] = f"rollout:{row['strategy']}"
+    result["run_id"] += f"-{row['strategy'].replace('+', '-')}"
+    for name in ("tokens_per_s", "speedup_vs_vanilla", "tokens_per_forward"):
+        result["metrics"].append(metric_from_values(name, [row[name]]).model_dump())
+    result["artifacts"]["config"] = None
+    return write_result(result, folder / "result_addition.json")
 
 
 # ------------------------------------------------------------------------------------------------

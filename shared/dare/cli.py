@@ -190,7 +190,8 @@ def cmd_bench(ns) -> int:
     path, overrides = _split_config_args(ns.args)
     if path:
         raise UserError(f"dare bench {ns.what} takes key=value decoding overrides, not a file ({path!r})")
-    rollout_benchmark(ns.checkpoint, overrides, repeats=ns.repeats, batch_size=ns.batch_size)
+    rollout_benchmark(ns.checkpoint, overrides, repeats=ns.repeats, batch_size=ns.batch_size, n_prompts=ns.prompts,
+                      device=ns.device, out=ns.out)
     return 0
 
 
@@ -273,15 +274,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_models)
 
     s = sub.add_parser("bench", help="benchmarks (rollout, rewards)", description=(
-        "dare bench rollout: tokens/s and forward passes of the sampler on a checkpoint (default: a random "
-        "tiny LLaDA) for prompts of the addition task; key=value overrides set the decoding (gen_length=...). "
+        "dare bench rollout: every decoding strategy (vanilla, Fast-dLLM caches, parallel decoding, both) side by "
+        "side on the demo's trained tiny LLaDA and a tiny SDAR (trained on first use), or on --checkpoint: "
+        "tokens/s, speedup, NFE, tokens per forward, accuracy; result JSONs under runs/bench/; key=value "
+        "overrides set the decoding (default gen_length=256 block_length=32). "
         "dare bench rewards: rewards per second for --n completions per task, serial vs --workers processes "
         "(sandboxes for code), written as a JSON report (--out, default runs/bench/)."))
     s.add_argument("what", choices=["rollout", "rewards"])
     s.add_argument("args", nargs="*", metavar="key=value")
     s.add_argument("--checkpoint")
-    s.add_argument("--repeats", type=int, default=3)
+    s.add_argument("--repeats", type=int, default=1, help="rollout: timing repeats (median)")
     s.add_argument("--batch-size", type=int, default=8)
+    s.add_argument("--prompts", type=int, default=64, help="rollout: addition test prompts decoded per strategy")
+    s.add_argument("--device", default="cpu", help="rollout: cpu or cuda")
     s.add_argument("--n", type=int, default=1000, help="rewards: completions per task")
     s.add_argument("--workers", type=int, default=None, help="rewards: parallel workers (default: CPU count)")
     s.add_argument("--out", help="rewards: where to write the JSON report")

@@ -138,7 +138,7 @@ class DecodingConfig:
     block sampler, others the masked-diffusion one); the rest are its options. Fields a sampler
     does not use are ignored by it (and listed in its module docstring)."""
 
-    sampler: Literal["auto", "masked", "dream", "block"] = "auto"
+    sampler: Literal["auto", "masked", "dream", "block", "lmdeploy"] = "auto"
     """masked: LLaDA's semi-autoregressive sampler with Fast-dLLM's caches and parallel decoding;
     dream: Dream's `diffusion_generate` algorithms; block: SDAR/LLaDA2 block diffusion."""
     gen_length: int = 256
@@ -185,7 +185,7 @@ class DecodingConfig:
               f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
               "gen_length", "block_length")
         n_blocks = self.gen_length // self.block_length
-        if self.sampler in ("auto", "masked"):
+        if self.sampler == "masked":  # with "auto" the sampler checks it once the model is known
             check(self.steps > 0 and self.steps % n_blocks == 0,
                   f"steps ({self.steps}) must be a positive multiple of the number of blocks ({n_blocks})",
                   "steps", "gen_length", "block_length")

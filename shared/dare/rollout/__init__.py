@@ -21,7 +21,20 @@ committed each generated position and, with `record_trajectory`, the response af
 from dare.rollout import block, dream, llada
 from dare.rollout.core import RolloutOutput, decode_responses, left_pad, response_mask
 
-SAMPLERS = {"masked": llada.generate, "dream": dream.generate, "block": block.generate}
+def _lmdeploy(model, prompt_ids, prompt_mask, params, generator=None):
+    """The lmdeploy engine for SDAR on GPU is not in this checkout: lmdeploy needs CUDA and
+    torch<=2.12.1 (the project pins 2.13), so it can neither be installed nor tested here."""
+    from dare.utils import UserError
+
+    try:
+        import lmdeploy  # noqa: F401
+    except Exception:
+        raise UserError("decoding.sampler=lmdeploy: lmdeploy is not installed (it needs CUDA and torch<=2.12.1, "
+                        "so it cannot run on this machine); use sampler=block, the in-process engine") from None
+    raise UserError("decoding.sampler=lmdeploy: the lmdeploy engine is not implemented yet; use sampler=block")
+
+
+SAMPLERS = {"masked": llada.generate, "dream": dream.generate, "block": block.generate, "lmdeploy": _lmdeploy}
 
 
 def sampler_name(model, params) -> str:

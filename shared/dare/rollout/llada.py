@@ -60,6 +60,11 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
     B, P = prompt_ids.shape
     G, BL = params.gen_length, params.block_length
     n_blocks = G // BL
+    if G % BL or params.steps % n_blocks:
+        from dare.utils import UserError
+
+        raise UserError(f"decoding: gen_length ({G}) must be a multiple of block_length ({BL}) and steps "
+                        f"({params.steps}) a multiple of the number of blocks ({n_blocks}) for the masked sampler")
     steps_per_block = params.steps // n_blocks
     mask_id, shift = f.mask_token_id, f.logits_shift
 
