@@ -31,6 +31,18 @@ class RolloutOutput:
         return self.sequences[:, self.prompt_length:]
 
 
+def canvas(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen_length: int, mask_id: int):
+    """[prompt | MASK * gen_length] on the model's device, with its attention mask (pads hidden,
+    generated positions real). -> (x, attention_mask, prompt_ids, prompt_mask), all (B, .)"""
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    B, P = prompt_ids.shape
+    x = torch.full((B, P + gen_length), mask_id, dtype=torch.long, device=device)
+    x[:, :P] = prompt_ids
+    ones = torch.ones(B, gen_length, dtype=torch.long, device=device)
+    return x, torch.cat([prompt_mask.long(), ones], dim=1), prompt_ids, prompt_mask
+
+
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists into (ids, mask), both (B, max_len)."""
     width = max(len(s) for s in sequences)

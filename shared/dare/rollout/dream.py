@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from dare.models import facts, token_logits
-from dare.rollout.core import RolloutOutput, response_mask
+from dare.rollout.core import RolloutOutput, canvas, response_mask
 
 
 def top_p_logits(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -70,13 +70,9 @@ def sample_tokens(logits, params, generator, margin=False, neg_entropy=False):
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
              generator: torch.Generator | None = None) -> RolloutOutput:
     f = facts(model)
-    device = next(model.parameters()).device
-    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    B, P = prompt_ids.shape
     G, mask_id = params.gen_length, f.mask_token_id
-    x = torch.full((B, P + G), mask_id, dtype=torch.long, device=device)
-    x[:, :P] = prompt_ids
-    attention_mask = torch.cat([prompt_mask.long(), torch.ones(B, G, dtype=torch.long, device=device)], dim=1)
+    x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
+    (B, P), device = prompt_ids.shape, x.device
     step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
     timesteps = torch.linspace(1, params.eps, params.steps + 1, device=device)
     trajectory, nfe = [], 0

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from dare.models import align, facts, token_logits
-from dare.rollout.core import RolloutOutput, commit_rule, num_transfer_tokens, predict, response_mask
+from dare.rollout.core import RolloutOutput, canvas, commit_rule, num_transfer_tokens, predict, response_mask
 
 
 def _guided_logits(model, x, attention_mask, prompt_positions, mask_id: int, cfg_scale: float):
@@ -55,9 +55,6 @@ def _guided_logits(model, x, attention_mask, prompt_positions, mask_id: int, cfg
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
              generator: torch.Generator | None = None) -> RolloutOutput:
     f = facts(model)
-    device = next(model.parameters()).device
-    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    B, P = prompt_ids.shape
     G, BL = params.gen_length, params.block_length
     n_blocks = G // BL
     if G % BL or params.steps % n_blocks:
@@ -68,9 +65,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
     steps_per_block = params.steps // n_blocks
     mask_id, shift = f.mask_token_id, f.logits_shift
 
-    x = torch.full((B, P + G), mask_id, dtype=torch.long, device=device)
-    x[:, :P] = prompt_ids
-    attention_mask = torch.cat([prompt_mask.long(), torch.ones(B, G, dtype=torch.long, device=device)], dim=1)
+    x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
+    (B, P), device = prompt_ids.shape, x.device
     prompt_positions = torch.zeros_like(x, dtype=torch.bool)
     prompt_positions[:, :P] = True
     step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
