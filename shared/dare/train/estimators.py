@@ -1,0 +1,89 @@
+"""Log-likelihood estimators of masked diffusion LMs, and a cross-entropy that never
+materializes full-vocabulary logits.
+
+- `masked_logps(model, x_masked, targets, where, chunk)`: log p(target_i | x_masked) at the
+  positions `where`, from the model's hidden states and its output head, `chunk` positions at a
+  time (peak memory ~ chunk x vocab instead of B x L x vocab). Shift-aligned for every family.
+- `elbo(model, ids, attention_mask, maskable, n, generator, weighting, normalize, chunk)`: the
+  Monte Carlo ELBO of the maskable tokens given the rest (LLaDA/MDLM, linear schedule):
+    weighting="count": l ~ stratified U{1..L}, exactly l positions masked, weight L / l
+                       (LLaDA's lower-variance estimator);
+    weighting="time":  t ~ stratified U(0, 1], i.i.d. masking at t, weight 1 / t.
+  `normalize="none"` returns the sum over tokens (a log-likelihood bound), "valid" divides by
+  the number of maskable tokens of each row, "padded" by the padded length; the choice is
+  explicit because the reference repos normalize by the padded length by accident.
+- `elbo_backward(...)`: the same estimate, backpropagated one Monte Carlo sample at a time so
+  that only one sample's activations are alive (memory-bounded); returns the value.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from dare.models import facts, output_head, token_hidden
+from dare.train import noise
+
+
+def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: torch.Tensor,
+                 attention_mask: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
+    """(B, L) log p(targets | x_masked) at `where` (0 elsewhere), chunked over positions."""
+    hidden = token_hidden(model, x_masked, attention_mask)  # (B, L, H), aligned
+    head = output_head(model)
+    out = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
+    rows, cols = where.nonzero(as_tuple=True)
+    for s in range(0, len(rows), chunk):
+        r, c = rows[s:s + chunk], cols[s:s + chunk]
+        logits = head(hidden[r, c]).float()  # (chunk, V)
+        out[r, c] = -F.cross_entropy(logits, targets[r, c], reduction="none")
+    return out
+
+
+def _samples(maskable, n, generator, weighting):
+    """n (mask, per-row weight) pairs for the estimator."""
+    lengths = maskable.sum(dim=1)
+    if weighting == "count":
+        counts = noise.stratified_counts(lengths, n, generator)
+        for k in range(n):
+            mask = noise.exact_count(maskable, counts[k].to(maskable.device), generator)
+            yield mask, lengths.float() / counts[k].to(maskable.device).clamp(min=1).float()
+    else:
+        shift = torch.rand((), generator=generator).item()
+        for k in range(n):
+            t = torch.full((maskable.shape[0],), (k + shift) / n, device=maskable.device).clamp(min=1e-3)
+            yield noise.iid(maskable, t, generator), 1.0 / t
+
+
+def _normalizer(maskable, normalize):
+    if normalize == "valid":
+        return maskable.sum(dim=1).clamp(min=1).float()
+    if normalize == "padded":
+        return torch.full((maskable.shape[0],), float(maskable.shape[1]), device=maskable.device)
+    return torch.ones(maskable.shape[0], device=maskable.device)
+
+
+def elbo(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, maskable: torch.Tensor, n: int,
+         generator: torch.Generator, weighting: Literal["count", "time"] = "count",
+         normalize: Literal["none", "valid", "padded"] = "none", chunk: int = 1024) -> torch.Tensor:
+    """(B,) the Monte Carlo ELBO of the maskable tokens (see the module docstring)."""
+    total = torch.zeros(ids.shape[0], device=ids.device)
+    for mask, weight in _samples(maskable, n, generator, weighting):
+        x = torch.where(mask, torch.full_like(ids, facts(model).mask_token_id), ids)
+        total = total + weight * masked_logps(model, x, ids, mask, attention_mask, chunk).sum(dim=1)
+    return total / n / _normalizer(maskable, normalize)
+
+
+def elbo_backward(model, ids, attention_mask, maskable, n, generator, weighting="count", normalize="none",
+                  chunk: int = 1024, scale: float = 1.0) -> torch.Tensor:
+    """Backpropagate `scale * elbo.sum()` one Monte Carlo sample at a time (memory-bounded);
+    returns the (B,) estimate, detached. Same draws as `elbo` for the same generator state."""
+    total = torch.zeros(ids.shape[0], device=ids.device)
+    norm = _normalizer(maskable, normalize)
+    for mask, weight in _samples(maskable, n, generator, weighting):
+        x = torch.where(mask, torch.full_like(ids, facts(model).mask_token_id), ids)
+        value = weight * masked_logps(model, x, ids, mask, attention_mask, chunk).sum(dim=1) / n / norm
+        (scale * value.sum()).backward()
+        total = total + value.detach()
+    return total

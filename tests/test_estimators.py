@@ -1,0 +1,137 @@
+"""Likelihood estimators against exact enumeration on a tiny model, noise samplers' invariants,
+chunked log-probs and the memory-bounded backward."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from dare.config import ScratchModelConfig
+from dare.models import facts, new_model, token_logits
+from dare.models.tokenizer import char_tokenizer
+from dare.train import noise
+from dare.train.estimators import elbo, elbo_backward, masked_logps
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tok = char_tokenizer("01", "llada")
+    model = new_model("llada", tok, ScratchModelConfig(d_model=16, n_heads=2, n_layers=1, mlp_hidden_size=32), seed=1)
+    with torch.no_grad():  # sharper predictions than the 0.02 init, so log-probs differ visibly
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(20)
+    return model.eval(), tok
+
+
+def _logp(model, ids, masked_positions, i):
+    mask_id = facts(model).mask_token_id
+    x = ids.clone()
+    x[0, list(masked_positions)] = mask_id
+    return torch.log_softmax(token_logits(model, x)[0, i].double(), -1)[ids[0, i]].item()
+
+
+def exact_quantities(model, ids, completion):
+    """(exact any-order log-likelihood, exact ELBO) of the completion positions given the prompt."""
+    L = len(completion)
+    with torch.no_grad():
+        orders = []
+        for order in itertools.permutations(completion):
+            masked, total = set(completion), 0.0
+            for i in order:  # reveal i given the tokens revealed so far
+                total += _logp(model, ids, masked, i)
+                masked.discard(i)
+            orders.append(total)
+        exact = math.log(sum(math.exp(v) for v in orders) / len(orders))
+        any_order_mean = sum(orders) / len(orders)
+        bound = 0.0
+        for size in range(1, L + 1):
+            subsets = list(itertools.combinations(completion, size))
+            avg = sum(sum(_logp(model, ids, m, i) for i in m) for m in subsets) / len(subsets)
+            bound += avg / size
+    return exact, bound, any_order_mean
+
+
+def test_elbo_is_a_lower_bound_and_the_monte_carlo_means_converge(tiny):
+    model, tok = tiny
+    ids = torch.tensor([tok.convert_tokens_to_ids(list("0110"))])
+    completion = [1, 2, 3]
+    exact, bound, any_order = exact_quantities(model, ids, completion)
+    assert bound == pytest.approx(any_order, abs=1e-9)  # the discrete ELBO is the any-order mean
+    assert bound <= exact + 1e-12  # Jensen: never above the exact log-likelihood
+    assert exact - bound > 1e-4  # and not trivially equal on this model
+    maskable = torch.zeros_like(ids, dtype=torch.bool)
+    maskable[0, completion] = True
+    with torch.no_grad():
+        for weighting, tol in (("count", 0.02), ("time", 0.05)):
+            g = torch.Generator().manual_seed(0)
+            est = elbo(model, ids, None, maskable, 600, g, weighting=weighting).item()
+            assert est == pytest.approx(bound, abs=tol * abs(bound) + 0.01), weighting
+
+
+def test_normalization_is_explicit(tiny):
+    model, tok = tiny
+    ids = torch.tensor([tok.convert_tokens_to_ids(list("011010"))])
+    maskable = torch.zeros_like(ids, dtype=torch.bool)
+    maskable[0, 2:5] = True  # 3 valid completion tokens in a padded length of 6
+    with torch.no_grad():
+        values = {n: elbo(model, ids, None, maskable, 6, torch.Generator().manual_seed(3), normalize=n).item()
+                  for n in ("none", "valid", "padded")}
+    assert values["valid"] == pytest.approx(values["none"] / 3)
+    assert values["padded"] == pytest.approx(values["none"] / 6)
+
+
+def test_chunked_log_probs_equal_the_full_logits(tiny):
+    model, tok = tiny
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, len(tok), (3, 7), generator=g)
+    where = torch.rand(3, 7, generator=g) < 0.5
+    x = torch.where(where, torch.full_like(ids, facts(model).mask_token_id), ids)
+    with torch.no_grad():
+        full = torch.log_softmax(token_logits(model, x).float(), -1).gather(-1, ids[..., None]).squeeze(-1)
+        got = masked_logps(model, x, ids, where, chunk=2)
+    torch.testing.assert_close(got[where], full[where], rtol=1e-5, atol=1e-5)
+    assert (got[~where] == 0).all()
+
+
+def test_memory_bounded_backward_matches_autograd(tiny):
+    model, tok = tiny
+    ids = torch.tensor([tok.convert_tokens_to_ids(list("0110")), tok.convert_tokens_to_ids(list("1001"))])
+    maskable = torch.zeros_like(ids, dtype=torch.bool)
+    maskable[:, 1:] = True
+    model.zero_grad()
+    value = elbo(model, ids, None, maskable, 4, torch.Generator().manual_seed(5), normalize="valid")
+    value.sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    got_value = elbo_backward(model, ids, None, maskable, 4, torch.Generator().manual_seed(5), normalize="valid")
+    torch.testing.assert_close(got_value, value.detach())
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want[n], rtol=1e-5, atol=1e-6, msg=n)
+    model.zero_grad()
+
+
+def test_noise_samplers():
+    g = torch.Generator().manual_seed(0)
+    maskable = torch.tensor([[False, False, True, True, True, True, False]] * 3)
+    prompt = torch.tensor([[True, True, False, False, False, False, False]] * 3)
+    m = noise.full_completion(maskable, prompt, 0.5, g)
+    assert (m[maskable]).all() and not (m & ~maskable & ~prompt).any()
+    a, b = noise.complementary(maskable, torch.tensor([0.3, 0.5, 0.9]), g)
+    assert torch.equal(a | b, maskable) and not (a & b).any()  # each token scored exactly once per pair
+    counts = torch.tensor([1, 2, 4])
+    assert noise.exact_count(maskable, counts, g).sum(dim=1).tolist() == [1, 2, 4]
+    strat = noise.stratified_counts(torch.tensor([4, 1]), 8, g)
+    assert strat.shape == (8, 2) and strat[:, 0].min() >= 1 and strat[:, 0].max() <= 4 and (strat[:, 1] == 1).all()
+    assert sorted(set(strat[:, 0].tolist())) == [1, 2, 3, 4]  # spread over 1..L
+    # the same generator state gives the same draws: old/ref/new log-probs share their masks
+    x1 = noise.iid(maskable, torch.tensor([0.5] * 3), torch.Generator().manual_seed(9))
+    x2 = noise.iid(maskable, torch.tensor([0.5] * 3), torch.Generator().manual_seed(9))
+    assert torch.equal(x1, x2)
+    bw = noise.block_wise(maskable, 2, torch.Generator().manual_seed(1))
+    assert not (bw & ~maskable).any()
+    step_map = torch.tensor([[3, 0, 2, 1]])
+    assert noise.from_trajectory(step_map, 2).tolist() == [[True, False, True, False]]
+    assert noise.ar_prefix(maskable, torch.tensor([1, 2, 4]))[0].tolist() == [False, False, False, True, True, True,
+                                                                             False]
