@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -97,7 +98,14 @@ def train(name: str, config_path: str | Path | None = None, overrides=(), *, for
     atomic_write_json(status_path, status)
 
     t0 = time.perf_counter()
-    outcome = recipe.run(cfg, b.algorithm, run_dir, label=name)
+    from dare.train.common import Preempted
+
+    try:
+        outcome = recipe.run(cfg, b.algorithm, run_dir, label=name)
+    except Preempted as stop:  # checkpointed; a relaunch (SLURM requeue) resumes from it
+        atomic_write_json(status_path, {**status, "status": "preempted", "preempted_at": now(), "step": stop.step})
+        print(f"[{name}] {stop}; rerun the same command to resume", file=sys.stderr, flush=True)
+        raise SystemExit(128 + stop.signum) from None
     commit, dirty = git_state()
     meta = {
         "baseline": name, "config_hash": digest, "run_key": key, "seed": cfg.run.seed, "steps": outcome["steps"],

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -85,6 +87,46 @@ def clip_and_step(model, optimizer, scheduler, max_grad_norm: float) -> float:
 # Checkpoints: written to a temporary folder and renamed into place, so a crash never leaves a
 # half-written checkpoint; resume restores weights, optimizer, schedule, sampler and generators.
 # ---------------------------------------------------------------------------------------------
+
+
+class Preempted(Exception):
+    """Raised by a training loop after it checkpointed on SIGTERM/SIGUSR1; `train` exits with
+    128 + signal so that SLURM (submitit) requeues the job, which then resumes."""
+
+    def __init__(self, step: int, signum: int):
+        super().__init__(f"stopped by signal {signum} after step {step} (checkpoint written)")
+        self.step, self.signum = step, signum
+
+
+class StopSignals:
+    """SIGTERM and SIGUSR1 (SLURM's preemption and `--signal` warnings) only set a flag here; the
+    loop checks it after each step, writes a checkpoint and raises `Preempted`."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def check(self, step: int, save) -> None:
+        """After a step: if a stop was asked for, `save()` a checkpoint and raise `Preempted`."""
+        if self.signum is not None:
+            save()
+            raise Preempted(step, self.signum)
 
 
 class Checkpointer:

@@ -25,7 +25,7 @@ from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.rollout import decode_responses, generate, left_pad
 from dare.train.common import (EpochSampler, MetricsLog, build_model, clip_and_step, data_identity, lr_factor,
-                               make_optimizer, resume, training_state)
+                               make_optimizer, resume, training_state, StopSignals)
 from dare.utils import UserError, make_generator
 
 REQUIRED = ("advantages", "sample_noise", "token_logps", "loss", "uses_reference")
@@ -82,54 +82,60 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
     log = MetricsLog(run_dir, total, start, label)
     t0 = time.perf_counter()
 
-    for step in range(start, total):
-        # --- rollout: G completions per prompt, sampled by the current policy
-        tic = time.perf_counter()
-        row_of = [i for i in sampler.next(n_prompts) for _ in range(G)]  # each prompt G times, grouped
-        ids, mask = left_pad([prompts[i] for i in row_of], f.pad_token_id)
-        model.eval()
-        out = generate(model, ids, mask, cfg.rl.rollout, rollout_gen)
-        texts = decode_responses(tokenizer, out.responses, f.eos_token_id)
-        rewards = torch.tensor(task.rewards(texts, [rows[i] for i in row_of], style=cfg.data.reward),
-                               dtype=torch.float32, device=out.sequences.device)
-        advantages = algo.advantages(rewards.view(n_prompts, G), cfg.algo).reshape(-1)
-        batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
-                        rewards, advantages, G)
-        t_rollout = time.perf_counter() - tic
+    with StopSignals() as stop:
+        for step in range(start, total):
+            # --- rollout: G completions per prompt, sampled by the current policy
+            tic = time.perf_counter()
+            row_of = [i for i in sampler.next(n_prompts) for _ in range(G)]  # each prompt G times, grouped
+            ids, mask = left_pad([prompts[i] for i in row_of], f.pad_token_id)
+            model.eval()
+            out = generate(model, ids, mask, cfg.rl.rollout, rollout_gen)
+            texts = decode_responses(tokenizer, out.responses, f.eos_token_id)
+            rewards = torch.tensor(task.rewards(texts, [rows[i] for i in row_of], style=cfg.data.reward),
+                                   dtype=torch.float32, device=out.sequences.device)
+            advantages = algo.advantages(rewards.view(n_prompts, G), cfg.algo).reshape(-1)
+            batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
+                            rewards, advantages, G)
+            t_rollout = time.perf_counter() - tic
 
-        # --- old and reference log-probs, on the same noise draws the updates will use
-        tic = time.perf_counter()
-        noises = [algo.sample_noise(batch, cfg.algo, noise_gen) for _ in range(mu)]
-        with torch.no_grad():
-            old = [algo.token_logps(model, batch, z) for z in noises] if mu > 1 else None
-            ref = [algo.token_logps(ref_model, batch, z) for z in noises] if ref_model is not None else None
-        t_logp = time.perf_counter() - tic
+            # --- old and reference log-probs, on the same noise draws the updates will use
+            tic = time.perf_counter()
+            noises = [algo.sample_noise(batch, cfg.algo, noise_gen) for _ in range(mu)]
+            with torch.no_grad():
+                old = [algo.token_logps(model, batch, z) for z in noises] if mu > 1 else None
+                ref = [algo.token_logps(ref_model, batch, z) for z in noises] if ref_model is not None else None
+            t_logp = time.perf_counter() - tic
 
-        # --- mu policy updates on this batch
-        tic = time.perf_counter()
-        model.train()
-        sums: dict[str, float] = {}
-        for n in range(mu):
-            logps = algo.token_logps(model, batch, noises[n])
-            loss, metrics = algo.loss(logps, old[n] if old else logps.detach(), ref[n] if ref else None, batch, cfg.algo)
-            loss.backward()
-            metrics = {"loss/total": loss.item(), **metrics,
-                       "optim/grad_norm": clip_and_step(model, optimizer, scheduler, cfg.train.max_grad_norm)}
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + v / mu
-        t_update = time.perf_counter() - tic
+            # --- mu policy updates on this batch
+            tic = time.perf_counter()
+            model.train()
+            sums: dict[str, float] = {}
+            for n in range(mu):
+                logps = algo.token_logps(model, batch, noises[n])
+                loss, metrics = algo.loss(logps, old[n] if old else logps.detach(), ref[n] if ref else None, batch, cfg.algo)
+                loss.backward()
+                metrics = {"loss/total": loss.item(), **metrics,
+                           "optim/grad_norm": clip_and_step(model, optimizer, scheduler, cfg.train.max_grad_norm)}
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v / mu
+            t_update = time.perf_counter() - tic
 
-        done = step + 1
-        if done % cfg.run.log_every == 0 or done == total:
-            grouped = rewards.view(n_prompts, G)
-            log.log(done, {"rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
-                           "rollout/zero_std_groups": (grouped.std(dim=1) == 0).float().mean().item(),
-                           "rollout/response_tokens": out.response_mask.sum(1).float().mean().item(),
-                           **sums, "optim/lr": scheduler.get_last_lr()[0],
-                           "time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update})
-        if cfg.run.save_every and done % cfg.run.save_every == 0 and done < total:
-            ckpt.save(done, model, tokenizer, training_state(optimizer, scheduler, sampler, generators,
-                                                             elapsed0 + time.perf_counter() - t0))
+            done = step + 1
+            if done % cfg.run.log_every == 0 or done == total:
+                grouped = rewards.view(n_prompts, G)
+                log.log(done, {"rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
+                               "rollout/zero_std_groups": (grouped.std(dim=1) == 0).float().mean().item(),
+                               "rollout/response_tokens": out.response_mask.sum(1).float().mean().item(),
+                               **sums, "optim/lr": scheduler.get_last_lr()[0],
+                               "time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update})
+
+            def save(done=done):
+                return ckpt.save(done, model, tokenizer, training_state(optimizer, scheduler, sampler, generators,
+                                                                        elapsed0 + time.perf_counter() - t0))
+
+            if cfg.run.save_every and done % cfg.run.save_every == 0 and done < total:
+                save()
+            stop.check(done, save)  # SIGTERM/SIGUSR1: checkpoint this step and stop
 
     return {"model": model, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
             "data": data_identity(cfg.data.task, cfg.data.split), "elapsed_s": elapsed0 + time.perf_counter() - t0}

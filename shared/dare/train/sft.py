@@ -16,7 +16,7 @@ import torch
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.train.common import (EpochSampler, MetricsLog, build_model, clip_and_step, data_identity, lr_factor,
-                               make_optimizer, resume, training_state)
+                               make_optimizer, resume, training_state, StopSignals)
 from dare.utils import UserError, make_generator
 
 REQUIRED = ("loss",)
@@ -77,19 +77,25 @@ def run(cfg, algo, run_dir, label: str = "sft") -> dict:
     t0 = time.perf_counter()
 
     model.train()
-    for step in range(start, total):
-        idx = sampler.next(cfg.train.batch_size)
-        batch = sft_batch([prompts[i] for i in idx], [responses[i] for i in idx], f.eos_token_id, f.pad_token_id, R)
-        loss, metrics = algo.loss(model, batch, cfg.algo, noise_gen)
-        loss.backward()
-        grad_norm = clip_and_step(model, optimizer, scheduler, cfg.train.max_grad_norm)
-        done = step + 1
-        if done % cfg.run.log_every == 0 or done == total:
-            log.log(done, {"loss/total": loss.item(), **metrics, "optim/grad_norm": grad_norm,
-                           "optim/lr": scheduler.get_last_lr()[0], "data/epoch": sampler.epoch})
-        if cfg.run.save_every and done % cfg.run.save_every == 0 and done < total:
-            ckpt.save(done, model, tokenizer, training_state(optimizer, scheduler, sampler, generators,
-                                                             elapsed0 + time.perf_counter() - t0))
+    with StopSignals() as stop:
+        for step in range(start, total):
+            idx = sampler.next(cfg.train.batch_size)
+            batch = sft_batch([prompts[i] for i in idx], [responses[i] for i in idx], f.eos_token_id, f.pad_token_id, R)
+            loss, metrics = algo.loss(model, batch, cfg.algo, noise_gen)
+            loss.backward()
+            grad_norm = clip_and_step(model, optimizer, scheduler, cfg.train.max_grad_norm)
+            done = step + 1
+            if done % cfg.run.log_every == 0 or done == total:
+                log.log(done, {"loss/total": loss.item(), **metrics, "optim/grad_norm": grad_norm,
+                               "optim/lr": scheduler.get_last_lr()[0], "data/epoch": sampler.epoch})
+
+            def save(done=done):
+                return ckpt.save(done, model, tokenizer, training_state(optimizer, scheduler, sampler, generators,
+                                                                        elapsed0 + time.perf_counter() - t0))
+
+            if cfg.run.save_every and done % cfg.run.save_every == 0 and done < total:
+                save()
+            stop.check(done, save)  # SIGTERM/SIGUSR1: checkpoint this step and stop
 
     return {"model": model, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
             "data": data_identity(cfg.data.task, cfg.data.split), "elapsed_s": elapsed0 + time.perf_counter() - t0}

@@ -1,0 +1,77 @@
+"""Fault drills with real processes: `kill -9` mid-run then rerun the same command, and SIGTERM
+(SLURM preemption) which checkpoints before exiting; both end with the same final weights as an
+uninterrupted run (bitwise, CPU, one process)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=1",
+        "model.scratch.mlp_hidden_size=64", "train.batch_size=16", "train.lr=1e-3", "train.warmup_steps=2",
+        "algo.response_length=4", "run.log_every=1", "run.threads=1"]
+STEPS = 150
+
+
+def command(out: Path) -> list[str]:
+    dare = str(Path(sys.executable).with_name("dare"))
+    return [dare, "train", "sft", *TINY, f"train.steps={STEPS}", "run.save_every=10", f"run.out_dir={out}"]
+
+
+def weights(out: Path) -> dict:
+    return load_file(str(out / "final" / "model.safetensors"))
+
+
+def wait_for_checkpoint(out: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if any(p.name[5:].isdigit() for p in (out / "checkpoints").glob("step_*")):
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint appeared")
+
+
+def test_kill_9_then_rerun_reaches_the_uninterrupted_weights(tmp_path):
+    ref = tmp_path / "ref"
+    subprocess.run(command(ref), check=True, capture_output=True, cwd=REPO, timeout=600)
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(command(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    wait_for_checkpoint(out, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert json.loads((out / "run.json").read_text())["status"] == "running"  # died mid-run
+    assert not (out / "final").exists()
+    subprocess.run(command(out), check=True, capture_output=True, cwd=REPO, timeout=600)  # the same command
+    a, b = weights(ref), weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, STEPS + 1))  # the log is continuous: nothing lost, nothing twice
+
+
+def test_sigterm_checkpoints_exits_for_requeue_and_resumes(tmp_path):
+    ref = tmp_path / "ref"
+    subprocess.run(command(ref), check=True, capture_output=True, cwd=REPO, timeout=600)
+    out = tmp_path / "preempted"
+    proc = subprocess.Popen(command(out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    wait_for_checkpoint(out, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    status = json.loads((out / "run.json").read_text())
+    assert status["status"] == "preempted" and "resume" in err
+    # the checkpoint is of the very step at which the signal was handled, not the last periodic one
+    latest = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*") if p.name[5:].isdigit())
+    assert latest == status["step"]
+    subprocess.run(command(out), check=True, capture_output=True, cwd=REPO, timeout=600)
+    a, b = weights(ref), weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((out / "run.json").read_text())["status"] == "done"
+    assert os.path.exists(out / "final" / "dare.json")
