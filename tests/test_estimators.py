@@ -135,3 +135,22 @@ def test_noise_samplers():
     assert noise.from_trajectory(step_map, 2).tolist() == [[True, False, True, False]]
     assert noise.ar_prefix(maskable, torch.tensor([1, 2, 4]))[0].tolist() == [False, False, False, True, True, True,
                                                                              False]
+
+
+def test_packed_and_padded_losses_are_equal(tiny):
+    from dare.train.packing import pack, pad, unpack
+
+    model, tok = tiny
+    g = torch.Generator().manual_seed(2)
+    rows = [torch.randint(0, len(tok), (n,), generator=g) for n in (5, 9, 3)]
+    masks = [torch.rand(len(r), generator=g) < 0.6 for r in rows]
+    mask_id = facts(model).mask_token_id
+    ids, cu = pack(rows)
+    where, _ = pack(masks)
+    packed = masked_logps(model, torch.where(where, mask_id, ids), ids, where, cu_seqlens=cu)
+    pids, attn = pad(rows, 0)
+    pwhere = pad([m.long() for m in masks], 0)[0].bool()
+    padded = masked_logps(model, torch.where(pwhere, mask_id, pids), pids, pwhere, attention_mask=attn)
+    for i, part in enumerate(unpack(packed, cu)):
+        torch.testing.assert_close(part, padded[i, :len(rows[i])], rtol=1e-5, atol=1e-5)
+    assert packed.sum().item() == pytest.approx(padded.sum().item(), abs=1e-4)

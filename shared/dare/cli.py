@@ -182,6 +182,11 @@ def cmd_models(ns) -> int:
 def cmd_bench(ns) -> int:
     from dare.bench import rewards_benchmark, rollout_benchmark
 
+    if ns.what == "train":
+        from dare.bench import train_benchmark
+
+        train_benchmark(out=ns.out, repeats=ns.repeats if ns.repeats > 1 else 3)
+        return 0
     if ns.what == "rewards":
         if ns.args:
             raise UserError(f"dare bench rewards takes no key=value arguments ({ns.args})")
@@ -279,8 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
         "tokens/s, speedup, NFE, tokens per forward, accuracy; result JSONs under runs/bench/; key=value "
         "overrides set the decoding (default gen_length=256 block_length=32). "
         "dare bench rewards: rewards per second for --n completions per task, serial vs --workers processes "
-        "(sandboxes for code), written as a JSON report (--out, default runs/bench/)."))
-    s.add_argument("what", choices=["rollout", "rewards"])
+        "(sandboxes for code), written as a JSON report (--out, default runs/bench/). "
+        "dare bench train: packing vs padding tokens/s on a length-skewed batch and the loss's peak memory with "
+        "chunked vs full logits at a 126k vocabulary (JSON report)."))
+    s.add_argument("what", choices=["rollout", "rewards", "train"])
     s.add_argument("args", nargs="*", metavar="key=value")
     s.add_argument("--checkpoint")
     s.add_argument("--repeats", type=int, default=1, help="rollout: timing repeats (median)")

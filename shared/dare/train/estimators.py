@@ -28,9 +28,11 @@ from dare.train import noise
 
 
 def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: torch.Tensor,
-                 attention_mask: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
-    """(B, L) log p(targets | x_masked) at `where` (0 elsewhere), chunked over positions."""
-    hidden = token_hidden(model, x_masked, attention_mask)  # (B, L, H), aligned
+                 attention_mask: torch.Tensor | None = None, chunk: int = 1024,
+                 cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, L) log p(targets | x_masked) at `where` (0 elsewhere), chunked over positions; a packed
+    row (1, total) with `cu_seqlens` works the same way."""
+    hidden = token_hidden(model, x_masked, attention_mask, cu_seqlens=cu_seqlens)  # (B, L, H), aligned
     head = output_head(model)
     out = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
     rows, cols = where.nonzero(as_tuple=True)
