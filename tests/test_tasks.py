@@ -4,6 +4,7 @@ original formats, bad records are named, generators hold their invariants, DVC r
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def test_countdown_generator_invariants():
             nums, expr = r["extra"]["numbers"], r["extra"]["solution"]
             assert len(nums) == n and all(1 <= x <= 100 for x in nums)
             assert safe_arithmetic(expr) == r["extra"]["target"] and 1 <= r["extra"]["target"] <= 1000
-            assert Counter(int(t) for t in __import__("re").findall(r"\d+", expr)) == Counter(nums)
+            assert Counter(int(t) for t in re.findall(r"\d+", expr)) == Counter(nums)
             assert TASKS[name].reward(TASKS[name].target(r), r) == 1.0  # the SFT target earns the reward
 
 

@@ -72,6 +72,17 @@ def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: 
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+class Rotary:
+    """`rope(positions, dtype)` for a model: cos/sin over the first `rotary_dim` dims of each head
+    with base `theta`, cast to the activation dtype (or kept in float32: `full_precision`)."""
+
+    def __init__(self, rotary_dim: int, theta: float, full_precision: bool = False):
+        self.rotary_dim, self.theta, self.full_precision = rotary_dim, theta, full_precision
+
+    def __call__(self, positions: torch.Tensor, dtype: torch.dtype):
+        return rope_cos_sin(positions, self.rotary_dim, self.theta, torch.float32 if self.full_precision else dtype)
+
+
 def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """Rotate the first `cos.shape[-1]` dims of q and k (all of them unless RoPE is partial)."""
     r = cos.shape[-1]
@@ -475,6 +486,9 @@ class DLLMPreTrainedModel(PreTrainedModel):
                                use_cache=use_cache, replace_position=replace_position,
                                block_diffusion=block_diffusion, output_logits=output_logits,
                                output_router_logits=output_router_logits)
+
+    def get_output_embeddings(self):
+        return self.lm_head
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head, as `forward` applies it to the final hidden states."""

@@ -30,7 +30,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Pretrained
 
 from dare.models.api import ModelFacts
 from dare.models.blocks import QwenAttention, QwenDecoderLayer, SwiGLU
-from dare.models.core import DLLMPreTrainedModel, RMSNorm, rope_cos_sin
+from dare.models.core import DLLMPreTrainedModel, RMSNorm, Rotary
 
 
 class DreamConfig(PretrainedConfig):
@@ -100,10 +100,7 @@ class DreamBaseModel(nn.Module):
                              SwiGLU(c.hidden_size, c.intermediate_size))
             for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.head_dim, self.rope_theta = head_dim, c.rope_theta
-
-    def rope(self, positions, dtype):
-        return rope_cos_sin(positions, self.head_dim, self.rope_theta, dtype)
+        self.rope = Rotary(head_dim, c.rope_theta)
 
 
 class DreamModel(DLLMPreTrainedModel):
@@ -126,9 +123,6 @@ class DreamModel(DLLMPreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, nn.Embedding) and module.padding_idx is not None:
             module.weight.data[module.padding_idx].zero_()
-
-    def get_output_embeddings(self):
-        return self.lm_head
 
     def decoder_parts(self):
         m = self.model

@@ -26,7 +26,6 @@ Deliberate differences from the original code:
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig
@@ -34,7 +33,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Pretrained
 from dare.models.api import ModelFacts
 from dare.models.core import (
     DLLMPreTrainedModel, Layout, RMSNorm, apply_rope, attend, resolve_backend,
-    rope_cos_sin,
+    Rotary,
 )
 
 
@@ -153,10 +152,7 @@ class LLaDAModel(nn.Module):
             self.transformer["ff_out"] = nn.Linear(config.d_model, config.embedding_size or config.vocab_size,
                                                    bias=config.include_bias)
         self.weight_tying = config.weight_tying
-        self.head_dim, self.rope_theta = config.d_model // config.n_heads, config.rope_theta
-
-    def rope(self, positions, dtype):
-        return rope_cos_sin(positions, self.head_dim, self.rope_theta, torch.float32)
+        self.rope = Rotary(config.d_model // config.n_heads, config.rope_theta, full_precision=True)
 
     def head(self, x):
         t = self.transformer

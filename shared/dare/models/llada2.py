@@ -43,7 +43,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Pretrained
 from dare.models.api import ModelFacts
 from dare.models.blocks import SwiGLU
 from dare.models.core import (
-    DLLMPreTrainedModel, Layout, RMSNorm, apply_rope, attend, rope_cos_sin,
+    DLLMPreTrainedModel, Layout, RMSNorm, Rotary, apply_rope, attend,
 )
 
 
@@ -227,10 +227,7 @@ class LLaDA2MoeModel(nn.Module):
         self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
         self.layers = nn.ModuleList(LLaDA2MoeDecoderLayer(c, i) for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.rotary_dim, self.rope_theta = int(c.head_dim * c.partial_rotary_factor), c.rope_theta
-
-    def rope(self, positions, dtype):
-        return rope_cos_sin(positions, self.rotary_dim, self.rope_theta, dtype)
+        self.rope = Rotary(int(c.head_dim * c.partial_rotary_factor), c.rope_theta)
 
 
 class LLaDA2MoeModelLM(DLLMPreTrainedModel):
@@ -256,9 +253,6 @@ class LLaDA2MoeModelLM(DLLMPreTrainedModel):
         if isinstance(module, LLaDA2MoeGate):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
             module.expert_bias.zero_()
-
-    def get_output_embeddings(self):
-        return self.lm_head
 
     def dllm_block_size(self) -> int:
         return self.config.block_size

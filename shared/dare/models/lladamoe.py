@@ -32,7 +32,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Pretrained
 
 from dare.models.api import ModelFacts
 from dare.models.blocks import QwenAttention, QwenDecoderLayer, SoftmaxTopKMoE, SwiGLU
-from dare.models.core import DLLMPreTrainedModel, RMSNorm, rope_cos_sin
+from dare.models.core import DLLMPreTrainedModel, RMSNorm, Rotary
 
 
 class LLaDAMoEConfig(PretrainedConfig):
@@ -131,10 +131,7 @@ class LLaDAMoEModel(nn.Module):
                 if c.moe_layer_freq[i] == 1 else SwiGLU(c.hidden_size, c.dense_intermediate_size))
             for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.rotary_dim, self.rope_theta = int(head_dim * c.partial_rotary_factor), c.rope_theta
-
-    def rope(self, positions, dtype):
-        return rope_cos_sin(positions, self.rotary_dim, self.rope_theta, dtype)
+        self.rope = Rotary(int(head_dim * c.partial_rotary_factor), c.rope_theta)
 
 
 class LLaDAMoEModelLM(DLLMPreTrainedModel):
@@ -157,9 +154,6 @@ class LLaDAMoEModelLM(DLLMPreTrainedModel):
         self.model = LLaDAMoEModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
-
-    def get_output_embeddings(self):
-        return self.lm_head
 
     def decoder_parts(self):
         m = self.model

@@ -34,7 +34,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Pretrained
 
 from dare.models.api import ModelFacts
 from dare.models.blocks import QwenAttention, QwenDecoderLayer, SwiGLU
-from dare.models.core import DLLMPreTrainedModel, RMSNorm, rope_cos_sin
+from dare.models.core import DLLMPreTrainedModel, RMSNorm, Rotary
 
 
 class SDARConfig(PretrainedConfig):
@@ -123,10 +123,7 @@ class SDARModel(nn.Module):
             QwenDecoderLayer(c.hidden_size, c.rms_norm_eps, qwen3_attention(c), mlp_for(i), norm_weight_in_fp32=True)
             for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, weight_in_fp32=True)
-        self.head_dim, self.rope_theta = c.head_dim, c.rope_theta
-
-    def rope(self, positions, dtype):
-        return rope_cos_sin(positions, self.head_dim, self.rope_theta, dtype)
+        self.rope = Rotary(c.head_dim, c.rope_theta)
 
 
 class SDARForCausalLM(DLLMPreTrainedModel):
@@ -144,9 +141,6 @@ class SDARForCausalLM(DLLMPreTrainedModel):
 
     def mlp_for(self, layer_idx: int) -> nn.Module:
         return SwiGLU(self.config.hidden_size, self.config.intermediate_size)
-
-    def get_output_embeddings(self):
-        return self.lm_head
 
     def dllm_block_size(self) -> int:
         return self.config.block_size

@@ -18,6 +18,8 @@ mask (up to and including the first EOS), the number of forward passes (NFE), th
 committed each generated position and, with `record_trajectory`, the response after every step.
 """
 
+import torch
+
 from dare.rollout import block, dream, llada
 from dare.rollout.core import RolloutOutput, decode_responses, left_pad, response_mask
 
@@ -50,11 +52,9 @@ def generate(model, prompt_ids, prompt_mask, params, generator=None) -> RolloutO
     return SAMPLERS[sampler_name(model, params)](model, prompt_ids, prompt_mask, params, generator)
 
 
-def replay(out: RolloutOutput) -> "torch.Tensor":  # noqa: F821
+def replay(out: RolloutOutput) -> torch.Tensor:
     """The final response rebuilt from the step map and the trajectory's per-step states: each
     position takes the token it held right after the step that (last) committed it."""
-    import torch
-
     if out.trajectory is None:
         raise ValueError("no trajectory: decode with record_trajectory=true")
     steps = out.step_map.clamp(min=0)

@@ -155,6 +155,17 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
+    def after_step(self, done: int, total: int, save_every: int, stop: "StopSignals", model, tokenizer,
+                   state) -> None:
+        """The end of every training step: a periodic checkpoint, then the preemption check (which
+        checkpoints this step and stops). `state()` builds `training_state(...)` when one is saved."""
+        def save():
+            return self.save(done, model, tokenizer, state())
+
+        if save_every and done % save_every == 0 and done < total:
+            save()
+        stop.check(done, save)
+
     @staticmethod
     def load(path: Path, model) -> dict:
         from safetensors.torch import load_file

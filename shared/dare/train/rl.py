@@ -128,14 +128,8 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
                                "rollout/response_tokens": out.response_mask.sum(1).float().mean().item(),
                                **sums, "optim/lr": scheduler.get_last_lr()[0],
                                "time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update})
-
-            def save(done=done):
-                return ckpt.save(done, model, tokenizer, training_state(optimizer, scheduler, sampler, generators,
-                                                                        elapsed0 + time.perf_counter() - t0))
-
-            if cfg.run.save_every and done % cfg.run.save_every == 0 and done < total:
-                save()
-            stop.check(done, save)  # SIGTERM/SIGUSR1: checkpoint this step and stop
+            ckpt.after_step(done, total, cfg.run.save_every, stop, model, tokenizer, lambda: training_state(
+                optimizer, scheduler, sampler, generators, elapsed0 + time.perf_counter() - t0))
 
     return {"model": model, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
             "data": data_identity(cfg.data.task, cfg.data.split), "elapsed_s": elapsed0 + time.perf_counter() - t0}
