@@ -69,7 +69,7 @@ def trained_tiny(char_tok):
     Unlike a random model it never predicts the mask token, as real checkpoints don't."""
     import torch
 
-    from baselines.sft.algorithm import loss
+    from baselines.sft.algorithm import loss, sample_noise
     from baselines.sft.config import SFT
     from dare.config import ScratchModelConfig
     from dare.data import TASKS, load_split
@@ -86,7 +86,7 @@ def trained_tiny(char_tok):
     for step in range(60):
         idx = [(step * 64 + i) % len(rows) for i in range(64)]
         batch = sft_batch([prompts[i] for i in idx], [targets[i] for i in idx], f.eos_token_id, f.pad_token_id, 4)
-        value, _ = loss(model, batch, SFT(), g)
+        value, _ = loss(model, batch, sample_noise(batch, SFT(), g), SFT())
         value.backward()
         opt.step()
         opt.zero_grad()

@@ -12,11 +12,13 @@ from baselines.d1.config import D1
 from baselines.sft import algorithm as sft
 from baselines.sft.config import SFT
 from dare.models import facts, token_logits
+from dare.train.estimators import Compute
 from dare.train.sft import sft_batch
 
 
 def rl_batch(adv, mask):
-    return SimpleNamespace(advantages=torch.tensor(adv), response_mask=torch.tensor(mask))
+    mask = torch.tensor(mask)
+    return SimpleNamespace(advantages=torch.tensor(adv), response_mask=mask, num_tokens=float(mask.sum()))
 
 
 def test_d1_advantages_are_group_centred_without_std():
@@ -69,16 +71,17 @@ def test_d1_token_logps_is_one_forward_on_masked_completion(tiny_model):
     seqs = torch.tensor([[1, 5, 9, 7, 10, 6, 11, 12, 1], [5, 14, 7, 15, 18, 6, 13, 1, 1]])
     am = torch.tensor([[0] + [1] * 8, [1] * 9])
     P = 6
-    batch = SimpleNamespace(sequences=seqs, attention_mask=am, prompt_length=P,
-                            responses=seqs[:, P:], prompt_mask=am[:, :P].bool())
     noise = torch.zeros(2, P, dtype=torch.bool)
     noise[1, 2] = True
-    out = d1.token_logps(tiny_model, batch, noise)
     x = seqs.clone()
     x[1, 2] = mask_id
     x[:, P:] = mask_id
     expect = torch.log_softmax(token_logits(tiny_model, x, am)[:, P:], -1).gather(-1, seqs[:, P:, None])[..., 0]
-    torch.testing.assert_close(out, expect)
+    # the same numbers whether packed or padded, chunked or from full logits
+    for compute in (Compute(pack=False, chunk=0), Compute(pack=True, chunk=3), Compute(pack=False, chunk=1024)):
+        batch = SimpleNamespace(sequences=seqs, attention_mask=am, prompt_length=P, responses=seqs[:, P:],
+                                prompt_mask=am[:, :P].bool(), compute=compute)
+        torch.testing.assert_close(d1.token_logps(tiny_model, batch, noise), expect, atol=1e-5, rtol=1e-5)
 
 
 def test_sft_loss_hand_computed(tiny_model):
@@ -87,7 +90,8 @@ def test_sft_loss_hand_computed(tiny_model):
     assert batch.input_ids[1].tolist() == [1, 1, 5, 11, 6, 14, 1, 1, 1]  # left pad, EOS-padded response
     assert batch.response_mask[:, 5:].all() and not batch.response_mask[:, :5].any()
     cfg = SFT(eps=1e-3)
-    loss, _ = sft.loss(tiny_model, batch, cfg, torch.Generator().manual_seed(2))
+    noise = sft.sample_noise(batch, cfg, torch.Generator().manual_seed(2))
+    loss, _ = sft.loss(tiny_model, batch, noise, cfg)
     # Replay the same draws: t per row, then one uniform per position.
     g = torch.Generator().manual_seed(2)
     t = torch.rand(2, generator=g)

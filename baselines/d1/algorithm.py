@@ -12,26 +12,36 @@ mask is drawn for every inner iteration and shared by the policy, old and refere
     KL    = exp(ref - logp) - (ref - logp) - 1                   (k3 estimator)
     L     = -sum_{i,k} [min(rho A, clip(rho, 1-eps, 1+eps) A) - beta KL] / sum_i |o_i|   (Eq. 4)
 
-|o_i| counts completion tokens up to and including the first EOS; the sum runs over the rollout
-batch (token-level normalisation; the reference code applies it per micro-batch of 6).
+|o_i| counts completion tokens up to and including the first EOS; the sum runs over the whole
+rollout batch (token-level normalisation, `batch.num_tokens`; the reference code applies it per
+micro-batch of 6, so there the gradient depends on how the batch is split).
 
 Deviations from the reference code (all listed in README.md):
 1. Full fine-tuning of the policy with a frozen copy as reference (the paper uses a 4-bit base
    with LoRA and the adapter-disabled base as reference; LoRA arrives with the peft baseline).
 2. mu = 1 is supported: the old log-probs are then the current ones (ratio 1) instead of
    the reference code's crash on an undefined variable.
+3. Token normalisation over the whole step rather than per micro-batch (see above).
 """
 
 import torch
 
-from dare.models import facts, token_logits
+from dare.models import facts
+from dare.train.estimators import masked_logps
+from dare.train.rl import check_group, group_advantages
 
 RECIPE = "rl"
 
 
+def check_config(cfg) -> None:
+    check_group(cfg.rl.group_size, "mean", "none")
+    if cfg.rl.group_size < 2:
+        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group-mean baseline needs at least 2 completions")
+
+
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
     """(P, G) rewards -> (P, G) advantages: the group mean is the baseline, no std division."""
-    return rewards - rewards.mean(dim=1, keepdim=True)
+    return group_advantages(rewards, baseline="mean", std="none")
 
 
 def uses_reference(cfg) -> bool:
@@ -50,8 +60,11 @@ def token_logps(model, batch, prompt_noise: torch.Tensor) -> torch.Tensor:
     x = batch.sequences.clone()
     x[:, :P] = torch.where(prompt_noise, mask_id, x[:, :P])  # q': randomly masked prompt
     x[:, P:] = mask_id  # every completion token masked
-    logits = token_logits(model, x, batch.attention_mask)[:, P:]  # (B, G, V)
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1)
+    where = torch.zeros_like(x, dtype=torch.bool)
+    where[:, P:] = True
+    logps = masked_logps(model, x, batch.sequences, where, batch.attention_mask, chunk=batch.compute.chunk,
+                         pack=batch.compute.pack)
+    return logps[:, P:]
 
 
 def loss(logps, old_logps, ref_logps, batch, cfg):
@@ -66,10 +79,10 @@ def loss(logps, old_logps, ref_logps, batch, cfg):
     else:
         kl = torch.zeros_like(logps)
     per_token = -(policy - cfg.beta * kl)
-    n = mask.sum().clamp(min=1)
+    n = max(batch.num_tokens, 1.0)  # loss tokens of the whole step (all micro-batches and processes)
     loss = (per_token * mask).sum() / n
-    return loss, {
+    return loss, {  # token means over the step: they add up over micro-batches
         "loss/policy": (-(policy * mask).sum() / n).item(),
         "loss/kl": ((kl * mask).sum() / n).item(),
-        "stats/clip_ratio": (((ratio - clipped).abs() > 0).float() * mask).sum().item() / n.item(),
+        "stats/clip_ratio": (((ratio - clipped).abs() > 0).float() * mask).sum().item() / n,
     }

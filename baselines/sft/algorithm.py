@@ -7,31 +7,37 @@ by the response length (EOS padding included), averaged over the batch:
 
     L = 1/B sum_b 1/|r_b| sum_{i masked} -log p_theta(x_i | x_t) / p_b
 
+The cross-entropy is taken from hidden states in chunks (no B x L x V logits) and, with
+`train.packing`, without compute on the prompts' left padding (`dare.train.estimators`).
+
 Deviations: none for masked models. Block-diffusion SFT (SDAR, LLaDA2) is not implemented yet.
 """
 
 import torch
-import torch.nn.functional as F
 
-from dare.models import facts, token_logits
+from dare.models import facts
+from dare.train.estimators import masked_logps
 
 RECIPE = "sft"
 
 
-def loss(model, batch, cfg, generator: torch.Generator):
-    ids, response = batch.input_ids, batch.response_mask  # (B, L), (B, L)
+def sample_noise(batch, cfg, generator: torch.Generator) -> dict:
+    """Per row: the masking probability p (B,) and which response tokens are masked (B, L)."""
+    ids, response = batch.input_ids, batch.response_mask
     B, L = ids.shape
     t = torch.rand(B, generator=generator).to(ids.device)
-    p = (1 - cfg.eps) * t + cfg.eps  # (B,)
+    p = (1 - cfg.eps) * t + cfg.eps
     u = torch.rand(B, L, generator=generator).to(ids.device)
-    masked = (u < p[:, None]) & response  # the prompt is never masked
-    noisy = torch.where(masked, facts(model).mask_token_id, ids)
+    return {"p": p, "masked": (u < p[:, None]) & response}  # the prompt is never masked
 
-    logits = token_logits(model, noisy, batch.attention_mask)  # (B, L, V)
-    rows = torch.arange(B, device=ids.device)[:, None].expand(B, L)[masked]
-    ce = F.cross_entropy(logits[masked].float(), ids[masked], reduction="none")  # (n_masked,)
-    per_seq = torch.zeros(B, device=ids.device).index_add_(0, rows, ce / p[rows])
-    loss = (per_seq / response.sum(1)).mean()
-    n_masked = int(masked.sum())
-    return loss, {"loss/masked_ce": ce.mean().item() if n_masked else 0.0,
-                  "stats/mask_ratio": n_masked / int(response.sum())}
+
+def loss(model, batch, noise, cfg):
+    ids, response, masked, p = batch.input_ids, batch.response_mask, noise["masked"], noise["p"]
+    noisy = torch.where(masked, facts(model).mask_token_id, ids)
+    logps = masked_logps(model, noisy, ids, masked, batch.attention_mask, chunk=batch.compute.chunk,
+                         pack=batch.compute.pack)  # (B, L), 0 where not masked
+    n_resp, n_masked = response.sum(1), masked.sum(1).clamp(min=1)
+    per_seq = -(logps.sum(1) / p) / n_resp  # (B,)
+    loss = per_seq.sum() / batch.num_sequences  # normalized by the whole step's rows
+    return loss, {"loss/masked_ce": (-(logps.sum(1) / n_masked)).sum().item() / batch.num_sequences,
+                  "stats/mask_ratio": (masked.sum(1) / n_resp).sum().item() / batch.num_sequences}

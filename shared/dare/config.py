@@ -67,10 +67,14 @@ class RunConfig:
     """Checkpoint interval in optimizer steps (0: only the final checkpoint)."""
     threads: int = field(default=0, metadata=NOHASH)
     """torch intra-op threads on CPU (0: torch's default, one per core)."""
+    report_to: list[str] = field(default_factory=list, metadata=NOHASH)
+    """Extra metric sinks besides metrics.jsonl: "wandb", "tensorboard" (their packages must be installed)."""
 
     def validate(self):
         check(self.log_every > 0, "must be positive", "log_every")
         check(self.save_every >= 0, "must be >= 0", "save_every")
+        unknown = sorted(set(self.report_to) - {"wandb", "tensorboard"})
+        check(not unknown, f"unknown metric sink(s) {unknown}; known: wandb, tensorboard", "report_to")
 
 
 @dataclass
@@ -91,6 +95,24 @@ class ScratchModelConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA through peft; rank 0 trains every parameter."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    """Dropout on the adapter's input (draws from torch's global RNG, whose state checkpoints keep)."""
+    targets: str | None = None
+    """peft `target_modules` (a regex or name); None: the family's declared targets (`dare models show`),
+    which never include the output head, routers or routed experts."""
+
+    def validate(self):
+        check(self.rank >= 0, "must be >= 0 (0: no LoRA)", "rank")
+        check(self.alpha > 0, "must be positive", "alpha")
+        check(0 <= self.dropout < 1, "must be within [0, 1)", "dropout")
+
+
+@dataclass
 class ModelConfig:
     path: str | None = None
     """A checkpoint folder loaded with `from_pretrained`; empty: initialise `family` from `scratch`."""
@@ -99,16 +121,15 @@ class ModelConfig:
     name: str | None = field(default=None, metadata=NOHASH)
     """Display name in results; default: the checkpoint's recorded name or the folder name."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype for training. Pure bfloat16 is refused: without fp32 master weights most
-    small-lr updates round away (bf16 mixed precision arrives with the FSDP2 trainer)."""
+    """Compute precision. bfloat16 is mixed precision: float32 master weights and optimizer state,
+    bfloat16 forward/backward, gradients reduced in float32."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
     scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
 
     def validate(self):
         from dare.models import FAMILIES  # torch-free registry of names
 
         check(self.family in FAMILIES, f"unknown family {self.family!r}; known: {sorted(FAMILIES)}", "family")
-        check(self.dtype == "float32", "training in pure bfloat16 silently drops small updates (no fp32 master "
-              "weights yet); use float32", "dtype")
 
 
 @dataclass
@@ -220,10 +241,24 @@ class TrainConfig:
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0: off)."""
+    micro_batch_size: int = 0
+    """Rows per forward/backward on each process; a step accumulates gradients over its micro-batches
+    (losses are normalized by whole-step totals, so the gradient does not depend on it). 0: all at once."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass (less memory, ~1/3 more compute)."""
+    packing: bool = True
+    """Log-prob passes drop padding and pack the sequences of a micro-batch into one row (no compute on pads)."""
+    logit_chunk: int = 1024
+    """Positions per output-head call in log-prob passes (peak memory ~ chunk x vocab); 0: full logits."""
+    reference_offload: bool = False
+    """Keep the frozen reference model on the CPU (moved to the device only for its forward passes;
+    FSDP's CPU offload when sharded)."""
 
     def validate(self):
         check(self.steps > 0, "must be positive", "steps")
         check(self.batch_size > 0, "must be positive", "batch_size")
+        check(self.micro_batch_size >= 0, "must be >= 0 (0: no accumulation)", "micro_batch_size")
+        check(self.logit_chunk >= 0, "must be >= 0 (0: full logits)", "logit_chunk")
         check(self.lr > 0, "must be positive", "lr")
         check(0 <= self.warmup_steps <= self.steps, "must be within [0, train.steps]", "warmup_steps")
         check(0 <= self.min_lr_ratio <= 1, "must be within [0, 1]", "min_lr_ratio")
@@ -239,11 +274,14 @@ class RLConfig:
     """Completions per prompt (G)."""
     num_iterations: int = 1
     """Policy updates per rollout batch (mu); with 1 the old log-probs are not recomputed."""
+    recompute_old_logps: bool = False
+    """Compute the old log-probs even when mu = 1 (the ratio is then 1 by construction); only the
+    benchmark's naive pipeline sets it."""
     rollout: DecodingConfig = field(default_factory=lambda: DecodingConfig(temperature=0.9))
 
     def validate(self):
         check(self.prompts_per_step > 0, "must be positive", "prompts_per_step")
-        check(self.group_size > 1, "a group needs at least 2 completions for a baseline", "group_size")
+        check(self.group_size > 0, "must be positive", "group_size")
         check(self.num_iterations > 0, "must be positive", "num_iterations")
 
 

@@ -440,12 +440,16 @@ class DLLMPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_flash_attn = True
     _supports_flash_attn_2 = True  # transformers 4.x name
+    supports_gradient_checkpointing = True
 
     def __init__(self, config, *args, **kwargs):
         if getattr(config, "tie_word_embeddings", False):
             raise NotImplementedError(f"{config.model_type} config with tie_word_embeddings=true: the released "
                                       "checkpoints have an untied output head, and only that is implemented")
         super().__init__(config, *args, **kwargs)
+        # `gradient_checkpointing_enable()` sets this flag and `_gradient_checkpointing_func`;
+        # `decoder_forward` then recomputes each decoder layer in the backward pass.
+        self.gradient_checkpointing = False
 
     def _check_and_adjust_attn_implementation(self, attn_implementation=None, *args, **kwargs):
         self.attn_backend = resolve_backend(attn_implementation, explicit=False)
@@ -554,8 +558,12 @@ def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_
                          replace_start=replace_position or 0, block_diffusion=block_diffusion)
     cos_sin = rope(layout.positions, x.dtype)
     routers = []
+    recompute = getattr(model, "gradient_checkpointing", False) and model.training and torch.is_grad_enabled()
     for i, layer in enumerate(layers):
-        x, router_logits = layer(x, cos_sin, layout, i)
+        if recompute:
+            x, router_logits = model._gradient_checkpointing_func(layer.__call__, x, cos_sin, layout, i)
+        else:
+            x, router_logits = layer(x, cos_sin, layout, i)
         if router_logits is not None:
             routers.append(router_logits)
     if block_diffusion:

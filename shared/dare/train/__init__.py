@@ -7,13 +7,17 @@ A recipe is a generic loop that knows nothing about any particular algorithm:
   old and reference log-probs -> `algorithm.loss` for `rl.num_iterations` updates per batch.
 
 The baseline's `algorithm.py` sets `RECIPE` to one of the keys of `RECIPES` and defines the
-functions listed in that recipe's `REQUIRED`.
+functions listed in that recipe's `REQUIRED`. Optional hooks: `check_config(cfg)` raises
+ValueError for combinations the algorithm forbids (checked before any model is built), and the
+RL recipe's `rollout_options(algo_cfg)` (decoding settings the algorithm needs, e.g.
+`{"record_trajectory": True}`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -30,8 +34,6 @@ RECIPES = {"sft": "dare.train.sft", "rl": "dare.train.rl"}
 
 
 def runs_dir() -> Path:
-    import os
-
     return Path(os.environ.get("DARE_RUNS", REPO_ROOT / "runs"))
 
 
@@ -58,6 +60,12 @@ def resolve(name: str, config_path: str | Path | None = None, overrides=()):
     missing = [fn for fn in recipe.REQUIRED if not callable(getattr(b.algorithm, fn, None))]
     if missing:
         raise UserError(f"baselines/{name}/algorithm.py: the {recipe_name!r} recipe needs {', '.join(missing)}")
+    check = getattr(b.algorithm, "check_config", None)  # optional: cross-field rules of the algorithm
+    if check is not None:
+        try:
+            check(cfg)
+        except (ValueError, AssertionError) as e:
+            raise ConfigError(f"baselines/{name}: invalid config: {e}") from None
     return b, cfg, recipe
 
 
@@ -90,12 +98,15 @@ def train(name: str, config_path: str | Path | None = None, overrides=(), *, for
                 target.unlink()
         status = {}
 
+    main = int(os.environ.get("RANK", "0")) == 0  # under torchrun/Ray only rank 0 writes run files
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir, header=f"dare train {name}" + (f" {config_path}" if config_path else "")
-                + "".join(f" {o}" for o in overrides))
     status = {"baseline": name, "config_hash": digest, "init_fingerprint": init or None, "status": "running",
-              "started_at": status.get("started_at", now()), "config_path": str(config_path or "")}
-    atomic_write_json(status_path, status)
+              "started_at": status.get("started_at", now()), "config_path": str(config_path or ""),
+              "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+    if main:
+        save_config(cfg, run_dir, header=f"dare train {name}" + (f" {config_path}" if config_path else "")
+                    + "".join(f" {o}" for o in overrides))
+        atomic_write_json(status_path, status)
 
     t0 = time.perf_counter()
     from dare.train.common import Preempted
@@ -103,8 +114,10 @@ def train(name: str, config_path: str | Path | None = None, overrides=(), *, for
     try:
         outcome = recipe.run(cfg, b.algorithm, run_dir, label=name)
     except Preempted as stop:  # checkpointed; a relaunch (SLURM requeue) resumes from it
-        atomic_write_json(status_path, {**status, "status": "preempted", "preempted_at": now(), "step": stop.step})
-        print(f"[{name}] {stop}; rerun the same command to resume", file=sys.stderr, flush=True)
+        if main:
+            atomic_write_json(status_path, {**status, "status": "preempted", "preempted_at": now(),
+                                            "step": stop.step})
+            print(f"[{name}] {stop}; rerun the same command to resume", file=sys.stderr, flush=True)
         raise SystemExit(128 + stop.signum) from None
     commit, dirty = git_state()
     meta = {
@@ -116,9 +129,10 @@ def train(name: str, config_path: str | Path | None = None, overrides=(), *, for
     }
     from dare.train.common import save_final
 
-    save_final(outcome["model"], outcome["tokenizer"], run_dir, meta)
-    status.update(status="done", finished_at=now(), wall_time_s=meta["wall_time_s"],
-                  session_time_s=round(time.perf_counter() - t0, 2))
-    atomic_write_json(status_path, status)
-    print(f"[{name}] done in {meta['wall_time_s']:.0f}s -> {run_dir / 'final'}", flush=True)
+    save_final(outcome["engine"], outcome["tokenizer"], run_dir, meta)
+    if main:
+        status.update(status="done", finished_at=now(), wall_time_s=meta["wall_time_s"],
+                      session_time_s=round(time.perf_counter() - t0, 2))
+        atomic_write_json(status_path, status)
+        print(f"[{name}] done in {meta['wall_time_s']:.0f}s -> {run_dir / 'final'}", flush=True)
     return run_dir

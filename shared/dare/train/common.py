@@ -3,6 +3,7 @@ optimizer and LR schedule, atomic checkpoints with exact resume, and the metrics
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -74,15 +75,6 @@ def lr_factor(step: int, total: int, train) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))  # cosine
 
 
-def clip_and_step(model, optimizer, scheduler, max_grad_norm: float) -> float:
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return float(norm)
-
-
 # ---------------------------------------------------------------------------------------------
 # Checkpoints: written to a temporary folder and renamed into place, so a crash never leaves a
 # half-written checkpoint; resume restores weights, optimizer, schedule, sampler and generators.
@@ -122,17 +114,24 @@ class StopSignals:
     def _handle(self, signum, frame):
         self.signum = signum
 
-    def check(self, step: int, save) -> None:
-        """After a step: if a stop was asked for, `save()` a checkpoint and raise `Preempted`."""
-        if self.signum is not None:
+    def check(self, step: int, save, dist=None) -> None:
+        """After a step: if a stop was asked for (on any rank), `save()` a checkpoint and raise `Preempted`."""
+        asked = self.signum is not None
+        if dist is not None:
+            asked = dist.any(asked)
+        if asked:
             save()
-            raise Preempted(step, self.signum)
+            raise Preempted(step, self.signum or signal.SIGTERM)
 
 
 class Checkpointer:
-    def __init__(self, run_dir: Path, keep: int = 1):
+    """`checkpoints/step_N/`: the weights (`Engine.save`) and `trainer_state.pt` (optimizer,
+    schedule, sampler, generators, RNG, elapsed time), written by rank 0 into `step_N.tmp` and
+    renamed into place, so a crash never leaves a half-written checkpoint."""
+
+    def __init__(self, run_dir: Path, dist, keep: int = 1):
         self.dir = Path(run_dir) / "checkpoints"
-        self.keep = keep
+        self.dist, self.keep = dist, keep
 
     def complete(self) -> list[Path]:
         return sorted(p for p in self.dir.glob("step_*")
@@ -142,75 +141,58 @@ class Checkpointer:
         done = self.complete()
         return done[-1] if done else None
 
-    def save(self, step: int, model, tokenizer, state: dict) -> Path:
+    def save(self, step: int, engine, tokenizer, state: dict) -> Path:
         final = self.dir / f"step_{step:07d}"
         tmp = self.dir / f"step_{step:07d}.tmp"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        save_model(model, tokenizer, tmp)
-        torch.save({"step": step, **state}, tmp / "trainer_state.pt")
-        replace_dir(tmp, final)
-        for old in self.complete()[:-self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        if self.dist.main:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+        engine.save(tmp, tokenizer)  # collective: gathers the shards
+        optim = engine.optimizer_state()
+        if self.dist.main:
+            torch.save({"step": step, **optim, **state}, tmp / "trainer_state.pt")
+            replace_dir(tmp, final)
+            for old in self.complete()[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.dist.barrier()
         return final
 
-    def after_step(self, done: int, total: int, save_every: int, stop: "StopSignals", model, tokenizer,
+    def after_step(self, done: int, total: int, save_every: int, stop: "StopSignals", engine, tokenizer,
                    state) -> None:
         """The end of every training step: a periodic checkpoint, then the preemption check (which
         checkpoints this step and stops). `state()` builds `training_state(...)` when one is saved."""
         def save():
-            return self.save(done, model, tokenizer, state())
+            return self.save(done, engine, tokenizer, state())
 
         if save_every and done % save_every == 0 and done < total:
             save()
-        stop.check(done, save)
-
-    @staticmethod
-    def load(path: Path, model) -> dict:
-        from safetensors.torch import load_file
-
-        weights = load_file(str(path / "model.safetensors"))
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        if missing or unexpected:
-            raise RuntimeError(f"{path}: checkpoint does not match the model (missing {missing}, unexpected {unexpected})")
-        return torch.load(path / "trainer_state.pt", weights_only=False)
+        stop.check(done, save, self.dist)
 
 
-def training_state(optimizer, scheduler, sampler: EpochSampler, generators: dict, elapsed_s: float) -> dict:
-    """Everything besides the weights that an exact resume needs."""
-    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "sampler": sampler.state_dict(), "generators": {k: g.get_state() for k, g in generators.items()},
-            "elapsed_s": elapsed_s}
+def training_state(sampler: EpochSampler, generators: dict, elapsed_s: float) -> dict:
+    """Everything besides the weights and optimizer that an exact resume needs."""
+    return {"sampler": sampler.state_dict(), "generators": {k: g.get_state() for k, g in generators.items()},
+            "torch_rng": torch.get_rng_state(), "elapsed_s": elapsed_s}
 
 
-def resume(run_dir: Path, model, optimizer, scheduler, sampler: EpochSampler, generators: dict,
+def resume(run_dir: Path, engine, sampler: EpochSampler, generators: dict,
            label: str) -> tuple[Checkpointer, int, float]:
     """Restore the latest complete checkpoint, if any: (checkpointer, start step, elapsed seconds)."""
-    ckpt = Checkpointer(run_dir)
+    ckpt = Checkpointer(run_dir, engine.dist)
     latest = ckpt.latest()
     if latest is None:
         return ckpt, 0, 0.0
-    state = ckpt.load(latest, model)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
+    state = torch.load(latest / "trainer_state.pt", weights_only=False)
+    engine.load(latest, state)
     sampler.load_state_dict(state["sampler"])
     for name, g in generators.items():
         g.set_state(state["generators"][name])
-    print(f"[{label}] resuming from {latest} (step {state['step']})", flush=True)
+    if "torch_rng" in state:
+        torch.set_rng_state(state["torch_rng"])
+    if engine.dist.main:
+        print(f"[{label}] resuming from {latest} (step {state['step']})", flush=True)
     return ckpt, state["step"], state["elapsed_s"]
-
-
-def save_model(model, tokenizer, folder: Path, meta: dict | None = None) -> None:
-    from transformers.utils import logging as hf_logging
-
-    from dare.models.tokenizer import save_tokenizer
-
-    hf_logging.disable_progress_bar()
-    model.save_pretrained(folder)
-    save_tokenizer(tokenizer, folder)
-    if meta is not None:
-        atomic_write(Path(folder) / "dare.json", json.dumps(meta, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +201,12 @@ def save_model(model, tokenizer, folder: Path, meta: dict | None = None) -> None
 
 
 class MetricsLog:
-    def __init__(self, run_dir: Path, total_steps: int, resume_step: int = 0, label: str = ""):
+    """`metrics.jsonl` (one JSON line per logged step), a progress bar with ETA on a terminal (a
+    line per logged step otherwise), and wandb / tensorboard when `run.report_to` names them.
+    Only rank 0 logs; the values it gets are already summed over ranks."""
+
+    def __init__(self, run_dir: Path, total_steps: int, resume_step: int = 0, label: str = "",
+                 report_to=(), config=None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.total, self.label = total_steps, label
         self.t0, self.step0 = time.perf_counter(), resume_step
@@ -227,17 +214,56 @@ class MetricsLog:
             kept = [line for line in self.path.read_text().splitlines()
                     if line.strip() and json.loads(line).get("step", 0) <= resume_step]
             atomic_write(self.path, "".join(line + "\n" for line in kept))
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=resume_step, desc=label, dynamic_ncols=True)
+        self.sinks = [open_sink(name, Path(run_dir), label, config) for name in report_to]
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         elapsed = time.perf_counter() - self.t0
         record = {"step": step, "time_s": round(elapsed, 3), **{k: _plain(v) for k, v in metrics.items()}}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        for sink in self.sinks:
+            sink(step, {k: v for k, v in record.items() if isinstance(v, (int, float))})
+        shown = {k.split("/")[-1]: v for k, v in metrics.items() if not k.startswith(("time/", "perf/"))}
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix({k: _fmt(v) for k, v in list(shown.items())[:4]}, refresh=True)
+            return
         done = step - self.step0
         eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
-        shown = "  ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in metrics.items() if not k.startswith("time/"))
-        print(f"[{self.label}] step {step}/{self.total}  {shown}  ({elapsed:.0f}s, eta {eta:.0f}s)",
+        line = "  ".join(f"{k}={_fmt(v)}" for k, v in shown.items())
+        print(f"[{self.label}] step {step}/{self.total}  {line}  ({elapsed:.0f}s, eta {eta:.0f}s)",
               file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def open_sink(name: str, run_dir: Path, label: str, config):
+    """A `(step, metrics)` callable for an optional tracker; a missing package is a clear error."""
+    import importlib.util
+
+    package = {"wandb": "wandb", "tensorboard": "tensorboard"}[name]
+    if importlib.util.find_spec(package) is None:
+        raise UserError(f"run.report_to includes {name!r} but the {package!r} package is not installed "
+                        f"(pip install {package})")
+    if name == "tensorboard":
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(run_dir / "tensorboard"))
+        return lambda step, m: [writer.add_scalar(k, v, step) for k, v in m.items()] and writer.flush()
+    import wandb
+
+    from dataclasses import asdict
+
+    run = wandb.init(project="dare", name=f"{label}-{run_dir.name}", dir=str(run_dir), resume="allow",
+                     id=run_dir.name, config=asdict(config) if config is not None else None)
+    return lambda step, m: run.log(m, step=step)
 
 
 def _plain(v):
@@ -248,14 +274,18 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def save_final(model, tokenizer, run_dir: Path, meta: dict) -> Path:
-    """The run's final model, with `dare.json` describing how it was made, moved into place whole."""
+def save_final(engine, tokenizer, run_dir: Path, meta: dict) -> Path:
+    """The run's final model (`Engine.export`), with `dare.json` describing how it was made,
+    moved into place whole. Collective; rank 0 writes."""
     tmp, final = Path(run_dir) / "final.tmp", Path(run_dir) / "final"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_model(model, tokenizer, tmp, meta)
-    replace_dir(tmp, final)
+    if engine.dist.main:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    engine.export(tmp, tokenizer, meta)
+    if engine.dist.main:
+        replace_dir(tmp, final)
+    engine.dist.barrier()
     return final
 
 
@@ -271,7 +301,7 @@ def build_model(model_cfg, task, seed: int):
     from dare.models.tokenizer import char_tokenizer
 
     if model_cfg.path:
-        model = load_pretrained(model_cfg.path, model_cfg.dtype)
+        model = load_pretrained(model_cfg.path, "float32")  # master weights; bfloat16 is a compute dtype
         tokenizer = load_tokenizer(model_cfg.path)
         family = facts(model).family
         if family != model_cfg.family:
@@ -286,7 +316,7 @@ def build_model(model_cfg, task, seed: int):
                          "give a checkpoint with model.path=...")
     tokenizer = char_tokenizer(alphabet, model_cfg.family)
     s = model_cfg.scratch
-    model = new_model(model_cfg.family, tokenizer, s, derive_seed(seed, "init"), model_cfg.dtype)
+    model = new_model(model_cfg.family, tokenizer, s, derive_seed(seed, "init"), "float32")
     name = model_cfg.name or f"{model_cfg.family}-scratch-d{s.d_model}-l{s.n_layers}"
     return model, tokenizer, name, None
 
@@ -298,3 +328,30 @@ def data_identity(task_name: str, split: str) -> dict:
     return {"task": task_name, "split": split, "version": TASKS[task_name].version,
             "sha256": sha256_file(split_path(task_name, split))}
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Row slicing: data parallelism and gradient accumulation
+# ---------------------------------------------------------------------------------------------
+
+
+def take(obj, rows: slice, n: int):
+    """`obj` restricted to `rows` of an n-row batch: every tensor whose first dimension is n is
+    sliced (in dataclasses, dicts, lists and tuples); everything else (prompt length, batch
+    totals, options) is kept. Batches and noise draws are row-major by convention."""
+    if isinstance(obj, torch.Tensor):
+        return obj[rows] if obj.dim() > 0 and obj.shape[0] == n else obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: take(getattr(obj, f.name), rows, n)
+                                           for f in dataclasses.fields(obj) if f.init})
+    if isinstance(obj, dict):
+        return {k: take(v, rows, n) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(take(v, rows, n) for v in obj)
+    return obj
+
+
+def micro_slices(n: int, size: int) -> list[slice]:
+    """Consecutive row slices of at most `size` rows (size 0: one slice)."""
+    size = size or n
+    return [slice(s, min(s + size, n)) for s in range(0, n, size)]

@@ -1,9 +1,10 @@
 """Log-likelihood estimators of masked diffusion LMs, and a cross-entropy that never
 materializes full-vocabulary logits.
 
-- `masked_logps(model, x_masked, targets, where, chunk)`: log p(target_i | x_masked) at the
+- `masked_logps(model, x_masked, targets, where, chunk, pack)`: log p(target_i | x_masked) at the
   positions `where`, from the model's hidden states and its output head, `chunk` positions at a
-  time (peak memory ~ chunk x vocab instead of B x L x vocab). Shift-aligned for every family.
+  time (peak memory ~ chunk x vocab instead of B x L x vocab), optionally packing the rows
+  without their padding. Shift-aligned for every family.
 - `elbo(model, ids, attention_mask, maskable, n, generator, weighting, normalize, chunk)`: the
   Monte Carlo ELBO of the maskable tokens given the rest (LLaDA/MDLM, linear schedule):
     weighting="count": l ~ stratified U{1..L}, exactly l positions masked, weight L / l
@@ -18,20 +19,48 @@ materializes full-vocabulary logits.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from dare.models import facts, output_head, token_hidden
+from dare.models import facts, output_head, token_hidden, token_logits
 from dare.train import noise
+
+
+@dataclass(frozen=True)
+class Compute:
+    """How a log-prob pass is computed, never what it computes (engine options `train.packing`,
+    `train.logit_chunk`): `pack` drops padding and packs the rows into one sequence list
+    (`cu_seqlens`); `chunk` positions go through the output head at a time (0: full logits)."""
+
+    pack: bool = False
+    chunk: int = 1024
 
 
 def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: torch.Tensor,
                  attention_mask: torch.Tensor | None = None, chunk: int = 1024,
-                 cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-    """(B, L) log p(targets | x_masked) at `where` (0 elsewhere), chunked over positions; a packed
-    row (1, total) with `cu_seqlens` works the same way."""
+                 cu_seqlens: torch.Tensor | None = None, pack: bool = False) -> torch.Tensor:
+    """(B, L) log p(targets | x_masked) at `where` (0 elsewhere), in float32.
+
+    chunk > 0: the cross-entropy is taken from hidden states `chunk` positions at a time, so the
+    (B, L, V) logits never exist; chunk = 0: full logits (the naive path, for comparison).
+    pack: padded rows (attention_mask 0) are packed without their pads into one row with
+    `cu_seqlens` first; a packed row (1, total) with `cu_seqlens` can also be given directly."""
+    if pack and attention_mask is not None and cu_seqlens is None and not bool(attention_mask.all()):
+        keep = attention_mask.bool()
+        lengths = keep.sum(dim=1)
+        cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=x_masked.device)
+        cu[1:] = lengths.cumsum(0)
+        packed = masked_logps(model, x_masked[keep][None], targets[keep][None], where[keep][None], None, chunk, cu)
+        out = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
+        out[keep] = packed[0]
+        return out
+    if chunk == 0:
+        logits = token_logits(model, x_masked, attention_mask, cu_seqlens=cu_seqlens)  # (B, L, V)
+        logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return torch.where(where, logps, 0.0)
     hidden = token_hidden(model, x_masked, attention_mask, cu_seqlens=cu_seqlens)  # (B, L, H), aligned
     head = output_head(model)
     out = torch.zeros(where.shape, dtype=torch.float32, device=where.device)

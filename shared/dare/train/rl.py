@@ -7,25 +7,36 @@
       -> mu policy updates                            algorithm.loss(logps, old, ref, batch, cfg)
 
 The loop knows nothing about any particular algorithm: what noise an estimator needs, how
-log-probs are estimated and what the loss is all come from the baseline's `algorithm.py`.
-The same noise draw is used for the policy, old and reference log-probs of an update, so their
-ratio compares like with like. With one update per batch (mu = 1) the old log-probs equal the
-current ones by construction, so they are not recomputed: `old = logps.detach()` (ratio = 1).
+log-probs are estimated and what the loss is all come from the baseline's `algorithm.py`
+(optional hooks: `rollout_options`, `check_config`; see `dare.train`). The same noise draw is
+used for the policy, old and reference log-probs of an update, so their ratio compares like
+with like. With one update per batch (mu = 1) the old log-probs equal the current ones by
+construction, so they are not recomputed: `old = logps.detach()` (ratio = 1).
+
+Processes: each takes `prompts_per_step / world` prompts (whole groups), rolls out, scores
+and computes its advantages locally; log-prob passes and updates run in micro-batches of
+`train.micro_batch_size` rows. Losses and metrics are normalized by the step's totals over all
+processes (`batch.num_tokens`, `batch.num_sequences`), so they add up over micro-batches and
+processes and the gradient does not depend on how the batch is split.
+
+Randomness: the rollout and noise generators of step s on rank r are derived from
+(run seed, s, r), so a resumed run draws exactly what the uninterrupted run would have.
 """
 
 from __future__ import annotations
 
-import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.rollout import decode_responses, generate, left_pad
-from dare.train.common import (EpochSampler, MetricsLog, build_model, clip_and_step, data_identity, lr_factor,
-                               make_optimizer, resume, training_state, StopSignals)
+from dare.train.common import (EpochSampler, MetricsLog, StopSignals, build_model, data_identity, micro_slices,
+                               resume, take, training_state)
+from dare.train.engine import Engine, setup_dist
+from dare.train.estimators import Compute
 from dare.utils import UserError, make_generator
 
 REQUIRED = ("advantages", "sample_noise", "token_logps", "loss", "uses_reference")
@@ -47,6 +58,13 @@ class RLBatch:
     advantages: torch.Tensor
     """(B,)"""
     group_size: int
+    trajectory: torch.Tensor | None = None
+    """(B, steps, G) the completion after every decoding step, when the algorithm asks for it."""
+    num_tokens: float = 0.0
+    """Loss tokens (response_mask) in the whole step, over all processes: the token-level normalizer."""
+    num_sequences: int = 0
+    """Completions in the whole step, over all processes."""
+    compute: Compute = Compute()
 
     @property
     def responses(self) -> torch.Tensor:
@@ -57,79 +75,144 @@ class RLBatch:
         return self.attention_mask[:, :self.prompt_length].bool()
 
 
+def group_advantages(rewards: torch.Tensor, baseline: str = "mean", std: str = "none",
+                     eps: float = 1e-4) -> torch.Tensor:
+    """(P, G) rewards -> (P, G) advantages. baseline: "mean" (r - mean of the group) or "loo"
+    (r - mean of the other G - 1); std: "none", "sample" (unbiased) or "population" scaling,
+    A / (std + eps)."""
+    G = rewards.shape[1]
+    check_group(G, baseline, std)
+    if baseline == "mean":
+        adv = rewards - rewards.mean(dim=1, keepdim=True)
+    else:
+        adv = rewards - (rewards.sum(dim=1, keepdim=True) - rewards) / (G - 1)
+    if std != "none":
+        adv = adv / (rewards.std(dim=1, keepdim=True, correction=1 if std == "sample" else 0) + eps)
+    return adv
+
+
+def check_group(group_size: int, baseline: str, std: str) -> None:
+    """Raise ValueError for advantage settings that cannot work with this group size."""
+    if baseline not in ("mean", "loo") or std not in ("none", "sample", "population"):
+        raise ValueError(f"unknown advantage settings baseline={baseline!r} std={std!r}")
+    if group_size < 2 and (baseline == "loo" or std != "none"):
+        raise ValueError(f"rl.group_size={group_size}: the leave-one-out baseline and std scaling need at least "
+                         "2 completions per prompt")
+
+
+def per_micro(fn, batch: RLBatch, noise, size: int) -> list:
+    """fn(micro_batch, micro_noise) for each micro-batch of `batch`."""
+    n = batch.sequences.shape[0]
+    return [fn(take(batch, rows, n), take(noise, rows, n)) for rows in micro_slices(n, size)]
+
+
 def run(cfg, algo, run_dir, label: str = "rl") -> dict:
     if not cfg.model.path:
         raise UserError("RL starts from a trained checkpoint: set model.path=<folder>")
+    dist = setup_dist()
+    n_prompts, G, mu = cfg.rl.prompts_per_step, cfg.rl.group_size, cfg.rl.num_iterations
+    if n_prompts % dist.world:
+        raise UserError(f"rl.prompts_per_step={n_prompts} must be divisible by the {dist.world} processes")
     task = TASKS[cfg.data.task]
     rows = load_split(cfg.data.task, cfg.data.split)
     model, tokenizer, model_name, init = build_model(cfg.model, task, cfg.run.seed)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if algo.uses_reference(cfg.algo) else None
     f = facts(model)
     prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
-    n_prompts, G, mu = cfg.rl.prompts_per_step, cfg.rl.group_size, cfg.rl.num_iterations
+    rollout_cfg = replace(cfg.rl.rollout, **(algo.rollout_options(cfg.algo) if hasattr(algo, "rollout_options")
+                                             else {}))
+    compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
+    micro = cfg.train.micro_batch_size
 
     total = cfg.train.steps
-    optimizer = make_optimizer(model, cfg.train)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total * mu, cfg.train))
+    engine = Engine(model, cfg.model, cfg.train, dist, total * mu, reference=algo.uses_reference(cfg.algo))
+    use_ref = algo.uses_reference(cfg.algo)
     sampler = EpochSampler(len(rows), make_generator(cfg.run.seed, "data"))
-    rollout_gen = make_generator(cfg.run.seed, "rollout")
-    noise_gen = make_generator(cfg.run.seed, "noise")
-
-    generators = {"rollout": rollout_gen, "noise": noise_gen}
-    ckpt, start, elapsed0 = resume(run_dir, model, optimizer, scheduler, sampler, generators, label)
-    log = MetricsLog(run_dir, total, start, label)
+    ckpt, start, elapsed0 = resume(run_dir, engine, sampler, {}, label)
+    log = MetricsLog(run_dir, total, start, label, cfg.run.report_to, cfg) if dist.main else None
     t0 = time.perf_counter()
+    policy = engine.model
 
     with StopSignals() as stop:
         for step in range(start, total):
+            rollout_gen = make_generator(cfg.run.seed, f"rollout/{step}/{dist.rank}")
+            noise_gen = make_generator(cfg.run.seed, f"noise/{step}/{dist.rank}")
             # --- rollout: G completions per prompt, sampled by the current policy
             tic = time.perf_counter()
-            row_of = [i for i in sampler.next(n_prompts) for _ in range(G)]  # each prompt G times, grouped
+            mine = sampler.next(n_prompts)[dist.shard(n_prompts)]
+            row_of = [i for i in mine for _ in range(G)]  # each prompt G times, grouped
             ids, mask = left_pad([prompts[i] for i in row_of], f.pad_token_id)
-            model.eval()
-            out = generate(model, ids, mask, cfg.rl.rollout, rollout_gen)
+            policy.eval()
+            with engine.autocast():
+                out = generate(policy, ids.to(dist.device), mask.to(dist.device), rollout_cfg, rollout_gen)
             texts = decode_responses(tokenizer, out.responses, f.eos_token_id)
             rewards = torch.tensor(task.rewards(texts, [rows[i] for i in row_of], style=cfg.data.reward),
                                    dtype=torch.float32, device=out.sequences.device)
-            advantages = algo.advantages(rewards.view(n_prompts, G), cfg.algo).reshape(-1)
+            advantages = algo.advantages(rewards.view(-1, G), cfg.algo).reshape(-1)
+            totals = dist.sum({"tokens": float(out.response_mask.sum()), "rows": float(len(row_of))})
+            trajectory = out.trajectory.transpose(0, 1) if out.trajectory is not None else None
             batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
-                            rewards, advantages, G)
+                            rewards, advantages, G, trajectory, totals["tokens"], int(totals["rows"]), compute)
             t_rollout = time.perf_counter() - tic
 
             # --- old and reference log-probs, on the same noise draws the updates will use
             tic = time.perf_counter()
             noises = [algo.sample_noise(batch, cfg.algo, noise_gen) for _ in range(mu)]
             with torch.no_grad():
-                old = [algo.token_logps(model, batch, z) for z in noises] if mu > 1 else None
-                ref = [algo.token_logps(ref_model, batch, z) for z in noises] if ref_model is not None else None
+                old = ref = None
+                if mu > 1 or cfg.rl.recompute_old_logps:
+                    with engine.autocast():
+                        old = [per_micro(lambda b, z: algo.token_logps(policy, b, z), batch, z, micro) for z in noises]
+                if use_ref:
+                    with engine.reference() as ref_model:
+                        ref = [per_micro(lambda b, z: algo.token_logps(ref_model, b, z), batch, z, micro)
+                               for z in noises]
             t_logp = time.perf_counter() - tic
 
-            # --- mu policy updates on this batch
+            # --- mu policy updates on this batch, each accumulated over the micro-batches
             tic = time.perf_counter()
-            model.train()
+            policy.train()
             sums: dict[str, float] = {}
-            for n in range(mu):
-                logps = algo.token_logps(model, batch, noises[n])
-                loss, metrics = algo.loss(logps, old[n] if old else logps.detach(), ref[n] if ref else None, batch, cfg.algo)
-                loss.backward()
-                metrics = {"loss/total": loss.item(), **metrics,
-                           "optim/grad_norm": clip_and_step(model, optimizer, scheduler, cfg.train.max_grad_norm)}
-                for k, v in metrics.items():
+            n = batch.sequences.shape[0]
+            for it in range(mu):
+                step_sums: dict[str, float] = {}
+                for j, rows_ in enumerate(micro_slices(n, micro)):
+                    mb, z = take(batch, rows_, n), take(noises[it], rows_, n)
+                    with engine.autocast():
+                        logps = algo.token_logps(policy, mb, z)
+                        loss, metrics = algo.loss(logps, old[it][j] if old else logps.detach(),
+                                                  ref[it][j] if ref else None, mb, cfg.algo)
+                    engine.backward(loss)
+                    for k, v in {"loss/total": loss.item(), **metrics}.items():
+                        step_sums[k] = step_sums.get(k, 0.0) + v
+                step_sums = dist.sum(step_sums)
+                step_sums["optim/grad_norm"] = engine.step()
+                for k, v in step_sums.items():
                     sums[k] = sums.get(k, 0.0) + v / mu
             t_update = time.perf_counter() - tic
 
             done = step + 1
             if done % cfg.run.log_every == 0 or done == total:
-                grouped = rewards.view(n_prompts, G)
-                log.log(done, {"rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
-                               "rollout/zero_std_groups": (grouped.std(dim=1) == 0).float().mean().item(),
-                               "rollout/response_tokens": out.response_mask.sum(1).float().mean().item(),
-                               **sums, "optim/lr": scheduler.get_last_lr()[0],
-                               "time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update})
-            ckpt.after_step(done, total, cfg.run.save_every, stop, model, tokenizer, lambda: training_state(
-                optimizer, scheduler, sampler, generators, elapsed0 + time.perf_counter() - t0))
-
-    return {"model": model, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
+                grouped = rewards.view(-1, G)
+                stats = dist.sum({"reward_sum": float(rewards.sum()), "reward_sq": float((rewards ** 2).sum()),
+                                  "zero_std": float((grouped.std(dim=1) == 0).sum()) if G > 1 else 0.0,
+                                  "seq_tokens": float(out.attention_mask.sum()),
+                                  "new_tokens": float(out.response_mask.sum())})
+                rows_all = batch.num_sequences
+                mean = stats["reward_sum"] / rows_all
+                var = max(0.0, stats["reward_sq"] / rows_all - mean ** 2) * rows_all / max(1, rows_all - 1)
+                if log:
+                    log.log(done, {"rollout/reward_mean": mean, "rollout/reward_std": var ** 0.5,
+                                   "rollout/zero_std_groups": stats["zero_std"] / (rows_all / G),
+                                   "rollout/response_tokens": batch.num_tokens / rows_all,
+                                   **sums, "optim/lr": engine.lr,
+                                   "perf/rollout_tokens_per_s": stats["new_tokens"] / t_rollout,
+                                   "perf/train_tokens_per_s": stats["seq_tokens"] * mu / (t_logp + t_update),
+                                   "time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update})
+            ckpt.after_step(done, total, cfg.run.save_every, stop, engine, tokenizer, lambda: training_state(
+                sampler, {}, elapsed0 + time.perf_counter() - t0))
+    if log:
+        log.close()
+    return {"engine": engine, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
             "data": data_identity(cfg.data.task, cfg.data.split), "elapsed_s": elapsed0 + time.perf_counter() - t0}

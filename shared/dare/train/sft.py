@@ -4,6 +4,12 @@ Batch layout (`SFTBatch`), as in LLaDA's SFT guideline: the chat-templated promp
 (padding hidden from attention), then the response followed by EOS tokens up to the response
 length; the EOS padding is part of the response and is trained on, which is how the model
 learns to stop.
+
+One step: every process draws the same rows and the same noise for the whole batch
+(`algorithm.sample_noise(batch, cfg, generator)`), then takes its own contiguous rows and
+splits them into micro-batches; `algorithm.loss(model, micro, noise, cfg)` returns a loss
+normalized by the step's totals (`batch.num_sequences`), so the accumulated gradient does not
+depend on the number of processes or micro-batches. Metrics follow the same rule (they add up).
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ import torch
 
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
-from dare.train.common import (EpochSampler, MetricsLog, build_model, clip_and_step, data_identity, lr_factor,
-                               make_optimizer, resume, training_state, StopSignals)
+from dare.train.common import (EpochSampler, MetricsLog, StopSignals, build_model, data_identity, micro_slices,
+                               resume, take, training_state)
+from dare.train.engine import Engine, setup_dist
+from dare.train.estimators import Compute
 from dare.utils import UserError, make_generator
 
-REQUIRED = ("loss",)
+REQUIRED = ("sample_noise", "loss")
 
 
 @dataclass
@@ -30,10 +38,13 @@ class SFTBatch:
     """(B, L): 0 on the prompt's left padding."""
     response_mask: torch.Tensor
     """(B, L) bool: response positions (answer + EOS padding); the prompt is never noised."""
+    num_sequences: int = 0
+    """Rows in the whole step (all processes, all micro-batches): the loss normalizer."""
+    compute: Compute = Compute()
 
 
 def sft_batch(prompts: list[list[int]], responses: list[list[int]], eos_id: int, pad_id: int,
-              response_length: int | None) -> SFTBatch:
+              response_length: int | None, compute: Compute = Compute()) -> SFTBatch:
     R = response_length or max(len(r) for r in responses) + 1
     P = max(len(p) for p in prompts)
     B = len(prompts)
@@ -45,15 +56,39 @@ def sft_batch(prompts: list[list[int]], responses: list[list[int]], eos_id: int,
         attention[i, P - len(p):] = 1
     response_mask = torch.zeros((B, P + R), dtype=torch.bool)
     response_mask[:, P:] = True
-    return SFTBatch(ids, attention, response_mask)
+    return SFTBatch(ids, attention, response_mask, B, compute)
+
+
+def train_step(engine: Engine, algo, batch: SFTBatch, noise, cfg) -> dict[str, float]:
+    """This process's rows of `batch`, in micro-batches: accumulate gradients, then one optimizer
+    step. Returns the step's metrics summed over micro-batches and processes."""
+    n, dist = batch.input_ids.shape[0], engine.dist
+    mine = dist.shard(n)
+    local, local_noise = take(batch, mine, n), take(noise, mine, n)
+    m = local.input_ids.shape[0]
+    sums: dict[str, float] = {}
+    engine.model.train()
+    for rows in micro_slices(m, cfg.train.micro_batch_size):
+        micro = take(local, rows, m)
+        with engine.autocast():
+            loss, metrics = algo.loss(engine.model, micro, take(local_noise, rows, m), cfg.algo)
+        engine.backward(loss)
+        for k, v in {"loss/total": loss.item(), **metrics}.items():
+            sums[k] = sums.get(k, 0.0) + v
+    sums = dist.sum(sums)
+    sums["optim/grad_norm"] = engine.step()
+    return sums
 
 
 def run(cfg, algo, run_dir, label: str = "sft") -> dict:
+    dist = setup_dist()
     task = TASKS[cfg.data.task]
     rows = load_split(cfg.data.task, cfg.data.split)
     model, tokenizer, model_name, init = build_model(cfg.model, task, cfg.run.seed)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
+    if cfg.train.batch_size % dist.world:
+        raise UserError(f"train.batch_size={cfg.train.batch_size} must be divisible by the {dist.world} processes")
     f = facts(model)
     prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
     responses = tokenizer([task.target(r) for r in rows], add_special_tokens=False)["input_ids"]
@@ -66,30 +101,34 @@ def run(cfg, algo, run_dir, label: str = "sft") -> dict:
                              f"EOS exceeds algo.response_length={R} ({len(too_long)} rows do)")
 
     total = cfg.train.steps
-    optimizer = make_optimizer(model, cfg.train)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, cfg.train))
+    engine = Engine(model, cfg.model, cfg.train, dist, total)
+    compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
     sampler = EpochSampler(len(rows), make_generator(cfg.run.seed, "data"))
     noise_gen = make_generator(cfg.run.seed, "noise")
 
     generators = {"noise": noise_gen}
-    ckpt, start, elapsed0 = resume(run_dir, model, optimizer, scheduler, sampler, generators, label)
-    log = MetricsLog(run_dir, total, start, label)
+    ckpt, start, elapsed0 = resume(run_dir, engine, sampler, generators, label)
+    log = MetricsLog(run_dir, total, start, label, cfg.run.report_to, cfg) if dist.main else None
     t0 = time.perf_counter()
 
-    model.train()
     with StopSignals() as stop:
         for step in range(start, total):
+            tic = time.perf_counter()
             idx = sampler.next(cfg.train.batch_size)
-            batch = sft_batch([prompts[i] for i in idx], [responses[i] for i in idx], f.eos_token_id, f.pad_token_id, R)
-            loss, metrics = algo.loss(model, batch, cfg.algo, noise_gen)
-            loss.backward()
-            grad_norm = clip_and_step(model, optimizer, scheduler, cfg.train.max_grad_norm)
+            batch = sft_batch([prompts[i] for i in idx], [responses[i] for i in idx], f.eos_token_id, f.pad_token_id,
+                              R, compute)
+            batch.input_ids, batch.attention_mask, batch.response_mask = (
+                t.to(dist.device) for t in (batch.input_ids, batch.attention_mask, batch.response_mask))
+            noise = algo.sample_noise(batch, cfg.algo, noise_gen)
+            metrics = train_step(engine, algo, batch, noise, cfg)
             done = step + 1
-            if done % cfg.run.log_every == 0 or done == total:
-                log.log(done, {"loss/total": loss.item(), **metrics, "optim/grad_norm": grad_norm,
-                               "optim/lr": scheduler.get_last_lr()[0], "data/epoch": sampler.epoch})
-            ckpt.after_step(done, total, cfg.run.save_every, stop, model, tokenizer, lambda: training_state(
-                optimizer, scheduler, sampler, generators, elapsed0 + time.perf_counter() - t0))
-
-    return {"model": model, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
+            if log and (done % cfg.run.log_every == 0 or done == total):
+                elapsed = time.perf_counter() - tic
+                log.log(done, {**metrics, "optim/lr": engine.lr, "data/epoch": sampler.epoch,
+                               "perf/tokens_per_s": int(batch.attention_mask.sum()) / elapsed, "time/step_s": elapsed})
+            ckpt.after_step(done, total, cfg.run.save_every, stop, engine, tokenizer, lambda: training_state(
+                sampler, generators, elapsed0 + time.perf_counter() - t0))
+    if log:
+        log.close()
+    return {"engine": engine, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
             "data": data_identity(cfg.data.task, cfg.data.split), "elapsed_s": elapsed0 + time.perf_counter() - t0}
