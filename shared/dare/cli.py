@@ -53,8 +53,14 @@ def cmd_train(ns) -> int:
         print(config_mod.to_yaml(cfg), end="")
         print(f"# config_hash: sha256:{config_mod.config_hash(cfg)}")
         return 0
-    run_dir = train(ns.baseline, path, overrides, force=ns.force)
-    print(run_dir / "final")
+    if ns.workers > 1:
+        from dare.launch.ray_group import train_with_workers
+
+        run_dir = train_with_workers(ns.baseline, path, overrides, ns.workers, force=ns.force)
+    else:
+        run_dir = train(ns.baseline, path, overrides, force=ns.force)
+    if os.environ.get("RANK", "0") == "0":
+        print(run_dir / "final")
     return 0
 
 
@@ -240,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("args", nargs="*", metavar="[config.yaml] [key=value]")
     s.add_argument("--dry-run", action="store_true", help="print the resolved config and its hash, then exit")
     s.add_argument("--force", action="store_true", help="retrain even if a finished run exists")
+    s.add_argument("--workers", type=int, default=1, help=(
+        "train as a Ray worker group of N processes (FSDP2 over gloo on CPU, NCCL on GPU; joins RAY_ADDRESS when "
+        "set). Under torchrun or SLURM, launch `dare train` itself once per process instead"))
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("eval", help="evaluate a checkpoint (embedded evaluator)", description=(

@@ -73,7 +73,10 @@ def train(name: str, config_path: str | Path | None = None, overrides=(), *, for
     """Run baseline `name`; returns its run directory. A finished run with the same config hash (and
     the same starting checkpoint) is reused; an interrupted one resumes from its last checkpoint;
     `force` starts over."""
+    from dare.train.common import check_sinks
+
     b, cfg, recipe = resolve(name, config_path, overrides)
+    check_sinks(cfg.run.report_to)
     digest = config_hash(cfg)
     # A run is identified by its config and by the contents of the checkpoint it starts from
     # (the same model.path can hold a different checkpoint later).

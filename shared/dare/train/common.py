@@ -244,14 +244,19 @@ class MetricsLog:
             self.bar.close()
 
 
-def open_sink(name: str, run_dir: Path, label: str, config):
-    """A `(step, metrics)` callable for an optional tracker; a missing package is a clear error."""
+def check_sinks(report_to) -> None:
+    """Refuse (before any model is built) a metric sink whose package is missing."""
     import importlib.util
 
-    package = {"wandb": "wandb", "tensorboard": "tensorboard"}[name]
-    if importlib.util.find_spec(package) is None:
-        raise UserError(f"run.report_to includes {name!r} but the {package!r} package is not installed "
-                        f"(pip install {package})")
+    for name in report_to:
+        if importlib.util.find_spec(name) is None:
+            raise UserError(f"run.report_to includes {name!r} but the {name!r} package is not installed "
+                            f"(pip install {name})")
+
+
+def open_sink(name: str, run_dir: Path, label: str, config):
+    """A `(step, metrics)` callable for an optional tracker (wandb or tensorboard)."""
+    check_sinks([name])
     if name == "tensorboard":
         from torch.utils.tensorboard import SummaryWriter
 

@@ -105,7 +105,10 @@ class Engine:
         model = model.to(dist.device)
         self.base = model  # the unwrapped transformers model (configs, save_pretrained)
         if train_cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         ref = None
         if reference and not self.lora:
             ref = copy.deepcopy(model).eval().requires_grad_(False)

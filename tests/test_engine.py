@@ -1,0 +1,219 @@
+"""The execution engine: FSDP2 over several processes (torchrun, Ray), gradient accumulation,
+gradient checkpointing, LoRA through peft, and early errors for bad configs.
+
+Multi-process tests launch the real launchers (torchrun, a local Ray cluster) with gloo on CPU."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dare.config import ConfigError
+from dare.train import resolve, train
+from dare.utils import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=2",
+        "model.scratch.mlp_hidden_size=64", "train.batch_size=16", "train.lr=1e-3", "train.warmup_steps=2",
+        "algo.response_length=4", "run.log_every=1", "run.threads=1"]
+D1_TINY = ["train.lr=1e-3", "rl.prompts_per_step=4", "rl.group_size=4", "rl.rollout.gen_length=4",
+           "rl.rollout.block_length=4", "rl.rollout.steps=4", "run.log_every=1", "run.threads=1"]
+
+
+def _weights(run_dir: Path, sub="final"):
+    return load_file(str(run_dir / sub / "model.safetensors"))
+
+
+def _losses(run_dir: Path, key="loss/total"):
+    return [json.loads(x)[key] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _close(a: dict, b: dict, atol=1e-6):
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst <= atol, f"largest weight difference {worst:.3g}"
+
+
+def _torchrun(n: int, *args: str, timeout=300):
+    exe = Path(sys.executable).parent / "torchrun"
+    r = subprocess.run([str(exe), "--nproc-per-node", str(n), "-m", "dare.cli", *args], capture_output=True,
+                       text=True, timeout=timeout, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+def test_fsdp_two_processes_match_one_process_and_resume_on_one(tmp_path):
+    """torchrun x 2 (FSDP2 over gloo, micro-batches of 3 rows, gradient checkpointing) trains to
+    the same weights and losses as one plain process; its checkpoint resumes in one process."""
+    one = train("sft", None, [*TINY, "train.steps=4", f"run.out_dir={tmp_path / 'one'}"])
+    _torchrun(2, "train", "sft", *TINY, "train.steps=4", "run.save_every=2", "train.micro_batch_size=3",
+              "train.gradient_checkpointing=true", f"run.out_dir={tmp_path / 'two'}")
+    two = tmp_path / "two"
+    assert json.loads((two / "run.json").read_text())["world_size"] == 2
+    _close(_weights(one), _weights(two))
+    assert _losses(two) == pytest.approx(_losses(one), rel=1e-5)
+    # the 2-process checkpoint at step 2 (full tensors) resumes in a single process
+    resumed = tmp_path / "resumed"
+    shutil.copytree(two / "checkpoints", resumed / "checkpoints")
+    run_json = json.loads((two / "run.json").read_text())
+    (resumed / "run.json").write_text(json.dumps({**run_json, "status": "running"}))
+    train("sft", None, [*TINY, "train.steps=4", "run.save_every=2", "train.micro_batch_size=3",
+                        "train.gradient_checkpointing=true", f"run.out_dir={resumed}"])
+    _close(_weights(one), _weights(resumed))
+
+
+def test_micro_batches_and_checkpointing_do_not_change_the_step(tmp_path):
+    """Losses are normalized by the step's totals, so accumulating over micro-batches (with
+    gradient checkpointing) gives the whole-batch gradient."""
+    whole = train("sft", None, [*TINY, "train.steps=3", f"run.out_dir={tmp_path / 'whole'}"])
+    parts = train("sft", None, [*TINY, "train.steps=3", "train.micro_batch_size=5", "train.gradient_checkpointing=true",
+                                f"run.out_dir={tmp_path / 'parts'}"])
+    _close(_weights(whole), _weights(parts))
+    assert _losses(parts) == pytest.approx(_losses(whole), rel=1e-5)
+
+
+def test_rl_micro_batches_match_the_whole_batch(tmp_path):
+    sft = train("sft", None, [*TINY, "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
+    common = [f"model.path={sft / 'final'}", *D1_TINY, "train.steps=2", "rl.num_iterations=2"]
+    whole = train("d1", None, [*common, f"run.out_dir={tmp_path / 'whole'}"])
+    parts = train("d1", None, [*common, "train.micro_batch_size=3", "train.packing=false", "train.logit_chunk=0",
+                               f"run.out_dir={tmp_path / 'parts'}"])
+    _close(_weights(whole), _weights(parts), atol=1e-5)
+    assert _losses(parts, "loss/kl") == pytest.approx(_losses(whole, "loss/kl"), rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.slow
+def test_ray_worker_group_of_two_runs_an_rl_step(tmp_path):
+    """`dare train d1 --workers 2`: a local Ray cluster, two actors forming a gloo process group
+    with FSDP2; one RL step (rollout, rewards, reference log-probs, update) completes."""
+    sft = train("sft", None, [*TINY, "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
+    out = tmp_path / "d1"
+    exe = Path(sys.executable).parent / "dare"
+    r = subprocess.run([str(exe), "train", "d1", f"model.path={sft / 'final'}", *D1_TINY, "train.steps=1",
+                        f"run.out_dir={out}", "--workers", "2"], capture_output=True, text=True, timeout=300,
+                       cwd=REPO, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    status = json.loads((out / "run.json").read_text())
+    assert status["status"] == "done" and status["world_size"] == 2
+    (record,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert record["step"] == 1 and record["rollout/response_tokens"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(_weights(sft).values(), _weights(out).values()))
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA
+# ---------------------------------------------------------------------------------------------
+
+
+def test_lora_trains_the_adapter_and_exports_a_merged_model(tmp_path):
+    from peft import PeftModel
+
+    from dare.models import load_pretrained, token_logits
+
+    base_run = train("sft", None, [*TINY, "train.steps=2", f"run.out_dir={tmp_path / 'base'}"])
+    lora = train("sft", None, [*TINY, f"model.path={base_run / 'final'}", "train.steps=3", "train.lr=1e-2",
+                               "model.lora.rank=4", "model.lora.alpha=8", f"run.out_dir={tmp_path / 'lora'}"])
+    final = lora / "final"
+    assert (final / "adapter" / "adapter_config.json").is_file()
+    base, merged = _weights(base_run), _weights(lora)
+    assert base.keys() == merged.keys()  # a plain checkpoint, base names only
+    changed = {k for k in base if not torch.equal(base[k], merged[k])}
+    # only the family's declared targets inside the blocks moved (never embeddings, norms or the head)
+    assert changed and all(re.fullmatch(r".*\.blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)"
+                                        r"\.weight", k) for k in changed), changed
+    # peft's own merge of the saved adapter gives the same model
+    peft_model = PeftModel.from_pretrained(load_pretrained(base_run / "final"), str(final / "adapter"))
+    ids = torch.randint(3, peft_model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    want = token_logits(peft_model, ids)
+    torch.testing.assert_close(token_logits(load_pretrained(final), ids), want, atol=1e-5, rtol=1e-5)
+    reference = peft_model.merge_and_unload().state_dict()
+    _close({k: reference[k] for k in merged}, merged, atol=1e-6)
+
+
+def test_lora_resume_reaches_identical_adapter(tmp_path):
+    base_run = train("sft", None, [*TINY, "train.steps=2", f"run.out_dir={tmp_path / 'base'}"])
+    args = [*TINY, f"model.path={base_run / 'final'}", "train.steps=4", "train.lr=1e-2", "model.lora.rank=4",
+            "model.lora.dropout=0.1", "run.save_every=2"]
+    a = train("sft", None, [*args, f"run.out_dir={tmp_path / 'a'}"])
+    assert (a / "checkpoints" / "step_0000002" / "adapter_model.safetensors").is_file()
+    b = tmp_path / "b"
+    shutil.copytree(a / "checkpoints", b / "checkpoints")
+    (b / "run.json").write_text(json.dumps({**json.loads((a / "run.json").read_text()), "status": "running"}))
+    train("sft", None, [*args, f"run.out_dir={b}"])
+    wa, wb = _weights(a), _weights(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)  # bitwise, dropout RNG included
+
+
+def test_lora_rl_uses_the_adapter_disabled_base_as_reference(tmp_path, monkeypatch):
+    """No frozen copy is made; at the first update the policy IS the base (LoRA's B starts at 0),
+    so the KL to the reference is exactly 0, and positive once the adapter has moved. (Rewards
+    alternate 1/0 within each group so that the barely trained model gets a gradient.)"""
+    import copy
+
+    from dare.data import TASKS
+
+    monkeypatch.setattr(TASKS["addition"], "rewards", lambda texts, rows, style="default": [
+        float(i % 2) for i in range(len(texts))])
+
+    copies = []
+    real = copy.deepcopy
+    monkeypatch.setattr(copy, "deepcopy", lambda x, *a: copies.append(type(x).__name__) or real(x, *a))
+    sft = train("sft", None, [*TINY, "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
+    copies.clear()
+    out = train("d1", None, [f"model.path={sft / 'final'}", *D1_TINY, "train.steps=2", "model.lora.rank=4",
+                             "rl.num_iterations=1", "algo.beta=0.5", f"run.out_dir={tmp_path / 'd1'}"])
+    assert not any("LM" in c or "Model" in c for c in copies), copies
+    kls = _losses(out, "loss/kl")
+    assert kls[0] == 0.0 and kls[1] > 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad configs fail before any model is built
+# ---------------------------------------------------------------------------------------------
+
+
+def test_group_size_one_is_refused_by_a_group_baseline():
+    with pytest.raises(ConfigError, match="baselines/d1: invalid config: rl.group_size=1"):
+        resolve("d1", None, ["rl.group_size=1"])
+
+
+def test_std_scaling_needs_two_completions():
+    from dare.train.rl import check_group, group_advantages
+
+    with pytest.raises(ValueError, match="std scaling need at least 2"):
+        check_group(1, "mean", "sample")
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    assert group_advantages(r, "loo")[0].tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    assert group_advantages(r, "mean", "population", eps=0).tolist() == [[1.0, -1.0, -1.0, 1.0]]
+
+
+def test_an_algorithm_can_forbid_inner_iterations(monkeypatch):
+    """`check_config` is the plug-in's hook for its own rules (here: mu must be 1)."""
+    from baselines.d1 import algorithm as d1
+
+    def one_update_only(cfg):
+        if cfg.rl.num_iterations != 1:
+            raise ValueError(f"rl.num_iterations={cfg.rl.num_iterations}: this objective takes one update per batch")
+
+    monkeypatch.setattr(d1, "check_config", one_update_only, raising=False)
+    with pytest.raises(ConfigError, match="rl.num_iterations=4: this objective takes one update"):
+        resolve("d1", None, ["rl.num_iterations=4"])
+    resolve("d1", None, ["rl.num_iterations=1"])
+
+
+def test_missing_metric_sink_is_a_clear_error(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is not None:
+        pytest.skip("tensorboard is installed here")
+    with pytest.raises(UserError, match="'tensorboard' package is not installed"):
+        train("sft", None, [*TINY, "train.steps=2", "run.report_to=[tensorboard]", f"run.out_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="unknown metric sink"):
+        resolve("sft", None, ["run.report_to=[mlflow]"])
