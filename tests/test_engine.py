@@ -4,6 +4,7 @@ gradient checkpointing, LoRA through peft, and early errors for bad configs.
 Multi-process tests launch the real launchers (torchrun, a local Ray cluster) with gloo on CPU."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -217,3 +218,77 @@ def test_missing_metric_sink_is_a_clear_error(tmp_path):
         train("sft", None, [*TINY, "train.steps=2", "run.report_to=[tensorboard]", f"run.out_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="unknown metric sink"):
         resolve("sft", None, ["run.report_to=[mlflow]"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The preference recipe (with the vrpo baseline)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_preference_recipe_shares_noise_between_policy_and_reference(tmp_path, monkeypatch):
+    """VRPO's antithetic sampling by construction: the reference and the policy ELBOs of a
+    micro-batch are computed on the very same timesteps and masks; pairs are never split."""
+    from baselines.vrpo import algorithm as vrpo
+
+    sft = train("sft", None, [*TINY, "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
+    calls = []
+    real = vrpo.logps
+
+    def spy(model, batch, noise):
+        calls.append((torch.is_grad_enabled(), noise, batch.input_ids.shape))
+        return real(model, batch, noise)
+
+    monkeypatch.setattr(vrpo, "logps", spy)
+    out = train("vrpo", None, [f"model.path={sft / 'final'}", "data.task=addition_pairs", "train.steps=2",
+                               "train.batch_size=6", "train.micro_batch_size=4", "train.lr=1e-3", "train.warmup_steps=0",
+                               "algo.n_t=2", "run.log_every=1", f"run.out_dir={tmp_path / 'vrpo'}"])
+    assert [grad for grad, _, _ in calls] == [False, True, False, True] * 2  # ref then policy, 2 micro x 2 steps
+    for (_, ref_noise, shape), (_, pol_noise, _) in zip(calls[::2], calls[1::2]):
+        assert shape[1] == 2  # (pairs, [chosen, rejected], L)
+        assert torch.equal(ref_noise["masked"], pol_noise["masked"]) and torch.equal(ref_noise["t"], pol_noise["t"])
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    # step 1: policy == reference, so the DPO term is exactly log 2 per pair
+    assert records[0]["loss/dpo"] == pytest.approx(0.6931471805599453, abs=1e-6)
+    assert records[1]["loss/dpo"] != pytest.approx(0.6931471805599453, abs=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(_weights(sft).values(), _weights(out).values()))
+
+
+def test_vrpo_loss_hand_computed():
+    from types import SimpleNamespace
+
+    from baselines.vrpo import algorithm as vrpo
+    from baselines.vrpo.config import VRPO
+
+    cfg = VRPO(beta=0.5, sft_weight=0.1)
+    policy = torch.tensor([[-3.0, -5.0], [-2.0, -1.0]])
+    ref = torch.tensor([[-4.0, -4.0], [-2.0, -2.0]])
+    resp = torch.zeros(2, 2, 6, dtype=torch.bool)
+    resp[0, 0, :3] = True
+    resp[1, 0, :2] = True
+    batch = SimpleNamespace(response_mask=resp, num_pairs=2)
+    loss, m = vrpo.loss(policy, ref, batch, cfg)
+    margins = [0.5 * ((-3 + 4) - (-5 + 4)), 0.5 * ((-2 + 2) - (-1 + 2))]  # 1.0 and -0.5
+    dpo = [math.log1p(math.exp(-x)) for x in margins]
+    sft = [3.0 / 3, 2.0 / 2]
+    assert loss.item() == pytest.approx((dpo[0] + 0.1 * sft[0] + dpo[1] + 0.1 * sft[1]) / 2, rel=1e-6)
+    assert m["rewards/accuracy"] == 0.5
+    same, _ = vrpo.loss(ref, ref, batch, VRPO(sft_weight=0.0))
+    assert same.item() == pytest.approx(math.log(2))  # policy == reference
+
+
+def test_vrpo_noise_is_stratified_and_never_masks_the_prompt():
+    from types import SimpleNamespace
+
+    from baselines.vrpo import algorithm as vrpo
+    from baselines.vrpo.config import VRPO
+
+    resp = torch.zeros(64, 2, 12, dtype=torch.bool)
+    resp[..., 5:] = True
+    batch = SimpleNamespace(input_ids=torch.zeros(64, 2, 12, dtype=torch.long), response_mask=resp)
+    z = vrpo.sample_noise(batch, VRPO(n_t=4), torch.Generator().manual_seed(0))
+    t = z["t"]
+    for j in range(4):  # one timestep in each stratum [j/4, (j+1)/4)
+        assert ((t[..., j] >= j / 4) & (t[..., j] < (j + 1) / 4 + 1e-9)).all()
+    assert not z["masked"][..., :5].any()
+    rate = z["masked"][..., 5:].float().mean(dim=(0, 1, 3))
+    assert torch.allclose(rate, torch.tensor([0.125, 0.375, 0.625, 0.875]), atol=0.05)

@@ -24,7 +24,7 @@ OFFLINE = [n for n, t in TASKS.items() if t.offline]
 def test_registry_has_the_tasks_of_the_papers():
     assert set(TASKS) >= {"gsm8k", "math", "math500", "countdown", "countdown4", "sudoku", "humaneval", "mbpp",
                           "ultrafeedback", "addition"}
-    assert set(OFFLINE) == {"addition", "countdown", "countdown4", "sudoku", "humaneval"}
+    assert set(OFFLINE) == {"addition", "addition_pairs", "countdown", "countdown4", "sudoku", "humaneval"}
     assert set(recorded_hashes()) == {f"{n}/{s}" for n in OFFLINE for s in TASKS[n].splits}
 
 
@@ -203,7 +203,7 @@ def test_dvc_add_push_pull_round_trip_through_a_local_remote(tmp_path):
 
 def test_project_data_dvc_tracks_the_offline_tasks():
     text = (Path(__file__).parents[1] / "data.dvc").read_text()
-    assert "path: data" in text and "nfiles: 9" in text
+    assert "path: data" in text and "nfiles: 11" in text
 
 
 def test_bench_rewards_writes_a_report(tmp_path):

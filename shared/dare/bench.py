@@ -263,9 +263,47 @@ print(json.dumps({"peak_kib": after - before, "loss": loss.item()}))
 """
 
 
-def train_benchmark(out: str | None = None, repeats: int = 3, vocab: int = 126464) -> dict:
-    """Training-side speedups, side by side: packing vs padding on a length-skewed batch, and the
-    loss's peak memory with chunked vs full logits at a 126k vocabulary."""
+# The end-to-end RL step: the same d1 step (rollout, rewards, reference log-probs, update) with
+# every acceleration on, and with none (DARE's comparison: verl's default pipeline).
+RL_PIPELINES = {
+    "naive": ["rl.rollout.cache=none", "rl.rollout.threshold=0", "train.packing=false", "train.logit_chunk=0",
+              "rl.recompute_old_logps=true"],
+    "accelerated": ["rl.rollout.cache=dual", "rl.rollout.threshold=0.9", "train.packing=true",
+                    "train.logit_chunk=1024", "rl.recompute_old_logps=false"],
+}
+
+
+def rl_step_benchmark(checkpoint: str | None = None, steps: int = 3, gen_length: int = 256) -> dict:
+    """Median seconds per RL step (d1, mu = 1, beta > 0) of each pipeline in `RL_PIPELINES`,
+    run through the real training loop; the time split comes from its metrics.jsonl."""
+    import json
+    import tempfile
+
+    from dare.train import train
+
+    ckpt = Path(checkpoint) if checkpoint else _demo_checkpoint("llada")
+    common = [f"model.path={ckpt}", f"train.steps={steps}", "rl.prompts_per_step=4", "rl.group_size=4",
+              "rl.num_iterations=1", "algo.beta=0.04", f"rl.rollout.gen_length={gen_length}",
+              "rl.rollout.block_length=32", f"rl.rollout.steps={gen_length // 2}", "run.log_every=1"]
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, overrides in RL_PIPELINES.items():
+            run = train("d1", None, [*common, *overrides, f"run.out_dir={Path(tmp) / name}"])
+            records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:]  # skip warm-up
+            parts = {k: statistics.median(r[f"time/{k}_s"] for r in records) for k in ("rollout", "logp", "update")}
+            out[name] = {**{f"{k}_s": v for k, v in parts.items()}, "step_s": sum(parts.values()),
+                         "response_tokens": statistics.median(r["rollout/response_tokens"] for r in records)}
+    out["speedup"] = out["naive"]["step_s"] / out["accelerated"]["step_s"]
+    out["setting"] = {"checkpoint": str(ckpt), "sequences": 16, "gen_length": gen_length, "block_length": 32,
+                      "steps_timed": steps - 1, "pipelines": RL_PIPELINES}
+    return out
+
+
+def train_benchmark(out: str | None = None, repeats: int = 3, vocab: int = 126464,
+                    checkpoint: str | None = None) -> dict:
+    """Training-side speedups, side by side: packing vs padding on a length-skewed batch, the
+    loss's peak memory with chunked vs full logits at a 126k vocabulary, and the end-to-end RL
+    step of the accelerated vs the naive pipeline."""
     import json
     import subprocess
     import sys
@@ -339,6 +377,14 @@ def train_benchmark(out: str | None = None, repeats: int = 3, vocab: int = 12646
                                         "loss_difference": abs(mem["full"]["loss"] - mem["chunked"]["loss"])}
     print(f"  loss memory at vocab {vocab} (4 x 512 tokens): full logits {mem['full']['peak_kib'] / 1024:.0f} MiB, "
           f"chunked {mem['chunked']['peak_kib'] / 1024:.0f} MiB: {ratio:.1f}x lower")
+    # 3. end-to-end RL step through the training loop
+    rl = rl_step_benchmark(checkpoint)
+    report["results"]["rl_step"] = rl
+    for name in RL_PIPELINES:
+        r = rl[name]
+        print(f"  RL step, {name:<11}: {r['step_s']:.2f} s (rollout {r['rollout_s']:.2f}, log-probs {r['logp_s']:.2f}, "
+              f"update {r['update_s']:.2f})")
+    print(f"  end-to-end RL step speedup: {rl['speedup']:.2f}x")
     commit, dirty = git_state()
     report.update(git_commit=commit, git_dirty=dirty, hardware=hardware(), versions=package_versions())
     path = Path(out) if out else runs_dir() / "bench" / f"train-{report['created'].replace(':', '')}.json"

@@ -191,7 +191,7 @@ def cmd_bench(ns) -> int:
     if ns.what == "train":
         from dare.bench import train_benchmark
 
-        train_benchmark(out=ns.out, repeats=ns.repeats if ns.repeats > 1 else 3)
+        train_benchmark(out=ns.out, repeats=ns.repeats if ns.repeats > 1 else 3, checkpoint=ns.checkpoint)
         return 0
     if ns.what == "rewards":
         if ns.args:
@@ -294,8 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides set the decoding (default gen_length=256 block_length=32). "
         "dare bench rewards: rewards per second for --n completions per task, serial vs --workers processes "
         "(sandboxes for code), written as a JSON report (--out, default runs/bench/). "
-        "dare bench train: packing vs padding tokens/s on a length-skewed batch and the loss's peak memory with "
-        "chunked vs full logits at a 126k vocabulary (JSON report)."))
+        "dare bench train: packing vs padding tokens/s on a length-skewed batch, the loss's peak memory with "
+        "chunked vs full logits at a 126k vocabulary, and the end-to-end d1 RL step (accelerated vs naive "
+        "pipeline, on the demo's SFT checkpoint or --checkpoint) (JSON report)."))
     s.add_argument("what", choices=["rollout", "rewards", "train"])
     s.add_argument("args", nargs="*", metavar="key=value")
     s.add_argument("--checkpoint")

@@ -26,10 +26,11 @@ from dare.data.code import MBPP, HumanEval
 from dare.data.mathtasks import GSM8K, MATH, MATH500
 from dare.data.preference import UltraFeedback
 from dare.data.puzzles import Countdown, Sudoku
-from dare.data.synthetic import Addition
+from dare.data.synthetic import Addition, AdditionPreference
 
 TASKS = {
     "addition": Addition(digits=2, n_test=500),
+    "addition_pairs": AdditionPreference(digits=2, n_test=500),
     "gsm8k": GSM8K(),
     "math": MATH(),
     "math500": MATH500(),

@@ -39,3 +39,24 @@ class Addition(Task):
 
     def score(self, completion: str, row: dict) -> dict[str, float]:
         return {"accuracy": arithmetic.exact_match(completion, row["ground_truth"])}
+
+
+class AdditionPreference(Addition):
+    """Preference pairs on the addition prompts, for the preference recipe on tiny models:
+    chosen = the correct sum, rejected = a near miss (off by 1, 2 or 10, never negative). Same
+    train/test split as `addition`."""
+
+    name = "addition_pairs"
+
+    def __init__(self, digits: int, n_test: int):
+        super().__init__(digits, n_test)
+        self.version = f"{self.version}.p1"
+
+    def generate(self, split: str) -> list[dict]:
+        rng = random.Random(self.seed + 2 + (split == "test"))
+        rows = []
+        for row in super().generate(split):
+            right = int(row["ground_truth"])
+            wrong = right + rng.choice([d for d in (-10, -2, -1, 1, 2, 10) if right + d >= 0])
+            rows.append({**row, "extra": {**row["extra"], "chosen": str(right), "rejected": str(wrong)}})
+        return rows

@@ -2,7 +2,10 @@
 
 A recipe is a generic loop that knows nothing about any particular algorithm:
 
-- `sft`: supervised batches (prompt + response) -> `algorithm.loss(model, batch, cfg.algo, generator)`.
+- `sft`: supervised batches (prompt + response) -> `algorithm.sample_noise` (once per step) ->
+  `algorithm.loss(model, micro_batch, noise, cfg.algo)`.
+- `preference`: (prompt, chosen, rejected) pairs -> `algorithm.logps` of policy and reference on shared
+  noise -> `algorithm.loss`.
 - `rl`:  prompts -> rollout -> rewards -> `algorithm.advantages` -> noise draws shared by the policy,
   old and reference log-probs -> `algorithm.loss` for `rl.num_iterations` updates per batch.
 
@@ -30,7 +33,7 @@ from dare.config import save as save_config
 from dare.models.api import checkpoint_fingerprint
 from dare.utils import REPO_ROOT, UserError, atomic_write_json, git_state
 
-RECIPES = {"sft": "dare.train.sft", "rl": "dare.train.rl"}
+RECIPES = {"sft": "dare.train.sft", "preference": "dare.train.preference", "rl": "dare.train.rl"}
 
 
 def runs_dir() -> Path:

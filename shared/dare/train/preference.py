@@ -1,0 +1,129 @@
+"""The preference recipe (DPO family: VRPO, ...): batches of (prompt, chosen, rejected) ->
+sequence log-likelihood estimates of the policy and the reference on the SAME noise ->
+`algorithm.loss`.
+
+    noise   = algorithm.sample_noise(batch, cfg, generator)     drawn once for the whole step
+    ref     = algorithm.logps(reference, micro, noise)          (B, 2), no grad
+    policy  = algorithm.logps(model, micro, noise)              (B, 2)
+    loss    = algorithm.loss(policy, ref, micro, cfg)           normalized by batch.num_pairs
+
+Batch layout (`PreferenceBatch`): pairs are rows, so splitting over processes and micro-batches
+never separates a chosen response from its rejected one: (B, 2, L) with index 0 = chosen and
+1 = rejected, each the left-padded prompt then the response and EOS (one EOS; pairs share the
+prompt and are padded to a common length with attention 0 after the EOS).
+
+Sharing the noise between policy and reference is the variance reduction every ELBO-based DPO
+needs (VRPO's antithetic sampling); the recipe guarantees it by construction.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dare.data import TASKS, load_split
+from dare.models import encode_chat, facts
+from dare.train.common import (EpochSampler, MetricsLog, StopSignals, build_model, data_identity, micro_slices,
+                               resume, take, training_state)
+from dare.train.engine import Engine, setup_dist
+from dare.train.estimators import Compute
+from dare.utils import UserError, make_generator
+
+REQUIRED = ("sample_noise", "logps", "loss")
+
+
+@dataclass
+class PreferenceBatch:
+    input_ids: torch.Tensor
+    """(B, 2, L): [chosen, rejected] per pair: left-padded prompt, response, EOS, right padding."""
+    attention_mask: torch.Tensor
+    """(B, 2, L): 0 on padding (left of the prompt, right of the EOS)."""
+    response_mask: torch.Tensor
+    """(B, 2, L) bool: response tokens and their EOS."""
+    num_pairs: int = 0
+    """Pairs in the whole step (all processes, all micro-batches): the loss normalizer."""
+    compute: Compute = Compute()
+
+
+def preference_batch(prompts, chosen, rejected, eos_id: int, pad_id: int, compute: Compute = Compute()):
+    P = max(len(p) for p in prompts)
+    R = max(len(r) for r in chosen + rejected) + 1
+    B = len(prompts)
+    ids = torch.full((B, 2, P + R), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, 2, P + R), dtype=torch.long)
+    response = torch.zeros((B, 2, P + R), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        for j, r in enumerate((chosen[i], rejected[i])):
+            ids[i, j, P - len(p):P] = torch.tensor(p)
+            ids[i, j, P:P + len(r) + 1] = torch.tensor(r + [eos_id])
+            attention[i, j, P - len(p):P + len(r) + 1] = 1
+            response[i, j, P:P + len(r) + 1] = True
+    return PreferenceBatch(ids, attention, response, B, compute)
+
+
+def run(cfg, algo, run_dir, label: str = "preference") -> dict:
+    dist = setup_dist()
+    if cfg.train.batch_size % dist.world:
+        raise UserError(f"train.batch_size={cfg.train.batch_size} must be divisible by the {dist.world} processes")
+    task = TASKS[cfg.data.task]
+    rows = load_split(cfg.data.task, cfg.data.split)
+    missing = [i for i, r in enumerate(rows[:100]) if not {"chosen", "rejected"} <= set(r.get("extra") or {})]
+    if missing:
+        raise UserError(f"{cfg.data.task}/{cfg.data.split} row {missing[0]}: no extra.chosen/extra.rejected; "
+                        "the preference recipe needs a preference task (e.g. ultrafeedback)")
+    model, tokenizer, model_name, init = build_model(cfg.model, task, cfg.run.seed)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    f = facts(model)
+    prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
+    chosen = tokenizer([r["extra"]["chosen"] for r in rows], add_special_tokens=False)["input_ids"]
+    rejected = tokenizer([r["extra"]["rejected"] for r in rows], add_special_tokens=False)["input_ids"]
+
+    total = cfg.train.steps
+    engine = Engine(model, cfg.model, cfg.train, dist, total, reference=True)
+    compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
+    sampler = EpochSampler(len(rows), make_generator(cfg.run.seed, "data"))
+    noise_gen = make_generator(cfg.run.seed, "noise")
+    generators = {"noise": noise_gen}
+    ckpt, start, elapsed0 = resume(run_dir, engine, sampler, generators, label)
+    log = MetricsLog(run_dir, total, start, label, cfg.run.report_to, cfg) if dist.main else None
+    t0 = time.perf_counter()
+
+    with StopSignals() as stop:
+        for step in range(start, total):
+            tic = time.perf_counter()
+            idx = sampler.next(cfg.train.batch_size)
+            batch = preference_batch([prompts[i] for i in idx], [chosen[i] for i in idx], [rejected[i] for i in idx],
+                                     f.eos_token_id, f.pad_token_id, compute)
+            batch.input_ids, batch.attention_mask, batch.response_mask = (
+                t.to(dist.device) for t in (batch.input_ids, batch.attention_mask, batch.response_mask))
+            noise = algo.sample_noise(batch, cfg.algo, noise_gen)  # the whole step's draws, on every rank
+            n = batch.input_ids.shape[0]
+            local, local_noise = take(batch, dist.shard(n), n), take(noise, dist.shard(n), n)
+            m = local.input_ids.shape[0]
+            sums: dict[str, float] = {}
+            for rows_ in micro_slices(m, cfg.train.micro_batch_size):
+                micro, z = take(local, rows_, m), take(local_noise, rows_, m)
+                with torch.no_grad(), engine.reference() as ref_model:
+                    ref = algo.logps(ref_model, micro, z)
+                engine.model.train()
+                with engine.autocast():
+                    loss, metrics = algo.loss(algo.logps(engine.model, micro, z), ref, micro, cfg.algo)
+                engine.backward(loss)
+                for k, v in {"loss/total": loss.item(), **metrics}.items():
+                    sums[k] = sums.get(k, 0.0) + v
+            sums = dist.sum(sums)
+            sums["optim/grad_norm"] = engine.step()
+            done = step + 1
+            if log and (done % cfg.run.log_every == 0 or done == total):
+                elapsed = time.perf_counter() - tic
+                log.log(done, {**sums, "optim/lr": engine.lr, "data/epoch": sampler.epoch,
+                               "perf/tokens_per_s": int(batch.attention_mask.sum()) / elapsed, "time/step_s": elapsed})
+            ckpt.after_step(done, total, cfg.run.save_every, stop, engine, tokenizer, lambda: training_state(
+                sampler, generators, elapsed0 + time.perf_counter() - t0))
+    if log:
+        log.close()
+    return {"engine": engine, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
+            "data": data_identity(cfg.data.task, cfg.data.split), "elapsed_s": elapsed0 + time.perf_counter() - t0}
