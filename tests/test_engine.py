@@ -70,6 +70,21 @@ def test_fsdp_two_processes_match_one_process_and_resume_on_one(tmp_path):
     _close(_weights(one), _weights(resumed))
 
 
+def test_fsdp_bf16_lora_rl_runs_and_exports_merged(tmp_path):
+    """2 processes, FSDP2 with bfloat16 mixed precision, LoRA on the sharded model, the adapter-
+    disabled reference: a d1 run finishes and exports a merged plain checkpoint plus the adapter."""
+    sft = train("sft", None, [*TINY, "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
+    out = tmp_path / "d1"
+    _torchrun(2, "train", "d1", f"model.path={sft / 'final'}", *D1_TINY, "train.steps=2", "rl.num_iterations=2",
+              "model.dtype=bfloat16", "model.lora.rank=4", "run.save_every=1", f"run.out_dir={out}")
+    assert (out / "final" / "adapter" / "adapter_model.safetensors").is_file()
+    assert (out / "checkpoints" / "step_0000001" / "adapter_model.safetensors").is_file()
+    merged = _weights(out)
+    assert merged.keys() == _weights(sft).keys() and all(v.dtype == torch.float32 for v in merged.values())
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(math.isfinite(r["loss/total"]) for r in records)
+
+
 def test_micro_batches_and_checkpointing_do_not_change_the_step(tmp_path):
     """Losses are normalized by the step's totals, so accumulating over micro-batches (with
     gradient checkpointing) gives the whole-batch gradient."""
@@ -173,6 +188,31 @@ def test_lora_rl_uses_the_adapter_disabled_base_as_reference(tmp_path, monkeypat
     assert not any("LM" in c or "Model" in c for c in copies), copies
     kls = _losses(out, "loss/kl")
     assert kls[0] == 0.0 and kls[1] > 0.0
+
+
+def test_rollout_options_hook_records_trajectories(tmp_path, monkeypatch):
+    """An algorithm that needs the decoding trajectory (CJ-GRPO, TraceRL, ...) asks for it with
+    `rollout_options`; the loop passes it to the rollout and the batch carries it row-major."""
+    from baselines.d1 import algorithm as d1
+
+    sft = train("sft", None, [*TINY, "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
+    seen = []
+    real = d1.token_logps
+
+    def spy(model, batch, noise):
+        seen.append(batch)
+        return real(model, batch, noise)
+
+    monkeypatch.setattr(d1, "rollout_options", lambda cfg: {"record_trajectory": True}, raising=False)
+    monkeypatch.setattr(d1, "token_logps", spy)
+    train("d1", None, [f"model.path={sft / 'final'}", *D1_TINY, "train.steps=1", "rl.num_iterations=2",
+                       "train.micro_batch_size=5", f"run.out_dir={tmp_path / 'd1'}"])
+    for batch in seen:
+        B, steps, G = batch.trajectory.shape
+        assert B == batch.sequences.shape[0] and G == batch.responses.shape[1] and steps == 4
+        assert torch.equal(batch.trajectory[:, -1], batch.responses)  # the last state is the response
+    assert sorted(b.sequences.shape[0] for b in seen[:4]) == [1, 5, 5, 5]  # 16 rows in micro-batches of 5
+    assert all(b.num_sequences == 16 for b in seen)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from dare.config import ScratchModelConfig
 from dare.models import facts, new_model, token_logits
 from dare.models.tokenizer import char_tokenizer
 from dare.train import noise
-from dare.train.estimators import elbo, elbo_backward, masked_logps
+from dare.train.estimators import block_diffusion_logps, elbo, elbo_backward, masked_logps
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +154,42 @@ def test_packed_and_padded_losses_are_equal(tiny):
     for i, part in enumerate(unpack(packed, cu)):
         torch.testing.assert_close(part, padded[i, :len(rows[i])], rtol=1e-5, atol=1e-5)
     assert packed.sum().item() == pytest.approx(padded.sum().item(), abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
+def test_block_diffusion_logps_match_the_training_layout_logits(family):
+    """The [noisy ; clean] path: chunked log-probs from hidden states equal the log-softmax of the
+    logits the block-diffusion forward returns, at every masked position."""
+    tok = char_tokenizer("0123456789+=", family)
+    model = new_model(family, tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64),
+                      seed=0).eval()
+    bs = facts(model).block_size
+    g = torch.Generator().manual_seed(0)
+    clean = torch.randint(3, len(tok), (2, 3 * bs), generator=g)
+    where = noise.block_grid(torch.ones_like(clean, dtype=torch.bool), bs, g)
+    where[:, -1] = True  # at least one masked position
+    x = torch.where(where, facts(model).mask_token_id, clean)
+    with torch.no_grad():
+        logits = model(torch.cat([x, clean], dim=1), block_diffusion=True).logits
+        want = torch.log_softmax(logits.float(), -1).gather(-1, clean[..., None])[..., 0]
+        for chunk in (0, 3):
+            got = block_diffusion_logps(model, x, clean, where, chunk=chunk)
+            torch.testing.assert_close(got[where], want[where], atol=1e-5, rtol=1e-5)
+            assert (got[~where] == 0).all()
+
+
+def test_block_grid_noise_shares_one_block_across_the_batch():
+    g = torch.Generator().manual_seed(3)
+    maskable = torch.zeros(4, 20, dtype=torch.bool)
+    maskable[:, 6:] = True
+    maskable[2, 15:] = False  # a shorter completion
+    seen = set()
+    for _ in range(30):
+        m = noise.block_grid(maskable, 4, g)
+        assert not (m & ~maskable).any()
+        # one block k on the grid 6 + 4k for every row: clean before it, fully masked after it
+        ks = [k for k in range(4) if not m[:, :6 + 4 * k].any()
+              and m[:, 6 + 4 * (k + 1):][maskable[:, 6 + 4 * (k + 1):]].all()]
+        assert ks, m.int()
+        seen.add(max(ks))
+    assert len(seen) > 1  # the block index is drawn

@@ -119,7 +119,8 @@ class Engine:
         if dist.world > 1:
             shard(model, self.bf16)
             if ref is not None:
-                shard(ref, self.bf16, offload=train_cfg.reference_offload)
+                # FSDP's CPU offload needs an accelerator; on a CPU-only run everything is on the CPU already
+                shard(ref, self.bf16, offload=train_cfg.reference_offload and dist.device.type != "cpu")
         self.model, self.ref = model, ref
         self.optimizer = make_optimizer(model, train_cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,

@@ -5,6 +5,8 @@ materializes full-vocabulary logits.
   positions `where`, from the model's hidden states and its output head, `chunk` positions at a
   time (peak memory ~ chunk x vocab instead of B x L x vocab), optionally packing the rows
   without their padding. Shift-aligned for every family.
+- `block_diffusion_logps(model, x_noisy, clean, where)`: the same for block-diffusion models
+  (SDAR, LLaDA2.x) through their `[noisy ; clean]` training layout, in one forward.
 - `elbo(model, ids, attention_mask, maskable, n, generator, weighting, normalize, chunk)`: the
   Monte Carlo ELBO of the maskable tokens given the rest (LLaDA/MDLM, linear schedule):
     weighting="count": l ~ stratified U{1..L}, exactly l positions masked, weight L / l
@@ -69,6 +71,24 @@ def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: to
         r, c = rows[s:s + chunk], cols[s:s + chunk]
         logits = head(hidden[r, c]).float()  # (chunk, V)
         out[r, c] = -F.cross_entropy(logits, targets[r, c], reduction="none")
+    return out
+
+
+def block_diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, where: torch.Tensor,
+                          attention_mask: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
+    """(B, L) log p(clean_i | ...) at `where` for block-diffusion models (SDAR, LLaDA2.x), through
+    their training layout `[x_noisy ; clean]` in one forward: a noisy block attends to itself and
+    to the clean blocks before it, clean tokens attend block-causally (`block_diffusion=True`
+    in `dare.models`). Chunked over positions like `masked_logps`."""
+    hidden = model(input_ids=torch.cat([x_noisy, clean], dim=1), attention_mask=attention_mask,
+                   block_diffusion=True, output_logits=False).last_hidden_state  # (B, L, H): the noisy half
+    head = output_head(model)
+    out = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
+    rows, cols = where.nonzero(as_tuple=True)
+    step = chunk if chunk > 0 else max(1, len(rows))  # 0: every position in one call
+    for s in range(0, len(rows), step):
+        r, c = rows[s:s + step], cols[s:s + step]
+        out[r, c] = -F.cross_entropy(head(hidden[r, c]).float(), clean[r, c], reduction="none")
     return out
 
 

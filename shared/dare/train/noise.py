@@ -69,6 +69,28 @@ def block_wise(maskable: torch.Tensor, block: int, generator: torch.Generator) -
     return out
 
 
+def block_grid(maskable: torch.Tensor, block: int, generator: torch.Generator) -> torch.Tensor:
+    """Block-wise noise on one grid for the whole batch: blocks of `block` positions counted from
+    the first maskable column (the completion start, shared by every row of a rollout batch); one
+    block index k and one ratio t are drawn for the batch; columns before block k are clean,
+    block k is masked i.i.d. at t (maskable positions only), everything maskable after it is
+    masked. Every row then shares the clean prefix, so the batch can reuse one prefix computation."""
+    B, L = maskable.shape
+    cols = maskable.any(dim=0).nonzero().squeeze(1)
+    out = torch.zeros_like(maskable)
+    if len(cols) == 0:
+        return out
+    start, width = int(cols[0]), int(cols[-1]) + 1 - int(cols[0])
+    n_blocks = -(-width // block)
+    k = int(torch.randint(n_blocks, (1,), generator=generator))
+    t = float(torch.rand((), generator=generator))
+    lo, hi = start + k * block, min(start + (k + 1) * block, L)
+    u = torch.rand((B, hi - lo), generator=generator).to(maskable.device)
+    out[:, lo:hi] = u < t
+    out[:, hi:] = True
+    return out & maskable
+
+
 def from_trajectory(step_map: torch.Tensor, step: int) -> torch.Tensor:
     """CJ-GRPO trajectory replay: the state before `step` of a recorded rollout masks every
     position committed at `step` or later (step maps from `dare.rollout`)."""
