@@ -280,8 +280,9 @@ def test_preference_recipe_shares_noise_between_policy_and_reference(tmp_path, m
 
     monkeypatch.setattr(vrpo, "logps", spy)
     out = train("vrpo", None, [f"model.path={sft / 'final'}", "data.task=addition_pairs", "train.steps=2",
-                               "train.batch_size=6", "train.micro_batch_size=4", "train.lr=1e-3", "train.warmup_steps=0",
-                               "algo.n_t=2", "run.log_every=1", f"run.out_dir={tmp_path / 'vrpo'}"])
+                               "train.batch_size=6", "train.micro_batch_size=4", "train.lr=1e-3",
+                               "train.warmup_steps=0", "algo.n_t=2", "run.log_every=1",
+                               f"run.out_dir={tmp_path / 'vrpo'}"])
     assert [grad for grad, _, _ in calls] == [False, True, False, True] * 2  # ref then policy, 2 micro x 2 steps
     for (_, ref_noise, shape), (_, pol_noise, _) in zip(calls[::2], calls[1::2]):
         assert shape[1] == 2  # (pairs, [chosen, rejected], L)

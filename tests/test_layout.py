@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from dare import baselines
+from dare.train import RECIPES
 
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -83,7 +84,7 @@ def test_every_baseline_folder_has_its_parts():
         readme = (folder / "README.md").read_text()
         assert "## Deviations" in readme and "## Results" in readme
         b = baselines.load(name)
-        assert b.algorithm.RECIPE in {"sft", "rl"}
+        assert b.algorithm.RECIPE in RECIPES
         assert len((folder / "algorithm.py").read_text().splitlines()) <= 250
 
 

@@ -506,7 +506,7 @@ def test_checkpoints_move_between_train_and_eval_environments(tmp_path):
         back = load_pretrained(folder / "from_eval")
         with torch.no_grad():
             again = token_logits(back, torch.load(folder / "x.pt"))
-        torch.testing.assert_close(again, torch.load(folder / "logits.pt"), rtol=0, atol=0)
+        torch.testing.assert_close(again, torch.load(folder / "logits.pt"), rtol=1e-5, atol=1e-6)
         tok = AutoTokenizer.from_pretrained(folder / "from_eval")
         assert tok.decode(tok("12+34=")["input_ids"]) == "12+34="
 

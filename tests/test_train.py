@@ -196,5 +196,6 @@ def test_bf16_mixed_precision_keeps_fp32_master_weights(tmp_path):
     w32, w16 = _weights(f32), _weights(b16)
     assert all(v.dtype == torch.float32 for v in w16.values())
     assert any(not torch.equal(w32[k], w16[k]) for k in w32)  # bf16 compute really happened
-    l32, l16 = ([json.loads(x)["loss/total"] for x in (r / "metrics.jsonl").read_text().splitlines()] for r in (f32, b16))
+    l32, l16 = ([json.loads(x)["loss/total"] for x in (r / "metrics.jsonl").read_text().splitlines()]
+                for r in (f32, b16))
     assert l16 == pytest.approx(l32, rel=0.05)

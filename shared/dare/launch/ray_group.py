@@ -72,8 +72,9 @@ def train_with_workers(name: str, config_path, overrides, workers: int, *, force
             local_rank.append(seen.get(ip, 0))
             seen[ip] = seen.get(ip, 0) + 1
         threads = str(cpus_per_worker)
-        runs = [w.run.remote({"RANK": str(r), "LOCAL_RANK": "0" if gpus else str(local_rank[r]),  # Ray pins one GPU each
-                               "WORLD_SIZE": str(workers),
+        # with GPUs Ray pins one per actor (CUDA_VISIBLE_DEVICES), so each actor's local rank is 0
+        runs = [w.run.remote({"RANK": str(r), "LOCAL_RANK": "0" if gpus else str(local_rank[r]),
+                              "WORLD_SIZE": str(workers),
                               "LOCAL_WORLD_SIZE": str(seen[nodes[r][0]]), "MASTER_ADDR": master,
                               "MASTER_PORT": str(port), "OMP_NUM_THREADS": threads},
                              name, str(config_path) if config_path else None, list(overrides), force)

@@ -336,6 +336,64 @@ def data_identity(task_name: str, split: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# The loop scaffolding every recipe shares
+# ---------------------------------------------------------------------------------------------
+
+
+class Loop:
+    """The data sampler, the run's checkpointed generators (one per name in `streams`), resume,
+    the metrics log, stop signals and the end-of-step routine; a recipe writes only its step:
+
+        with Loop(cfg, run_dir, label, engine, len(rows), streams=("noise",)) as loop:
+            for step in range(loop.start, loop.total):
+                ...
+                loop.end_step(step + 1, tokenizer, lambda: {...metrics...})
+        return loop.outcome(tokenizer, model_name, init)
+    """
+
+    def __init__(self, cfg, run_dir, label: str, engine, n_rows: int, streams=()):
+        from dare.utils import make_generator
+
+        self.cfg, self.label, self.engine, self.dist = cfg, label, engine, engine.dist
+        self.total = cfg.train.steps
+        self.sampler = EpochSampler(n_rows, make_generator(cfg.run.seed, "data"))
+        self.generators = {name: make_generator(cfg.run.seed, name) for name in streams}
+        self.ckpt, self.start, self.elapsed0 = resume(run_dir, engine, self.sampler, self.generators, label)
+        self.log = (MetricsLog(run_dir, self.total, self.start, label, cfg.run.report_to, cfg)
+                    if self.dist.main else None)
+        self.t0 = time.perf_counter()
+        self.stop = StopSignals()
+
+    def __enter__(self):
+        self.stop.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.__exit__(*exc)
+        if self.log:
+            self.log.close()
+        return False
+
+    def elapsed(self) -> float:
+        return self.elapsed0 + time.perf_counter() - self.t0
+
+    def end_step(self, done: int, tokenizer, metrics) -> None:
+        """Log `metrics()` when due (every rank calls it: it may sum over ranks), then the periodic
+        checkpoint and the preemption check."""
+        if done % self.cfg.run.log_every == 0 or done == self.total:
+            values = metrics()
+            if self.log:
+                self.log.log(done, values)
+        self.ckpt.after_step(done, self.total, self.cfg.run.save_every, self.stop, self.engine, tokenizer,
+                             lambda: training_state(self.sampler, self.generators, self.elapsed()))
+
+    def outcome(self, tokenizer, model_name: str, init) -> dict:
+        data = self.cfg.data
+        return {"engine": self.engine, "tokenizer": tokenizer, "model_name": model_name, "init": init,
+                "steps": self.total, "data": data_identity(data.task, data.split), "elapsed_s": self.elapsed()}
+
+
+# ---------------------------------------------------------------------------------------------
 # Row slicing: data parallelism and gradient accumulation
 # ---------------------------------------------------------------------------------------------
 

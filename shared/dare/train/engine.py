@@ -259,7 +259,8 @@ def add_lora(model, lora_cfg):
 
     targets = lora_cfg.targets or facts(model).lora_targets
     if not targets:
-        raise UserError(f"{model.config.model_type}: the family declares no LoRA target modules; set model.lora.targets")
+        raise UserError(f"{model.config.model_type}: the family declares no LoRA target modules; "
+                        "set model.lora.targets")
     config = LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
                         target_modules=targets, bias="none")
     peft_model = get_peft_model(model, config)

@@ -25,11 +25,10 @@ import torch
 
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
-from dare.train.common import (EpochSampler, MetricsLog, StopSignals, build_model, data_identity, micro_slices,
-                               resume, take, training_state)
+from dare.train.common import Loop, build_model, micro_slices, take
 from dare.train.engine import Engine, setup_dist
 from dare.train.estimators import Compute
-from dare.utils import UserError, make_generator
+from dare.utils import UserError
 
 REQUIRED = ("sample_noise", "logps", "loss")
 
@@ -81,25 +80,17 @@ def run(cfg, algo, run_dir, label: str = "preference") -> dict:
     chosen = tokenizer([r["extra"]["chosen"] for r in rows], add_special_tokens=False)["input_ids"]
     rejected = tokenizer([r["extra"]["rejected"] for r in rows], add_special_tokens=False)["input_ids"]
 
-    total = cfg.train.steps
-    engine = Engine(model, cfg.model, cfg.train, dist, total, reference=True)
+    engine = Engine(model, cfg.model, cfg.train, dist, cfg.train.steps, reference=True)
     compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
-    sampler = EpochSampler(len(rows), make_generator(cfg.run.seed, "data"))
-    noise_gen = make_generator(cfg.run.seed, "noise")
-    generators = {"noise": noise_gen}
-    ckpt, start, elapsed0 = resume(run_dir, engine, sampler, generators, label)
-    log = MetricsLog(run_dir, total, start, label, cfg.run.report_to, cfg) if dist.main else None
-    t0 = time.perf_counter()
-
-    with StopSignals() as stop:
-        for step in range(start, total):
+    with Loop(cfg, run_dir, label, engine, len(rows), streams=("noise",)) as loop:
+        for step in range(loop.start, loop.total):
             tic = time.perf_counter()
-            idx = sampler.next(cfg.train.batch_size)
+            idx = loop.sampler.next(cfg.train.batch_size)
             batch = preference_batch([prompts[i] for i in idx], [chosen[i] for i in idx], [rejected[i] for i in idx],
                                      f.eos_token_id, f.pad_token_id, compute)
             batch.input_ids, batch.attention_mask, batch.response_mask = (
                 t.to(dist.device) for t in (batch.input_ids, batch.attention_mask, batch.response_mask))
-            noise = algo.sample_noise(batch, cfg.algo, noise_gen)  # the whole step's draws, on every rank
+            noise = algo.sample_noise(batch, cfg.algo, loop.generators["noise"])  # the whole step's draws, every rank
             n = batch.input_ids.shape[0]
             local, local_noise = take(batch, dist.shard(n), n), take(noise, dist.shard(n), n)
             m = local.input_ids.shape[0]
@@ -116,14 +107,8 @@ def run(cfg, algo, run_dir, label: str = "preference") -> dict:
                     sums[k] = sums.get(k, 0.0) + v
             sums = dist.sum(sums)
             sums["optim/grad_norm"] = engine.step()
-            done = step + 1
-            if log and (done % cfg.run.log_every == 0 or done == total):
-                elapsed = time.perf_counter() - tic
-                log.log(done, {**sums, "optim/lr": engine.lr, "data/epoch": sampler.epoch,
-                               "perf/tokens_per_s": int(batch.attention_mask.sum()) / elapsed, "time/step_s": elapsed})
-            ckpt.after_step(done, total, cfg.run.save_every, stop, engine, tokenizer, lambda: training_state(
-                sampler, generators, elapsed0 + time.perf_counter() - t0))
-    if log:
-        log.close()
-    return {"engine": engine, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
-            "data": data_identity(cfg.data.task, cfg.data.split), "elapsed_s": elapsed0 + time.perf_counter() - t0}
+            elapsed = time.perf_counter() - tic
+            loop.end_step(step + 1, tokenizer, lambda: {
+                **sums, "optim/lr": engine.lr, "data/epoch": loop.sampler.epoch,
+                "perf/tokens_per_s": int(batch.attention_mask.sum()) / elapsed, "time/step_s": elapsed})
+    return loop.outcome(tokenizer, model_name, init)

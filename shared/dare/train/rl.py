@@ -33,8 +33,7 @@ import torch
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.rollout import decode_responses, generate, left_pad
-from dare.train.common import (EpochSampler, MetricsLog, StopSignals, build_model, data_identity, micro_slices,
-                               resume, take, training_state)
+from dare.train.common import Loop, build_model, micro_slices, take
 from dare.train.engine import Engine, setup_dist
 from dare.train.estimators import Compute
 from dare.utils import UserError, make_generator
@@ -125,22 +124,17 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
     compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
     micro = cfg.train.micro_batch_size
 
-    total = cfg.train.steps
-    engine = Engine(model, cfg.model, cfg.train, dist, total * mu, reference=algo.uses_reference(cfg.algo))
+    engine = Engine(model, cfg.model, cfg.train, dist, cfg.train.steps * mu, reference=algo.uses_reference(cfg.algo))
     use_ref = algo.uses_reference(cfg.algo)
-    sampler = EpochSampler(len(rows), make_generator(cfg.run.seed, "data"))
-    ckpt, start, elapsed0 = resume(run_dir, engine, sampler, {}, label)
-    log = MetricsLog(run_dir, total, start, label, cfg.run.report_to, cfg) if dist.main else None
-    t0 = time.perf_counter()
     policy = engine.model
 
-    with StopSignals() as stop:
-        for step in range(start, total):
+    with Loop(cfg, run_dir, label, engine, len(rows)) as loop:
+        for step in range(loop.start, loop.total):
             rollout_gen = make_generator(cfg.run.seed, f"rollout/{step}/{dist.rank}")
             noise_gen = make_generator(cfg.run.seed, f"noise/{step}/{dist.rank}")
             # --- rollout: G completions per prompt, sampled by the current policy
             tic = time.perf_counter()
-            mine = sampler.next(n_prompts)[dist.shard(n_prompts)]
+            mine = loop.sampler.next(n_prompts)[dist.shard(n_prompts)]
             row_of = [i for i in mine for _ in range(G)]  # each prompt G times, grouped
             ids, mask = left_pad([prompts[i] for i in row_of], f.pad_token_id)
             policy.eval()
@@ -191,28 +185,24 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
                 for k, v in step_sums.items():
                     sums[k] = sums.get(k, 0.0) + v / mu
             t_update = time.perf_counter() - tic
+            times = {"time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update}
+            loop.end_step(step + 1, tokenizer, lambda: step_metrics(dist, batch, out, mu, sums, engine.lr, times))
+    return loop.outcome(tokenizer, model_name, init)
 
-            done = step + 1
-            if done % cfg.run.log_every == 0 or done == total:
-                grouped = rewards.view(-1, G)
-                stats = dist.sum({"reward_sum": float(rewards.sum()), "reward_sq": float((rewards ** 2).sum()),
-                                  "zero_std": float((grouped.std(dim=1) == 0).sum()) if G > 1 else 0.0,
-                                  "seq_tokens": float(out.attention_mask.sum()),
-                                  "new_tokens": float(out.response_mask.sum())})
-                rows_all = batch.num_sequences
-                mean = stats["reward_sum"] / rows_all
-                var = max(0.0, stats["reward_sq"] / rows_all - mean ** 2) * rows_all / max(1, rows_all - 1)
-                if log:
-                    log.log(done, {"rollout/reward_mean": mean, "rollout/reward_std": var ** 0.5,
-                                   "rollout/zero_std_groups": stats["zero_std"] / (rows_all / G),
-                                   "rollout/response_tokens": batch.num_tokens / rows_all,
-                                   **sums, "optim/lr": engine.lr,
-                                   "perf/rollout_tokens_per_s": stats["new_tokens"] / t_rollout,
-                                   "perf/train_tokens_per_s": stats["seq_tokens"] * mu / (t_logp + t_update),
-                                   "time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update})
-            ckpt.after_step(done, total, cfg.run.save_every, stop, engine, tokenizer, lambda: training_state(
-                sampler, {}, elapsed0 + time.perf_counter() - t0))
-    if log:
-        log.close()
-    return {"engine": engine, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
-            "data": data_identity(cfg.data.task, cfg.data.split), "elapsed_s": elapsed0 + time.perf_counter() - t0}
+
+def step_metrics(dist, batch: RLBatch, out, mu: int, sums: dict, lr: float, times: dict) -> dict:
+    """The logged metrics of an RL step, summed over processes (collective)."""
+    G = batch.group_size
+    grouped = batch.rewards.view(-1, G)
+    stats = dist.sum({"reward_sum": float(batch.rewards.sum()), "reward_sq": float((batch.rewards ** 2).sum()),
+                      "zero_std": float((grouped.std(dim=1) == 0).sum()) if G > 1 else 0.0,
+                      "seq_tokens": float(out.attention_mask.sum()), "new_tokens": float(out.response_mask.sum())})
+    rows = batch.num_sequences
+    mean = stats["reward_sum"] / rows
+    var = max(0.0, stats["reward_sq"] / rows - mean ** 2) * rows / max(1, rows - 1)
+    return {"rollout/reward_mean": mean, "rollout/reward_std": var ** 0.5,
+            "rollout/zero_std_groups": stats["zero_std"] / (rows / G),
+            "rollout/response_tokens": batch.num_tokens / rows, **sums, "optim/lr": lr,
+            "perf/rollout_tokens_per_s": stats["new_tokens"] / times["time/rollout_s"],
+            "perf/train_tokens_per_s": stats["seq_tokens"] * mu / (times["time/logp_s"] + times["time/update_s"]),
+            **times}

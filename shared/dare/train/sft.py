@@ -21,11 +21,10 @@ import torch
 
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
-from dare.train.common import (EpochSampler, MetricsLog, StopSignals, build_model, data_identity, micro_slices,
-                               resume, take, training_state)
+from dare.train.common import Loop, build_model, micro_slices, take
 from dare.train.engine import Engine, setup_dist
 from dare.train.estimators import Compute
-from dare.utils import UserError, make_generator
+from dare.utils import UserError
 
 REQUIRED = ("sample_noise", "loss")
 
@@ -100,35 +99,20 @@ def run(cfg, algo, run_dir, label: str = "sft") -> dict:
             raise UserError(f"{cfg.data.task}/{cfg.data.split} row {i}: response of {len(responses[i])} tokens plus "
                              f"EOS exceeds algo.response_length={R} ({len(too_long)} rows do)")
 
-    total = cfg.train.steps
-    engine = Engine(model, cfg.model, cfg.train, dist, total)
+    engine = Engine(model, cfg.model, cfg.train, dist, cfg.train.steps)
     compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
-    sampler = EpochSampler(len(rows), make_generator(cfg.run.seed, "data"))
-    noise_gen = make_generator(cfg.run.seed, "noise")
-
-    generators = {"noise": noise_gen}
-    ckpt, start, elapsed0 = resume(run_dir, engine, sampler, generators, label)
-    log = MetricsLog(run_dir, total, start, label, cfg.run.report_to, cfg) if dist.main else None
-    t0 = time.perf_counter()
-
-    with StopSignals() as stop:
-        for step in range(start, total):
+    with Loop(cfg, run_dir, label, engine, len(rows), streams=("noise",)) as loop:
+        for step in range(loop.start, loop.total):
             tic = time.perf_counter()
-            idx = sampler.next(cfg.train.batch_size)
+            idx = loop.sampler.next(cfg.train.batch_size)
             batch = sft_batch([prompts[i] for i in idx], [responses[i] for i in idx], f.eos_token_id, f.pad_token_id,
                               R, compute)
             batch.input_ids, batch.attention_mask, batch.response_mask = (
                 t.to(dist.device) for t in (batch.input_ids, batch.attention_mask, batch.response_mask))
-            noise = algo.sample_noise(batch, cfg.algo, noise_gen)
+            noise = algo.sample_noise(batch, cfg.algo, loop.generators["noise"])
             metrics = train_step(engine, algo, batch, noise, cfg)
-            done = step + 1
-            if log and (done % cfg.run.log_every == 0 or done == total):
-                elapsed = time.perf_counter() - tic
-                log.log(done, {**metrics, "optim/lr": engine.lr, "data/epoch": sampler.epoch,
-                               "perf/tokens_per_s": int(batch.attention_mask.sum()) / elapsed, "time/step_s": elapsed})
-            ckpt.after_step(done, total, cfg.run.save_every, stop, engine, tokenizer, lambda: training_state(
-                sampler, generators, elapsed0 + time.perf_counter() - t0))
-    if log:
-        log.close()
-    return {"engine": engine, "tokenizer": tokenizer, "model_name": model_name, "init": init, "steps": total,
-            "data": data_identity(cfg.data.task, cfg.data.split), "elapsed_s": elapsed0 + time.perf_counter() - t0}
+            elapsed = time.perf_counter() - tic
+            loop.end_step(step + 1, tokenizer, lambda: {
+                **metrics, "optim/lr": engine.lr, "data/epoch": loop.sampler.epoch,
+                "perf/tokens_per_s": int(batch.attention_mask.sum()) / elapsed, "time/step_s": elapsed})
+    return loop.outcome(tokenizer, model_name, init)
