@@ -10,13 +10,16 @@ by the response length (EOS padding included), averaged over the batch:
 The cross-entropy is taken from hidden states in chunks (no B x L x V logits) and, with
 `train.packing`, without compute on the prompts' left padding (`dare.train.estimators`).
 
-Deviations: none for masked models. Block-diffusion SFT (SDAR, LLaDA2) is not implemented yet.
+Block-diffusion models (SDAR, LLaDA2.x; BD3-LM's objective): the same noise and weights, and the
+log-probs come from one forward over [x_t ; x_0] with the three-rule block mask (a noisy block
+sees itself and the clean blocks before it), so each block is a masked diffusion conditioned on
+the clean past: -log p(x) <= sum_b E_t[1/t sum_{i in b, masked} -log p(x_i | x_t^b, x^{<b})].
 """
 
 import torch
 
 from dare.models import facts
-from dare.train.estimators import masked_logps
+from dare.train.estimators import block_diffusion_logps, masked_logps
 
 RECIPE = "sft"
 
@@ -34,8 +37,11 @@ def sample_noise(batch, cfg, generator: torch.Generator) -> dict:
 def loss(model, batch, noise, cfg):
     ids, response, masked, p = batch.input_ids, batch.response_mask, noise["masked"], noise["p"]
     noisy = torch.where(masked, facts(model).mask_token_id, ids)
-    logps = masked_logps(model, noisy, ids, masked, batch.attention_mask, chunk=batch.compute.chunk,
-                         pack=batch.compute.pack)  # (B, L), 0 where not masked
+    if facts(model).attention == "block_causal":
+        logps = block_diffusion_logps(model, noisy, ids, masked, batch.attention_mask, chunk=batch.compute.chunk)
+    else:
+        logps = masked_logps(model, noisy, ids, masked, batch.attention_mask, chunk=batch.compute.chunk,
+                             pack=batch.compute.pack)  # (B, L), 0 where not masked
     n_resp, n_masked = response.sum(1), masked.sum(1).clamp(min=1)
     per_seq = -(logps.sum(1) / p) / n_resp  # (B,)
     loss = per_seq.sum() / batch.num_sequences  # normalized by the whole step's rows

@@ -13,7 +13,8 @@ The baseline's `algorithm.py` sets `RECIPE` to one of the keys of `RECIPES` and 
 functions listed in that recipe's `REQUIRED`. Optional hooks: `check_config(cfg)` raises
 ValueError for combinations the algorithm forbids (checked before any model is built), and the
 RL recipe's `rollout_options(algo_cfg)` (decoding settings the algorithm needs, e.g.
-`{"record_trajectory": True}`).
+`{"record_trajectory": True}`) and `uses_old_logps(algo_cfg)` (False for objectives without an
+importance ratio: the old log-probs are then never computed).
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@
 
 The loop knows nothing about any particular algorithm: what noise an estimator needs, how
 log-probs are estimated and what the loss is all come from the baseline's `algorithm.py`
-(optional hooks: `rollout_options`, `check_config`; see `dare.train`). The same noise draw is
-used for the policy, old and reference log-probs of an update, so their ratio compares like
-with like. With one update per batch (mu = 1) the old log-probs equal the current ones by
+(optional hooks: `rollout_options`, `check_config`, `uses_old_logps`; see `dare.train`).
+The same noise draw is used for the policy, old and reference log-probs of an update, so
+their ratio compares like with like. With one update per batch (mu = 1) the old log-probs equal the current ones by
 construction, so they are not recomputed: `old = logps.detach()` (ratio = 1).
 
 Processes: each takes `prompts_per_step / world` prompts (whole groups), rolls out, scores
@@ -126,6 +126,7 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
 
     engine = Engine(model, cfg.model, cfg.train, dist, cfg.train.steps * mu, reference=algo.uses_reference(cfg.algo))
     use_ref = algo.uses_reference(cfg.algo)
+    uses_old = getattr(algo, "uses_old_logps", lambda c: True)(cfg.algo)  # objectives without a ratio skip them
     policy = engine.model
 
     with Loop(cfg, run_dir, label, engine, len(rows)) as loop:
@@ -155,7 +156,7 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
             noises = [algo.sample_noise(batch, cfg.algo, noise_gen) for _ in range(mu)]
             with torch.no_grad():
                 old = ref = None
-                if mu > 1 or cfg.rl.recompute_old_logps:
+                if (mu > 1 or cfg.rl.recompute_old_logps) and uses_old:
                     with engine.autocast():
                         old = [per_micro(lambda b, z: algo.token_logps(policy, b, z), batch, z, micro) for z in noises]
                 if use_ref:

@@ -1,0 +1,32 @@
+"""peft (LoRA SFT) defaults: d1's SFT stage (`d1:SFT/sft_train.py`; LLaDA-8B-Instruct on s1K)."""
+
+from dataclasses import dataclass, field
+
+from dare.config import DataConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig, check
+
+
+@dataclass
+class PEFT:
+    eps: float = 1e-3
+    """Lower clamp of t (d1's collator clamps t ~ U(0, 1) to [1e-3, 1])."""
+    response_length: int | None = None
+    """Pad responses with EOS to this length (None: the batch's longest plus one EOS). d1 pads the
+    whole sequence to 4096 tokens."""
+
+    def validate(self):
+        check(0 < self.eps < 1, "must be within (0, 1)", "eps")
+        check(self.response_length is None or self.response_length > 1, "must be > 1 or null", "response_length")
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    # LoRA r 128, alpha 256, dropout 0.05 (d1 targets q, k, v only: model.lora.targets='.*\.(q_proj|k_proj|v_proj)';
+    # the default here is the family's declared targets, which include the MLP)
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(
+        lora=LoraConfig(rank=128, alpha=256.0, dropout=0.05)))
+    data: DataConfig = field(default_factory=DataConfig)
+    # lr 1e-5, weight decay 0.1, grad-norm 1.0; batch 1 per GPU x grad-acc 4 x 4 GPUs = 16; 20 epochs of s1K
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(
+        steps=1250, batch_size=16, lr=1e-5, weight_decay=0.1, max_grad_norm=1.0))
+    algo: PEFT = field(default_factory=PEFT)
