@@ -226,8 +226,12 @@ def cmd_sweep(ns) -> int:
 
 
 def cmd_demo(ns) -> int:
-    from dare.demo import main as demo_main
+    from dare.demo import compare, main as demo_main
 
+    if ns.compare:
+        compare(seeds=ns.seeds, methods=ns.methods.split(",") if ns.methods else None, smoke=ns.smoke,
+                publish_to=ns.publish)
+        return 0
     return demo_main(smoke=ns.smoke, seeds=ns.seeds)
 
 
@@ -326,6 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "both on the held-out split and prints the comparison. Finished stages are reused.")
     s.add_argument("--seeds", type=int, default=3, help="d1 seeds (default 3)")
     s.add_argument("--smoke", action="store_true", help="a seconds-long run at reduced size (for tests)")
+    s.add_argument("--compare", action="store_true", help=(
+        "run every baseline config in reproductions/tiny/ from the demo's SFT checkpoint (--seeds each) "
+        "and print the comparison table"))
+    s.add_argument("--methods", help="--compare: comma-separated subset (default: all configs)")
+    s.add_argument("--publish", help="--compare: copy the result JSONs to this folder (e.g. leaderboard/results/tiny)")
     s.set_defaults(func=cmd_demo)
     return p
 
