@@ -23,7 +23,7 @@ OFFLINE = [n for n, t in TASKS.items() if t.offline]
 
 def test_registry_has_the_tasks_of_the_papers():
     assert set(TASKS) >= {"gsm8k", "math", "math500", "countdown", "countdown4", "sudoku", "humaneval", "mbpp",
-                          "ultrafeedback", "addition"}
+                          "ultrafeedback", "addition", "s1k"}
     assert set(OFFLINE) == {"addition", "addition_pairs", "countdown", "countdown4", "sudoku", "humaneval"}
     assert set(recorded_hashes()) == {f"{n}/{s}" for n in OFFLINE for s in TASKS[n].splits}
 
@@ -216,3 +216,15 @@ def test_bench_rewards_writes_a_report(tmp_path):
         assert entry["serial_per_s"] > 0 and entry["parallel_per_s"] > 0
         assert 0.3 < entry["mean_reward"] < 0.9, name  # about half of the inputs are right
     assert report["workers"] == 2 and report["n"] == 20 and "hardware" in report
+
+
+def test_s1k_builds_d1s_sft_target(tmp_path):
+    src = tmp_path / "s1k"
+    src.mkdir()
+    _write_jsonl(src / "s1K.jsonl", [
+        {"question": "What is 2+2?", "thinking_trajectories": ["2 and 2 make 4."], "attempt": "\\boxed{4}"},
+        {"question": "No trace", "thinking_trajectories": [], "attempt": "x"}])
+    path = build("s1k", "train", tmp_path / "data", source=src)
+    rows = load_split("s1k", "train", tmp_path / "data", build_missing=False)
+    assert path.is_file() and len(rows) == 1  # the record without a trace is dropped
+    assert TASKS["s1k"].target(rows[0]) == "<reasoning>2 and 2 make 4.</reasoning>\n<answer>\\boxed{4}</answer>"

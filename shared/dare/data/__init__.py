@@ -23,7 +23,7 @@ Parquet schema (one row per example; `load_split` validates it and names file, r
 from __future__ import annotations
 
 from dare.data.code import MBPP, HumanEval
-from dare.data.mathtasks import GSM8K, MATH, MATH500
+from dare.data.mathtasks import GSM8K, MATH, MATH500, S1K
 from dare.data.preference import UltraFeedback
 from dare.data.puzzles import Countdown, Sudoku
 from dare.data.synthetic import Addition, AdditionPreference
@@ -40,6 +40,7 @@ TASKS = {
     "humaneval": HumanEval(),
     "mbpp": MBPP(),
     "ultrafeedback": UltraFeedback(),
+    "s1k": S1K(),
 }
 
 from dare.data.store import DataError, build, data_dir, load_split, recorded_hashes, split_path  # noqa: E402

@@ -80,3 +80,29 @@ class MATH500(MATH):
     splits = ("test",)
     files = {"test": ["test.jsonl", "math500.jsonl", "MATH-500.jsonl"]}
     hub = {"test": ("HuggingFaceH4/MATH-500", "test.jsonl")}
+
+
+class S1K(Task):
+    """s1K (simplescaling/s1K): 1,000 questions with reasoning traces, d1's SFT data. The target is
+    d1's layout `<reasoning>{thinking_trajectories[0]}</reasoning>\\n<answer>{attempt}</answer>`
+    (`d1:SFT/sft_train.py`). SFT only: it has no held-out split and no scorer."""
+
+    name = "s1k"
+    splits = ("train",)
+    version = "p1"
+    files = {"train": ["s1K.jsonl", "train.jsonl", "train-00000-of-00001.parquet"]}
+    hub = {"train": ("simplescaling/s1K", "data/train-*.parquet")}
+
+    def convert(self, record: dict, split: str) -> dict | None:
+        traces = record.get("thinking_trajectories") or []
+        if not record.get("question") or not traces or not record.get("attempt"):
+            return None
+        trace = traces[0] if isinstance(traces, (list, tuple)) else str(traces)
+        return {"prompt": [{"role": "user", "content": record["question"]}], "ground_truth": record["attempt"],
+                "extra": {"reasoning": trace}}
+
+    def target(self, row: dict) -> str:
+        return f"<reasoning>{row['extra']['reasoning']}</reasoning>\n<answer>{row['ground_truth']}</answer>"
+
+    def score(self, completion: str, row: dict) -> dict[str, float]:
+        raise NotImplementedError("s1k is SFT data; evaluate the fine-tuned model on gsm8k, math500, ...")

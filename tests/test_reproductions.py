@@ -1,0 +1,47 @@
+"""Every reproduction config loads with the validation `dare train` uses, and every targets.yaml
+names configs, benchmarks and numbers that exist."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dare.data import TASKS
+from dare.train import resolve
+
+ROOT = Path(__file__).resolve().parents[1] / "reproductions"
+CONFIGS = sorted(p for p in ROOT.glob("*/*.yaml") if p.name not in ("targets.yaml", "eval.yaml"))
+TARGETS = sorted(ROOT.glob("*/targets.yaml"))
+
+
+def test_the_demo_eval_config_loads():
+    from dare.config import EvalRunConfig, load
+
+    assert load(EvalRunConfig, ROOT / "demo" / "eval.yaml").eval.decoding.gen_length == 4
+
+
+def test_there_are_reproductions_for_the_wave_one_baselines():
+    folders = {p.parent.name for p in TARGETS}
+    assert {"sft", "peft", "vrpo", "d1", "coupled_grpo", "wd1"} <= folders
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_reproduction_config_resolves(path):
+    baseline = yaml.safe_load(path.read_text())["baseline"]
+    _, cfg, _ = resolve(baseline, path)
+    if path.parent.name not in ("demo", "tiny"):  # the paper configs start from released checkpoints
+        assert cfg.model.path and cfg.model.path.startswith("/ckpt/"), path
+
+
+@pytest.mark.parametrize("path", TARGETS, ids=lambda p: p.parent.name)
+def test_targets_are_complete(path):
+    spec = yaml.safe_load(path.read_text())
+    assert set(spec) >= {"paper", "base_model", "eval", "tolerance", "targets"}, path
+    assert spec["paper"]["arxiv"] and spec["paper"]["table"]
+    assert set(spec["eval"]) >= {"split", "block_length", "steps_per_token", "temperature"}
+    assert spec["targets"], f"{path}: no targets"
+    for t in spec["targets"]:
+        assert (path.parent / t["config"]).is_file(), (path, t)
+        assert t["benchmark"] in TASKS, (path, t["benchmark"])
+        assert isinstance(t["value"], (int, float)) and 0 <= t["value"] <= 100, (path, t)
+        assert t["gen_length"] in (128, 256, 512, 1024), (path, t)
