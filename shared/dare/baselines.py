@@ -2,8 +2,8 @@
 (with YAML front matter), an `algorithm.py` and a `config.py`. Nothing registers itself at
 import time; `dare train <name>` imports `baselines.<name>.algorithm` and `.config` on demand.
 
-`algorithm.py` names the training recipe it plugs into (`RECIPE = "sft"` or `"rl"`, see
-`dare.train.RECIPES`) and defines the functions that recipe calls; `config.py` defines `Config`,
+`algorithm.py` names the training recipe it plugs into (`RECIPE = "sft"`, `"preference"` or
+`"rl"`, see `dare.train.RECIPES`) and defines the functions that recipe calls; `config.py` defines `Config`,
 the run's dataclass config with the paper's defaults.
 """
 
@@ -70,3 +70,76 @@ def load(name: str) -> Baseline:
     if not hasattr(config, "Config"):
         raise UserError(f"baselines/{name}/config.py defines no `Config` dataclass")
     return Baseline(name, folder, algorithm, config.Config)
+
+
+REQUIRED_FRONT_MATTER = ("name", "title", "arxiv", "reference_code", "families", "status")
+STATUSES = ("verified", "partial", "wip", "stale")
+REQUIRED_SECTIONS = ("## Deviations", "## Results")
+MAX_ALGORITHM_LINES = 250
+
+
+def folders() -> list[str]:
+    """Every folder under baselines/ that looks like a baseline (even an incomplete one)."""
+    return sorted(p.name for p in root().iterdir()
+                  if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def checklist(name: str, repo: Path | None = None) -> list[str]:
+    """What `baselines/<name>/` still lacks before it can be merged (CONTRIBUTING.md); empty when
+    complete. Each entry names the file and the missing piece."""
+    import re
+
+    from dare.models import FAMILIES
+
+    repo = repo or root().parent
+    folder, problems = root() / name, []
+    for f in REQUIRED_FILES:
+        if not (folder / f).is_file():
+            problems.append(f"baselines/{name}/{f}: missing")
+    if problems:
+        return problems
+    try:
+        meta = front_matter(name)
+    except UserError as e:
+        return [str(e)]
+    missing = [k for k in REQUIRED_FRONT_MATTER if k not in meta]
+    if missing:
+        problems.append(f"baselines/{name}/README.md: front matter lacks {', '.join(missing)}")
+    if meta.get("name") != name:
+        problems.append(f"baselines/{name}/README.md: front matter name {meta.get('name')!r} is not the folder name")
+    if meta.get("status") not in STATUSES:
+        problems.append(f"baselines/{name}/README.md: status {meta.get('status')!r} is not one of {list(STATUSES)}")
+    families = meta.get("families")
+    if not isinstance(families, list) or not families or set(families) - set(FAMILIES):
+        problems.append(f"baselines/{name}/README.md: families {families!r} must be a non-empty list of "
+                        f"{sorted(FAMILIES)}")
+    readme = (folder / "README.md").read_text()
+    problems += [f"baselines/{name}/README.md: no '{s}' section" for s in REQUIRED_SECTIONS if s not in readme]
+    n_lines = len((folder / "algorithm.py").read_text().splitlines())
+    if n_lines > MAX_ALGORITHM_LINES:
+        problems.append(f"baselines/{name}/algorithm.py: {n_lines} lines (at most {MAX_ALGORITHM_LINES}: move "
+                        "general capabilities into dare)")
+    try:
+        b = load(name)
+        from dare.train import RECIPES
+
+        recipe = getattr(b.algorithm, "RECIPE", None)
+        if recipe not in RECIPES:
+            problems.append(f"baselines/{name}/algorithm.py: RECIPE = {recipe!r}; expected one of {sorted(RECIPES)}")
+        else:
+            required = importlib.import_module(RECIPES[recipe]).REQUIRED
+            absent = [fn for fn in required if not callable(getattr(b.algorithm, fn, None))]
+            if absent:
+                problems.append(f"baselines/{name}/algorithm.py: the {recipe!r} recipe needs {', '.join(absent)}")
+    except Exception as e:  # an import error is a finding, not a crash of the checklist
+        problems.append(f"baselines/{name}: cannot be loaded: {e}")
+    mention = re.compile(rf"baselines\.{name}\b|[\"']{name}[\"']")
+    if not any(mention.search(p.read_text()) for p in (repo / "tests").glob("test_*.py")):
+        problems.append(f"baselines/{name}: no test under tests/ imports baselines.{name} or runs it by name")
+    from dare.results import load_results
+
+    valid, _ = load_results(repo / "leaderboard" / "results")
+    if not any(r.method.baseline == name for _, r in valid):
+        problems.append(f"baselines/{name}: no valid result JSON for it under leaderboard/results/ (run it on "
+                        f"the tiny task: dare demo --compare --methods {name} --publish leaderboard/results/tiny)")
+    return problems
