@@ -11,7 +11,7 @@ TORCH  := $(shell $(PYTHON) -c 'import tomllib; x = tomllib.load(open("pyproject
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test leaderboard setup eval-env clean-venv help
+.PHONY: demo test leaderboard setup eval-env browser clean-venv help
 
 help:
 	@echo "make demo         set up the train venv and run the embedded default (tiny SFT -> d1 -> eval)"
@@ -43,6 +43,14 @@ demo: $(TRAIN)/.installed
 
 test: $(TRAIN)/.installed $(EVAL)/.installed
 	DARE_EVAL_PYTHON=$(abspath $(EVAL))/bin/python $(TRAIN)/bin/python -m pytest $(PYTEST_ARGS)
+
+# Debian's Chromium and its WebDriver, for the leaderboard's end-to-end browser test (the test calls
+# this target itself, so `make test` works on a fresh machine). Needs root or sudo.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null)
+	@chromium --version
 
 leaderboard: $(TRAIN)/.installed
 	$(TRAIN)/bin/dare leaderboard --runs runs

@@ -1,7 +1,9 @@
 """The leaderboard: `dare leaderboard` or `make leaderboard` (Streamlit, 127.0.0.1).
 
 A read-only view over validated result JSONs: committed ones under leaderboard/results/ and any
-run folders given with `--runs` (or $DARE_LEADERBOARD_RUNS). Invalid files are listed, never fatal.
+run folders given with `--runs` (or $DARE_LEADERBOARD_RUNS). Invalid files are listed with their
+reason, never fatal. Views: the leaderboard of one model, one method across models, reproductions
+against the papers' numbers, speed, and the detail of one run.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import altair as alt
 import pandas as pd
 import streamlit as st
 
@@ -19,23 +22,128 @@ st.set_page_config(page_title="dLLM post-training leaderboard", layout="wide")
 st.title("dLLM post-training leaderboard")
 
 items, invalid = load.load_all()
+bench = load.load_bench()
 if invalid:
     with st.expander(f"⚠ {len(invalid)} invalid result file(s) skipped", expanded=True):
         st.dataframe(pd.DataFrame([{"file": str(p), "reason": why} for p, why in invalid]), hide_index=True)
-if not items:
+if not items and not bench:
     st.info("No results yet. Run `make demo`, then `make leaderboard`.")
     st.stop()
 
-families = sorted({r.model.family for _, r in items})
-family = st.sidebar.selectbox("Model family", families, key="family")
-models = sorted({r.model.name for _, r in items if r.model.family == family})
-model = st.sidebar.selectbox("Model", models, key="model")
-chosen = [(p, r) for p, r in items if r.model.family == family and r.model.name == model]
+# --- filters (empty selection = everything)
+opts = load.options(items)
+st.sidebar.header("Filters")
+selected = {key: st.sidebar.multiselect(label, opts[key], key=f"filter_{key}")
+            for key, label in [("family", "Model family"), ("model", "Model"), ("method", "Method"),
+                               ("benchmark", "Benchmark"), ("gen_length", "Generation length")]}
+shown = load.apply_filters(items, **selected)
+st.sidebar.caption(f"{len(shown)} of {len(items)} results shown")
 
-st.subheader(f"{model} ({family})")
-benchmarks, rows = load.table([r for _, r in chosen])
-st.caption("Main metric of each benchmark, in %: mean ± std over seeds (sample std).")
-st.dataframe(pd.DataFrame(rows), hide_index=True)
 
-st.subheader("Runs")
-st.dataframe(pd.DataFrame(load.run_rows(chosen)), hide_index=True)
+def download(df: pd.DataFrame, name: str, key: str) -> None:
+    st.download_button("Download CSV", df.to_csv(index=False).encode(), file_name=name, mime="text/csv", key=key)
+
+
+main, by_method, repro, speed, detail = st.tabs(["Leaderboard", "By method", "Reproduction", "Speed", "Run detail"])
+
+with main:
+    families = sorted({r.model.family for _, r in shown})
+    if not families:
+        st.info("No result matches the filters.")
+    else:
+        family = st.selectbox("Model family", families, key="family")
+        models = sorted({r.model.name for _, r in shown if r.model.family == family})
+        model = st.selectbox("Model", models, key="model")
+        results = [r for _, r in shown if r.model.family == family and r.model.name == model]
+        st.subheader(f"{model} ({family})")
+        methods = list(dict.fromkeys(load.method_label(r) for r in results))
+        base_default = load.base_method(results)
+        base = st.selectbox("Deltas against", methods, index=methods.index(base_default) if base_default in methods
+                            else 0, key="base")
+        benchmarks, rows, deltas = load.table(results, base)
+        sort_by = st.selectbox("Sort rows by", ["method", *benchmarks], key="sort")
+        df = pd.DataFrame(rows)
+        if sort_by != "method":
+            df = df.assign(_key=df[sort_by].str.extract(r"^(-?[\d.]+)")[0].astype(float)).sort_values(
+                "_key", ascending=False, na_position="last").drop(columns="_key")
+        st.caption("Main metric of each benchmark, in %: mean ± sample std over seeds (n seeds). Columns are "
+                   "benchmark [gen length/block/steps, temperature]: different decodings never share a column.")
+        st.table(df.set_index("method"))  # a static HTML table: readable, printable, its text is in the page
+        download(df, f"leaderboard_{model}.csv", "csv_main")
+        if deltas:
+            st.caption(f"Difference to {base}, in points:")
+            st.table(pd.DataFrame(deltas).set_index("method"))
+        chart = pd.DataFrame(load.chart_rows(results))
+        bars = alt.Chart().mark_bar().encode(x=alt.X("method:N", title=None), y=alt.Y("mean:Q", title="%"),
+                                             color=alt.Color("method:N", legend=None))
+        errors = alt.Chart().mark_errorbar().encode(x="method:N", y="low:Q", y2="high:Q")
+        st.caption("Mean over seeds with ± one sample std:")
+        st.altair_chart(alt.layer(bars, errors, data=chart).facet(column=alt.Column("benchmark:N", title=None)))
+        st.subheader("Runs")
+        st.dataframe(pd.DataFrame(load.run_rows([(p, r) for p, r in shown if r.model.family == family
+                                                 and r.model.name == model])), hide_index=True)
+
+with by_method:
+    methods = load.options(shown)["method"]
+    if not methods:
+        st.info("No result matches the filters.")
+    else:
+        method = st.selectbox("Method", methods, key="method_view")
+        df = pd.DataFrame(load.method_rows(shown, method))
+        st.caption(f"{method} on every model and family (mean ± std over seeds, in %).")
+        st.dataframe(df, hide_index=True, key="method_table")
+        download(df, f"method_{method}.csv", "csv_method")
+
+with repro:
+    rows = load.reproduction_rows(shown)
+    st.caption("Ours (mean over seeds) against the paper's number. ✓ reproduced only when the decoding matches the "
+               "paper's protocol, the whole test split was evaluated and ours is within 2 points of the paper.")
+    if not rows:
+        st.info("No result carries a paper reference yet (the 8B reproductions in reproductions/ have not been run).")
+    else:
+        df = pd.DataFrame(rows)
+        st.dataframe(df, hide_index=True, key="repro_table")
+        download(df, "reproduction.csv", "csv_repro")
+
+with speed:
+    st.caption("Decoding throughput recorded with each evaluation (dare bench rollout writes one result per "
+               "strategy), and the training-side comparisons of dare bench train.")
+    rollout = pd.DataFrame(load.rollout_speed_rows(shown))
+    if len(rollout):
+        st.dataframe(rollout, hide_index=True, key="rollout_speed")
+    training = pd.DataFrame(load.training_speed_rows(bench))
+    if len(training):
+        st.dataframe(training, hide_index=True, key="train_speed")
+    if not len(rollout) and not len(training):
+        st.info("No throughput results yet: run `dare bench rollout` or `dare bench train`.")
+
+with detail:
+    ids = [r.run_id for _, r in shown]
+    if not ids:
+        st.info("No result matches the filters.")
+    else:
+        run_id = st.selectbox("Run", ids, key="run")
+        path, r = next((p, r) for p, r in shown if r.run_id == run_id)
+        info = load.run_detail(path, r)
+        st.write(f"**{load.method_label(r)}** on **{r.model.name}** ({r.model.family}), {r.benchmark.name} "
+                 f"({r.benchmark.n_samples.effective} of {r.benchmark.n_samples.original} samples): "
+                 f"{r.metrics[0].name} = {100 * r.metrics[0].value:.1f}%")
+        st.write(f"Result file: `{path}`")
+        prov = info["provenance"]
+        st.write(f"Commit `{(prov['git_commit'] or '?')[:12]}`{' (dirty)' if prov['git_dirty'] else ''}, "
+                 f"hardware: {prov['hardware']['cpu']}" + (f", {prov['hardware']['gpu']}" if prov["hardware"]["gpu"]
+                                                         else ""))
+        st.json({"decoding": info["decoding"], "training": info["training"], "packages": prov["packages"]},
+                expanded=False)
+        if info["config"]:
+            st.caption(f"Resolved config: `{info['config_path']}`")
+            st.code(info["config"], language="yaml")
+        if info["samples"]:
+            st.caption(f"Samples (first {len(info['samples'])}): `{info['samples_path']}`")
+            st.dataframe(pd.DataFrame(info["samples"]), hide_index=True, key="samples")
+        if info["curves"]:
+            curves = pd.DataFrame(info["curves"]).set_index("step")
+            metric = st.selectbox("Training curve", [c for c in curves.columns if c != "time_s"], key="curve")
+            st.line_chart(curves[[metric]])
+        else:
+            st.caption("No training metrics (metrics.jsonl) beside this result.")

@@ -1,7 +1,13 @@
-"""The leaderboard app through Streamlit's AppTest, on valid and invalid result files."""
+"""The leaderboard app through Streamlit's AppTest (every view, every filter, the invalid-file
+panel), its torch-free loader, and an end-to-end check in a real headless Chromium."""
 
 import json
+import os
+import shutil
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,46 +16,237 @@ from streamlit.testing.v1 import AppTest
 from dare.results import metric_from_values, write_result
 from test_results import make_result
 
-APP = str(Path(__file__).resolve().parent.parent / "leaderboard" / "app.py")
+REPO = Path(__file__).resolve().parent.parent
+APP = str(REPO / "leaderboard" / "app.py")
+
+
+def _result(tmp, name, *, method, init, seed, acc, model="tiny", family="llada", gen=4, reference=None,
+            throughput=None, extra_files=False):
+    r = make_result(run_id=f"{method}__{model}__addition__s{seed}__g{gen}",
+                    method={"baseline": method, "init": init})
+    r["model"].update(name=model, family=family)
+    r["training"]["seed"] = seed
+    r["decoding"]["gen_length"] = gen
+    r["metrics"] = [metric_from_values("accuracy", acc).model_dump()]
+    if reference:
+        r["reference"] = reference
+    if throughput:
+        r["throughput"] = throughput
+    folder = tmp / name
+    if extra_files:
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text("baseline: d1\ntrain:\n  lr: 5.0e-05\n")
+        (folder / "samples_addition.jsonl").write_text(
+            "".join(json.dumps({"prompt": "1+2=", "completion": "3", "score": 1.0}) + "\n" for _ in range(3)))
+        (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss/total": 1.0 / s, "time_s": s})
+                                                      + "\n" for s in (1, 2, 3)))
+        r["artifacts"] = {"samples": "samples_addition.jsonl", "config": "config.yaml"}
+    write_result(r, folder / "result_addition.json")
 
 
 @pytest.fixture
 def runs(tmp_path, monkeypatch):
+    """Two families, two models, three methods with seeds, a reproduction, throughput results, a
+    bench report, run artifacts and four kinds of broken files."""
+    _result(tmp_path, "sft", method="sft", init="scratch", seed=0, acc=[1, 1, 0, 1])
     for seed, acc in [(0, [1, 1, 0, 1]), (1, [1, 0, 0, 1])]:
-        r = make_result(run_id=f"d1__tiny__addition__s{seed}__x")
-        r["training"]["seed"] = seed
-        r["metrics"] = [metric_from_values("accuracy", acc).model_dump()]
-        write_result(r, tmp_path / f"d1_{seed}" / "result_addition.json")
-    sft = make_result(run_id="sft__tiny__addition__s0__x", method={"baseline": "sft", "init": "scratch"})
-    write_result(sft, tmp_path / "sft" / "result_addition.json")
-    (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "result_addition.json").write_text('{"schema_version": "1", "run_id": ')
-    (tmp_path / "broken" / "result_other.json").write_text(json.dumps(make_result(schema_version="7")))
+        _result(tmp_path, f"d1_{seed}", method="d1", init="sft", seed=seed, acc=acc, extra_files=seed == 0)
+    _result(tmp_path, "wd1", method="wd1", init="sft", seed=0, acc=[1, 1, 1, 1])
+    _result(tmp_path, "d1_long", method="d1", init="sft", seed=0, acc=[0, 1, 0, 1], gen=8)
+    _result(tmp_path, "sdar_sft", method="sft", init="scratch", seed=0, acc=[0, 0, 1, 1], model="tiny-sdar",
+            family="sdar")
+    _result(tmp_path, "sdar_d1", method="d1", init="sft", seed=0, acc=[0, 1, 1, 1], model="tiny-sdar",
+            family="sdar", throughput={"eval_tokens_per_s": 2441.0, "nfe_per_sample": 22.0, "tokens_per_forward": 1.4})
+    _result(tmp_path, "repro_ok", method="d1", init="pretrained", seed=0, acc=[1, 1, 1, 0], model="LLaDA-8B",
+            reference={"value": 0.74, "source": "d1 Table 1", "same_decoding": True})
+    _result(tmp_path, "repro_other", method="wd1", init="pretrained", seed=0, acc=[1, 1, 1, 1], model="LLaDA-8B",
+            reference={"value": 0.80, "source": "wd1 Table 1", "same_decoding": False})
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "train-1.json").write_text(json.dumps({"kind": "bench.train", "schema_version": 1,
+        "hardware": {"cpu": "test cpu"}, "results": {
+            "packing": {"padded_tokens_per_s": 100.0, "packed_tokens_per_s": 205.0, "speedup": 2.05},
+            "rl_step": {"naive": {"step_s": 93.4}, "accelerated": {"step_s": 21.8}, "speedup": 4.29}}}))
+    bad = tmp_path / "broken"
+    bad.mkdir()
+    (bad / "result_truncated.json").write_text('{"schema_version": "1", "run_id": ')
+    (bad / "result_version.json").write_text(json.dumps(make_result(schema_version="7")))
+    missing = make_result()
+    del missing["model"]
+    (bad / "result_missing.json").write_text(json.dumps(missing))
+    nan = json.dumps(make_result()).replace('"value": 0.75', '"value": NaN')
+    (bad / "result_nan.json").write_text(nan)
     monkeypatch.setenv("DARE_LEADERBOARD_RUNS", str(tmp_path))
+    empty = tmp_path.parent / f"{tmp_path.name}-committed"
+    empty.mkdir()
+    monkeypatch.setenv("DARE_LEADERBOARD_RESULTS", str(empty))  # only this fixture's files
     return tmp_path
 
 
-def test_app_shows_methods_seeds_and_invalid_files(runs):
+def _app():
     at = AppTest.from_file(APP, default_timeout=60).run()
-    assert not at.exception
+    assert not at.exception, at.exception
+    return at
+
+
+def _table(at, index=0):
+    return at.table[index].value
+
+
+def test_invalid_files_are_listed_and_the_rest_works(runs):
+    at = _app()
     expander = at.expander[0]
-    assert "2 invalid result file(s)" in expander.label
-    reasons = expander.dataframe[0].value
-    assert set(reasons["reason"].str.slice(0, 14)) == {"not valid JSON", "schema_version"}
+    assert "4 invalid result file(s)" in expander.label
+    reasons = dict(zip(expander.dataframe[0].value["file"].map(lambda f: Path(f).name),
+                       expander.dataframe[0].value["reason"]))
+    assert reasons["result_truncated.json"].startswith("not valid JSON")
+    assert reasons["result_version.json"].startswith("schema_version is '7'")
+    assert reasons["result_missing.json"].startswith("model: Field required")
+    assert "NaN" in reasons["result_nan.json"]
+    assert "train-1.json" not in " ".join(reasons)  # a bench report is not an invalid result
+    assert [t.label for t in at.tabs] == ["Leaderboard", "By method", "Reproduction", "Speed", "Run detail"]
+
+
+def test_main_view_cells_deltas_and_sorting(runs):
+    at = _app()
+    at.selectbox(key="family").select("llada").run()
+    assert at.selectbox(key="model").options == ["LLaDA-8B", "tiny"]
+    at.selectbox(key="model").select("tiny").run()
+    table = _table(at)
+    assert table.loc["d1 (from sft)", "addition [4/4/4, T=0]"] == "62.5 ± 17.7 (2 seeds)"
+    assert table.loc["sft", "addition [4/4/4, T=0]"] == "75.0 (1 seed)"
+    assert table.loc["d1 (from sft)", "addition [8/4/4, T=0]"] == "50.0 (1 seed)"  # another decoding, own column
+    deltas = _table(at, 1)
+    assert deltas.loc["d1 (from sft)", "addition [4/4/4, T=0]"] == pytest.approx(-12.5)
+    assert deltas.loc["wd1 (from sft)", "addition [4/4/4, T=0]"] == pytest.approx(25.0)
+    at.selectbox(key="sort").select("addition [4/4/4, T=0]").run()
+    assert list(_table(at).index) == ["wd1 (from sft)", "sft", "d1 (from sft)"]  # best first
+    at.selectbox(key="base").select("wd1 (from sft)").run()
+    assert _table(at, 1).loc["sft", "addition [4/4/4, T=0]"] == pytest.approx(-25.0)
+    assert len(at.get("download_button")) >= 1
+
+
+ALL_RUNS = {"sft__tiny__addition__s0__g4", "d1__tiny__addition__s0__g4", "d1__tiny__addition__s1__g4",
+            "wd1__tiny__addition__s0__g4", "d1__tiny__addition__s0__g8", "sft__tiny-sdar__addition__s0__g4",
+            "d1__tiny-sdar__addition__s0__g4", "d1__LLaDA-8B__addition__s0__g4", "wd1__LLaDA-8B__addition__s0__g4"}
+
+
+@pytest.mark.parametrize("key,value,kept", [
+    ("filter_family", "sdar", {"sft__tiny-sdar__addition__s0__g4", "d1__tiny-sdar__addition__s0__g4"}),
+    ("filter_model", "LLaDA-8B", {"d1__LLaDA-8B__addition__s0__g4", "wd1__LLaDA-8B__addition__s0__g4"}),
+    ("filter_method", "wd1 (from sft)", {"wd1__tiny__addition__s0__g4"}),
+    ("filter_benchmark", "addition", ALL_RUNS),
+    ("filter_gen_length", 8, {"d1__tiny__addition__s0__g8"}),
+])
+def test_every_filter_narrows_the_views(runs, key, value, kept):
+    at = _app()
+    assert set(at.selectbox(key="run").options) == ALL_RUNS
+    at.multiselect(key=key).select(value).run()
+    assert not at.exception
+    assert set(at.selectbox(key="run").options) == kept  # every view draws from the filtered results
+    assert f"{len(kept)} of {len(ALL_RUNS)} results shown" in [c.value for c in at.sidebar.caption]
+    families = {r.split("__")[1] for r in kept}
+    assert at.selectbox(key="model").value in families  # the leaderboard view follows too
+
+
+def test_method_view_spans_models_and_families(runs):
+    at = _app()
+    at.selectbox(key="method_view").select("d1 (from sft)").run()
+    table = next(d.value for d in at.dataframe if "family" in d.value.columns and "model" in d.value.columns
+                 and "run_id" not in d.value.columns)
+    assert set(zip(table["model"], table["family"])) == {("tiny", "llada"), ("tiny-sdar", "sdar")}
+
+
+def test_reproduction_view_marks_only_matching_protocols(runs):
+    at = _app()
+    table = next(d.value for d in at.dataframe if "paper" in d.value.columns)
+    rows = {r["method"]: r for r in table.to_dict("records")}
+    assert rows["d1"]["status"] == "✓ reproduced" and rows["d1"]["delta"] == 1.0
+    assert rows["wd1"]["status"] == "protocol differs"  # even though ours is above the paper
+
+
+def test_speed_view_shows_rollout_and_training_results(runs):
+    at = _app()
     frames = [d.value for d in at.dataframe]
-    column = "addition [4/4/4, T=0]"  # benchmark and decoding (gen/block/steps, temperature)
-    table = next(f for f in frames if column in f.columns)  # methods x benchmarks
-    cells = dict(zip(table["method"], table[column]))
-    assert cells["d1 (from sft)"] == "62.5 ± 17.7 (2 seeds)"
-    assert cells["sft"] == "75.0 (1 seed)"
-    runs_table = next(f for f in frames if "run_id" in f.columns)
-    assert set(runs_table["run_id"]) >= {"d1__tiny__addition__s0__x", "d1__tiny__addition__s1__x",
-                                         "sft__tiny__addition__s0__x"}
+    rollout = next(f for f in frames if "tokens/forward" in f.columns)
+    assert rollout["tokens/s"].tolist() == [2441.0]
+    training = next(f for f in frames if "comparison" in f.columns)
+    assert dict(zip(training["comparison"], training["gain"])) == {"packing vs padding (tokens/s)": 2.05,
+                                                                   "end-to-end RL step, s": 4.29}
+
+
+def test_run_detail_shows_config_provenance_samples_and_curves(runs):
+    at = _app()
+    at.selectbox(key="run").select("d1__tiny__addition__s0__g4").run()
+    assert any("lr: 5.0e-05" in c.value for c in at.code)
+    samples = next(d.value for d in at.dataframe if "completion" in d.value.columns)
+    assert len(samples) == 3
+    assert at.selectbox(key="curve").options == ["loss/total"]
+    assert any("Commit" in m.value for m in at.markdown)
 
 
 def test_leaderboard_loader_is_torch_free(runs):
-    import subprocess
-
     code = ("import sys; sys.path.insert(0, 'leaderboard'); import load; items, bad = load.load_all(); "
-            "assert items and bad; assert 'torch' not in sys.modules, 'torch imported'")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(APP).parent.parent)
+            "assert items and bad and load.load_bench(); assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: `dare leaderboard` on loopback, opened in headless Chromium
+# ---------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_browser_shows_the_leaderboard(runs, tmp_path):
+    """Installs Chromium and its driver through the Makefile (`make browser`) when missing, starts
+    the app with `dare leaderboard`, reads the table in the page and saves a screenshot."""
+    r = subprocess.run(["make", "-s", "browser"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    port = _free_port()
+    exe = Path(sys.executable).parent / "dare"
+    app = subprocess.Popen([str(exe), "leaderboard", "--runs", str(runs), "--port", str(port)], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = shutil.which("chromium")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1400,1800"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        driver.get(f"http://127.0.0.1:{port}")
+        # the default view: family llada, model LLaDA-8B (sorted first), its methods and numbers
+        WebDriverWait(driver, 90).until(lambda d: "100.0 (1 seed)" in d.find_element(By.TAG_NAME, "body").text)
+        text = driver.find_element(By.TAG_NAME, "body").text
+        for expected in ("dLLM post-training leaderboard", "LLaDA-8B (llada)", "75.0 (1 seed)", "100.0 (1 seed)",
+                         "addition [4/4/4, T=0]", "4 invalid result file(s) skipped"):
+            assert expected in text, expected
+        rows = [row.text for row in driver.find_elements(By.CSS_SELECTOR, "table tbody tr")]
+        assert any(r.startswith("d1") and "75.0 (1 seed)" in r for r in rows), rows
+        assert any(r.startswith("wd1") and "100.0 (1 seed)" in r for r in rows), rows
+        shot = tmp_path / "leaderboard.png"
+        driver.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+        out = os.environ.get("DARE_SCREENSHOT")
+        if out:  # `DARE_SCREENSHOT=docs/leaderboard.png pytest -k browser` refreshes the README's picture
+            shutil.copyfile(shot, out)
+    finally:
+        driver.quit()
+        app.terminate()
+        app.wait(timeout=30)
