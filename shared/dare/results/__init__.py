@@ -219,7 +219,9 @@ def read_result(path: str | Path) -> Result:
 
 
 def publish(result_path: str | Path, dest_root: str | Path) -> Path:
-    """Copy a valid result, with the samples and config beside it, to `dest_root/<run_id>/`."""
+    """Copy a valid result, with the samples and config beside it, to `dest_root/<run_id>/`; the
+    training run's metrics.jsonl (runs/<baseline>/<key>/ for results under its eval/ folder)
+    comes along for the leaderboard's training curves."""
     import shutil
 
     result_path = Path(result_path)
@@ -229,6 +231,9 @@ def publish(result_path: str | Path, dest_root: str | Path) -> Path:
     for name in (result.artifacts.samples, result.artifacts.config):
         if name and (result_path.parent / name).is_file():
             shutil.copyfile(result_path.parent / name, dest / name)
+    curves = result_path.parent.parent.parent / "metrics.jsonl"
+    if result_path.parent.parent.name == "eval" and curves.is_file():
+        shutil.copyfile(curves, dest / "metrics.jsonl")
     write_result(result, dest / result_path.name)
     return dest / result_path.name
 
