@@ -11,7 +11,7 @@ TORCH  := $(shell $(PYTHON) -c 'import tomllib; x = tomllib.load(open("pyproject
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test leaderboard setup eval-env browser clean-venv help
+.PHONY: demo test leaderboard setup eval-env browser slurm clean-venv help
 
 help:
 	@echo "make demo         set up the train venv and run the embedded default (tiny SFT -> d1 -> eval)"
@@ -51,6 +51,13 @@ browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null)
 	@chromium --version
+
+# Debian's SLURM and munge, for the sweep tests' one-node cluster (tests/slurm_cluster.py starts and
+# stops the daemons itself; this only installs them). Needs root or sudo.
+slurm:
+	@command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+	  ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq slurm-wlm munge >/dev/null)
+	@slurmctld -V
 
 leaderboard: $(TRAIN)/.installed
 	$(TRAIN)/bin/dare leaderboard --runs runs

@@ -41,9 +41,11 @@ def test_dry_run_prints_resolved_config_and_hash():
     assert "group_size: 4" in r.stdout and "# config_hash: sha256:" in r.stdout
 
 
-def test_sweep_says_it_is_not_available():
-    r = dare_cli("sweep", "reproductions/demo/sweep.yaml")
-    assert r.returncode == 2 and "not available yet" in r.stderr
+def test_sweep_dry_run_lists_runs_and_sbatch_parameters(tmp_path):
+    r = dare_cli("sweep", "reproductions/demo/sweep.yaml", "--dry-run", env={"DARE_RUNS": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("pending  run.seed=") == 3 and "--time=30" in r.stdout and "--signal=USR2@120" in r.stdout
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
 
 
 def test_models_and_data_list():

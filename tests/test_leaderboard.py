@@ -250,3 +250,27 @@ def test_browser_shows_the_leaderboard(runs, tmp_path):
         driver.quit()
         app.terminate()
         app.wait(timeout=30)
+
+
+def test_committed_demo_and_baseline_results_appear(monkeypatch):
+    """The committed results (the demo and the tiny-task comparison of every baseline) load without
+    an invalid file, and the leaderboard's cells are the seed statistics of those files."""
+    monkeypatch.syspath_prepend(str(REPO / "leaderboard"))
+    import load
+
+    monkeypatch.delenv("DARE_LEADERBOARD_RUNS", raising=False)
+    monkeypatch.delenv("DARE_LEADERBOARD_RESULTS", raising=False)
+    items, invalid = load.load_all([])
+    assert not invalid, invalid
+    tiny = [r for p, r in items if "tiny" in p.parts]
+    assert {r.method.baseline for r in tiny} >= {"sft", "peft", "vrpo", "d1", "coupled_grpo", "wd1"}
+    at = _app()
+    at.selectbox(key="family").select("llada").run()
+    model = tiny[0].model.name
+    at.selectbox(key="model").select(model).run()
+    table = _table(at)
+    for method in ("d1", "coupled_grpo", "wd1", "peft", "vrpo"):
+        values = [r.metrics[0].value for r in tiny if r.method.baseline == method]
+        assert len(values) == 3, method
+        column = load.benchmark_label(next(r for r in tiny if r.method.baseline == method))
+        assert table.loc[f"{method} (from sft)", column] == load.format_cell(values)

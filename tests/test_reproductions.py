@@ -10,7 +10,8 @@ from dare.data import TASKS
 from dare.train import resolve
 
 ROOT = Path(__file__).resolve().parents[1] / "reproductions"
-CONFIGS = sorted(p for p in ROOT.glob("*/*.yaml") if p.name not in ("targets.yaml", "eval.yaml"))
+CONFIGS = sorted(p for p in ROOT.glob("*/*.yaml") if p.name not in ("targets.yaml", "eval.yaml", "sweep.yaml"))
+SWEEPS = sorted(ROOT.glob("*/sweep.yaml"))
 TARGETS = sorted(ROOT.glob("*/targets.yaml"))
 
 
@@ -45,3 +46,11 @@ def test_targets_are_complete(path):
         assert t["benchmark"] in TASKS, (path, t["benchmark"])
         assert isinstance(t["value"], (int, float)) and 0 <= t["value"] <= 100, (path, t)
         assert t["gen_length"] in (128, 256, 512, 1024), (path, t)
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.parent.name)
+def test_sweep_files_load(path):
+    from dare.launch.sweep import load_sweep
+
+    sweep = load_sweep(path)
+    assert sweep.runs and len({r.id for r in sweep.runs}) == len(sweep.runs)

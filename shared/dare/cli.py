@@ -8,7 +8,8 @@
     dare models [list | show <checkpoint>]
     dare bench rollout [--checkpoint DIR] [key=value ...]
     dare results publish <result.json ...> --to leaderboard/results/<name>
-    dare sweep ...                              (not available yet)
+    dare sweep <sweep.yaml> [--cluster slurm|local|debug] [--dry-run]
+    dare sweep status | collect <sweep.yaml> [--to DIR]
 """
 
 from __future__ import annotations
@@ -221,8 +222,23 @@ def cmd_results(ns) -> int:
 
 
 def cmd_sweep(ns) -> int:
-    raise UserError("dare sweep is not available yet (issue 9: submitit sweeps). Run stages with "
-                    "`dare train` / `dare eval`, or the whole demo with `dare demo`.")
+    from dare.launch.sweep import collect, launch, load_sweep, state
+
+    action, path = (ns.args[0], ns.args[1]) if ns.args[0] in ("status", "collect") and len(ns.args) > 1 \
+        else ("launch", ns.args[0])
+    sweep = load_sweep(path)
+    if action == "launch":
+        launch(sweep, cluster=ns.cluster, dry_run=ns.dry_run)
+    elif action == "status":
+        counts: dict[str, int] = {}
+        for r in sweep.runs:
+            st, log = state(r)
+            counts[st] = counts.get(st, 0) + 1
+            print(f"  {r.id}  {st:8s} {r.name}" + (f"  log: {log}" if log and st != "done" else ""))
+        print("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    else:
+        collect(sweep, ns.to or "leaderboard/results/" + sweep.path.parent.name)
+    return 0
 
 
 def cmd_demo(ns) -> int:
@@ -321,8 +337,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--to", required=True, metavar="DIR")
     s.set_defaults(func=cmd_results)
 
-    s = sub.add_parser("sweep", help="launch a reproduction sweep (not available yet)")
-    s.add_argument("args", nargs="*")
+    s = sub.add_parser("sweep", help="launch, inspect or collect a sweep (submitit: SLURM, local, debug)",
+                       description=(
+        "dare sweep <sweep.yaml>: submit the runs of the grid that are not done or queued, as one SLURM job "
+        "array through submitit (--cluster local: one after another on this machine, no cluster; debug: "
+        "submitit's in-process executor). dare sweep status <sweep.yaml>: done/running/failed/pending with logs. "
+        "dare sweep collect <sweep.yaml> [--to DIR]: copy valid results (default leaderboard/results/<folder>) "
+        "and print ours against the file's expect: targets. Format: shared/dare/launch/sweep.py."))
+    s.add_argument("args", nargs="+", metavar="[status|collect] sweep.yaml")
+    s.add_argument("--cluster", default="slurm", choices=["slurm", "local", "debug"])
+    s.add_argument("--dry-run", action="store_true", help="print the runs and the sbatch parameters, submit nothing")
+    s.add_argument("--to", help="collect: destination folder")
     s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("demo", help="the embedded default: tiny SFT -> d1 -> eval -> comparison table",

@@ -1,0 +1,335 @@
+"""Sweeps: a grid of training runs (+ evaluation) launched through submitit, idempotently.
+
+A sweep file (`reproductions/<name>/sweep.yaml`):
+
+    baseline: d1                      # a folder under baselines/
+    config: gsm8k.yaml                # optional base config, relative to the sweep file
+    overrides: {train.steps: 100}     # optional dotted-key overrides for every run
+    grid: {run.seed: [0, 1, 2]}       # the product of these values is the set of runs
+    eval: {config: ../demo/eval.yaml} # optional: evaluate every final model (embedded evaluator)
+    slurm: {nodes: 1, gpus_per_node: 8, cpus_per_task: 16, mem_gb: 400, time_min: 1440,
+            partition: gpu, account: null, qos: null}
+    expect:                           # optional: the paper's numbers, for `dare sweep collect`
+      - {benchmark: gsm8k, value: 0.798, source: "d1 Table 1", tolerance: 0.02}
+
+Every run has a deterministic id (a hash of the baseline, the base config's content and its
+overrides) and folder `<sweep out>/<id>/` (`train/` holds the run, `eval/` its results). A launch
+skips runs whose results exist and validate and runs that are queued or running, and (re)submits
+the rest as one job array. A failing run fails alone. A preempted run (SIGTERM/SIGUSR1: the training
+engine checkpoints and exits 128+signal) requeues itself under SLURM and resumes from its
+checkpoint; submitit's own timeout signal takes the same path (`Job.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from dare.utils import REPO_ROOT, UserError, atomic_write_json
+
+KEYS = {"baseline", "config", "overrides", "grid", "eval", "slurm", "expect", "out_dir"}
+SLURM_KEYS = {"nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "time_min", "partition", "account", "qos",
+              "signal_delay_s", "array_parallelism"}
+EXPECT_KEYS = {"benchmark", "value", "source", "tolerance"}
+
+
+@dataclass
+class Slurm:
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 2
+    mem_gb: int = 8
+    time_min: int = 60
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    signal_delay_s: int = 120
+    array_parallelism: int = 64
+
+
+@dataclass
+class Run:
+    id: str
+    name: str
+    overrides: list[str]
+    dir: Path
+
+
+@dataclass
+class Sweep:
+    path: Path
+    baseline: str
+    config: Path | None
+    overrides: dict
+    grid: dict
+    eval_config: Path | None
+    slurm: Slurm
+    expect: list[dict]
+    out: Path
+    runs: list[Run] = field(default_factory=list)
+
+
+def _fail(path, msg):
+    raise UserError(f"{path}: {msg}")
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Parse and validate a sweep file, and every run's config (before anything is submitted)."""
+    from dare import baselines
+    from dare.config import ConfigError
+    from dare.train import resolve
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: sweep file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        _fail(path, f"not valid YAML: {e}")
+    if not isinstance(data, dict):
+        _fail(path, "must be a mapping")
+    unknown = sorted(set(data) - KEYS)
+    if unknown:
+        _fail(path, f"unknown key(s) {unknown}; known: {sorted(KEYS)}")
+    baseline = data.get("baseline")
+    if baseline not in baselines.names():
+        _fail(path, f"baseline: unknown baseline {baseline!r}; available: {', '.join(baselines.names())}")
+    config = (path.parent / data["config"]).resolve() if data.get("config") else None
+    if config and not config.is_file():
+        _fail(path, f"config: {config} not found")
+    grid = data.get("grid") or {}
+    if not isinstance(grid, dict) or not grid:
+        _fail(path, "grid: empty (give at least one key with a list of values, e.g. run.seed: [0, 1, 2])")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            _fail(path, f"grid.{key}: must be a non-empty list")
+    overrides = data.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        _fail(path, "overrides: must be a mapping of dotted keys to values")
+    slurm = data.get("slurm") or {}
+    bad = sorted(set(slurm) - SLURM_KEYS)
+    if bad:
+        _fail(path, f"slurm: unknown key(s) {bad}; known: {sorted(SLURM_KEYS)}")
+    expect = data.get("expect") or []
+    for i, e in enumerate(expect):
+        if not isinstance(e, dict) or set(e) - EXPECT_KEYS or not {"benchmark", "value"} <= set(e):
+            _fail(path, f"expect[{i}]: needs benchmark and value (optional source, tolerance); got {e!r}")
+    eval_cfg = data.get("eval") or {}
+    eval_config = (path.parent / eval_cfg["config"]).resolve() if eval_cfg.get("config") else None
+    if eval_config and not eval_config.is_file():
+        _fail(path, f"eval.config: {eval_config} not found")
+    out = Path(data.get("out_dir") or Path(os.environ.get("DARE_RUNS", REPO_ROOT / "runs")) / "sweeps" / path.parent.name
+               / path.stem)
+    sweep = Sweep(path, baseline, config, overrides, grid, eval_config, Slurm(**slurm), expect, out)
+    base = "" if config is None else config.read_text()
+    keys = list(grid)
+    for values in itertools.product(*(grid[k] for k in keys)):
+        chosen = dict(zip(keys, values))
+        ov = [f"{k}={_fmt(v)}" for k, v in {**overrides, **chosen}.items()]
+        run_id = hashlib.sha256(json.dumps([baseline, base, sorted(ov)]).encode()).hexdigest()[:12]
+        name = ",".join(f"{k}={_fmt(v)}" for k, v in chosen.items())
+        try:
+            resolve(baseline, config, ov)
+        except ConfigError as e:
+            _fail(path, f"run {name}: {e}")
+        sweep.runs.append(Run(run_id, name, ov, out / run_id))
+    return sweep
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    if isinstance(v, bool):
+        return str(v).lower()
+    return str(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# One run (what a job executes)
+# ---------------------------------------------------------------------------------------------
+
+
+def results_of(run: Run) -> list[Path]:
+    from dare.results import read_result
+
+    out = []
+    for p in sorted((run.dir / "eval").glob("result_*.json")) if (run.dir / "eval").is_dir() else []:
+        try:
+            read_result(p)
+            out.append(p)
+        except ValueError:
+            pass
+    return out
+
+
+def execute(sweep_path: str, run_id: str) -> list[str]:
+    """Train (resuming if a checkpoint exists) and evaluate one run; returns its result files.
+    Exit code 128+signal after a preemption, after asking SLURM to requeue the job."""
+    from dare.train import train
+
+    sweep = load_sweep(sweep_path)
+    run = next(r for r in sweep.runs if r.id == run_id)
+    atomic_write_json(run.dir / "status.json", {"state": "running", "started": time.time(),
+                                                "job": os.environ.get("SLURM_JOB_ID")})
+    try:
+        done = train(sweep.baseline, sweep.config, [*run.overrides, f"run.out_dir={run.dir / 'train'}"])
+    except SystemExit as stop:
+        if isinstance(stop.code, int) and stop.code >= 128:  # preempted; the checkpoint is written
+            atomic_write_json(run.dir / "status.json", {"state": "preempted", "code": stop.code})
+            _requeue()
+        raise
+    if sweep.eval_config is None:
+        atomic_write_json(run.dir / "status.json", {"state": "done", "finished": time.time()})
+        return []
+    from dare.eval import evaluate_checkpoint
+
+    paths = evaluate_checkpoint(done / "final", sweep.eval_config, out_dir=run.dir / "eval")
+    atomic_write_json(run.dir / "status.json", {"state": "done", "finished": time.time()})
+    return [str(p) for p in paths]
+
+
+def _requeue() -> None:
+    """Put this SLURM job back in the queue (it resumes from its checkpoint when it runs again)."""
+    job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
+    if job:
+        subprocess.run(["scontrol", "requeue", job], check=False)
+
+
+class Job:
+    """The submitit callable; checkpointable, so submitit's timeout/preemption signal requeues it."""
+
+    def __init__(self, sweep_path: str, run_id: str):
+        self.sweep_path, self.run_id = sweep_path, run_id
+
+    def __call__(self) -> list[str]:
+        return execute(self.sweep_path, self.run_id)
+
+    def checkpoint(self, *args, **kwargs):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(Job(self.sweep_path, self.run_id))
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch, status, collect
+# ---------------------------------------------------------------------------------------------
+
+
+def _queued_jobs() -> set[str]:
+    try:
+        out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+def state(run: Run, queued: set[str] | None = None) -> tuple[str, str]:
+    """(done | running | failed | pending, log path)."""
+    status = json.loads((run.dir / "status.json").read_text()) if (run.dir / "status.json").is_file() else {}
+    if status.get("state") == "done" and (results_of(run) or not (run.dir / "eval").exists()):
+        return "done", ""
+    job_file = run.dir / "job.json"
+    if not job_file.is_file():
+        return "pending", ""
+    job = json.loads(job_file.read_text())
+    log = job.get("log", "")
+    if job.get("cluster") == "slurm":
+        queued = _queued_jobs() if queued is None else queued
+        if job["job_id"] in queued or job["job_id"].split("_")[0] in queued:
+            return "running", log
+    return "failed", log
+
+
+def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False) -> list[Run]:
+    """Submit the runs that are not done and not queued; returns them."""
+    queued = _queued_jobs() if cluster == "slurm" else set()
+    todo = [r for r in sweep.runs if state(r, queued)[0] in ("pending", "failed")]
+    params = slurm_parameters(sweep.slurm)
+    if dry_run:
+        print(f"{sweep.path}: {len(sweep.runs)} runs, {len(todo)} to submit ({cluster})")
+        for r in sweep.runs:
+            print(f"  {r.id}  {state(r, queued)[0]:8s} {r.name}  ->  {r.dir}")
+        print("sbatch parameters: " + " ".join(f"--{k}={v}" for k, v in params.items()))
+        return todo
+    if not todo:
+        print(f"{sweep.path}: nothing to submit ({len(sweep.runs)} runs done or queued)")
+        return todo
+    for r in todo:
+        r.dir.mkdir(parents=True, exist_ok=True)
+    if cluster == "local":  # in this process, one after another; a failing run does not stop the others
+        for r in todo:
+            log = r.dir / "local.log"
+            atomic_write_json(r.dir / "job.json", {"cluster": "local", "job_id": "local", "log": str(log)})
+            code = subprocess.run([sys.executable, "-m", "dare.launch.sweep", str(sweep.path), r.id],
+                                  stdout=open(log, "w"), stderr=subprocess.STDOUT).returncode
+            print(f"  {r.id} {r.name}: {'done' if code == 0 else f'failed (exit {code}), log {log}'}")
+        return todo
+    import submitit
+
+    executor = submitit.AutoExecutor(folder=sweep.out / "submitit" / "%j", cluster=cluster)
+    if cluster == "slurm":
+        executor.update_parameters(**{f"slurm_{k}": v for k, v in params.items()})
+    with executor.batch():
+        jobs = [executor.submit(Job(str(sweep.path), r.id)) for r in todo]
+    for r, job in zip(todo, jobs):
+        atomic_write_json(r.dir / "job.json", {"cluster": cluster, "job_id": str(job.job_id),
+                                               "log": str(job.paths.stderr)})
+        print(f"  {r.id} {r.name}: submitted as {job.job_id}")
+    if cluster == "debug":
+        for r, job in zip(todo, jobs):
+            try:
+                job.result()
+            except Exception as e:  # noqa: BLE001  one failing run does not stop the others
+                print(f"  {r.id} {r.name}: failed: {e}")
+    return todo
+
+
+def slurm_parameters(s: Slurm) -> dict:
+    params = {"nodes": s.nodes, "ntasks_per_node": 1, "cpus_per_task": s.cpus_per_task, "mem": f"{s.mem_gb}G",
+              "time": s.time_min, "signal": f"USR2@{s.signal_delay_s}", "array_parallelism": s.array_parallelism}
+    if s.gpus_per_node:
+        params["gpus_per_node"] = s.gpus_per_node
+    for k in ("partition", "account", "qos"):
+        if getattr(s, k):
+            params[k] = getattr(s, k)
+    return params
+
+
+def collect(sweep: Sweep, dest: str | Path) -> list[Path]:
+    """Publish the valid results of finished runs to `dest` and print ours against `expect`."""
+    from dare.results import publish, read_result
+
+    copied, by_bench = [], {}
+    for r in sweep.runs:
+        for p in results_of(r):
+            copied.append(publish(p, dest))
+            res = read_result(p)
+            by_bench.setdefault(res.benchmark.name, []).append(res.metrics[0].value)
+    print(f"{len(copied)} result(s) -> {dest}")
+    for e in sweep.expect:
+        values = by_bench.get(e["benchmark"], [])
+        if not values:
+            print(f"  {e['benchmark']}: no results (paper {e['value']})")
+            continue
+        mean = sum(values) / len(values)
+        tol = e.get("tolerance", 0.02)
+        verdict = "within tolerance" if mean >= e["value"] - tol else "below"
+        print(f"  {e['benchmark']}: ours {mean:.4f} over {len(values)} run(s) vs paper {e['value']} "
+              f"({e.get('source', '')}): {mean - e['value']:+.4f}, {verdict}")
+    return copied
+
+
+if __name__ == "__main__":  # `python -m dare.launch.sweep <sweep.yaml> <run id>`: one run, for local launches
+    execute(sys.argv[1], sys.argv[2])

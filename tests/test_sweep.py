@@ -1,0 +1,152 @@
+"""`dare sweep` against a real one-node SLURM cluster (slurmctld + slurmd + munge on this host,
+started by the fixture), through submitit's SLURM executor; plus validation and the local path."""
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dare.launch.sweep import launch, load_sweep, results_of, state
+from dare.utils import UserError
+from slurm_cluster import Cluster
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"model.scratch.d_model": 32, "model.scratch.n_heads": 2, "model.scratch.n_layers": 1,
+        "model.scratch.mlp_hidden_size": 64, "train.batch_size": 16, "train.lr": 1e-3, "train.warmup_steps": 0,
+        "algo.response_length": 4, "run.threads": 1, "run.log_every": 1}
+
+
+def write_sweep(folder: Path, name: str, grid: dict, steps: int = 3, **extra) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "eval.yaml").write_text(yaml.safe_dump({"eval": {
+        "benchmarks": ["addition"], "n_samples": 20, "batch_size": 20,
+        "decoding": {"gen_length": 4, "block_length": 4, "steps": 4}}}))
+    spec = {"baseline": "sft", "overrides": {**TINY, "train.steps": steps}, "grid": grid,
+            "eval": {"config": "eval.yaml"}, "slurm": {"cpus_per_task": 1, "mem_gb": 2, "time_min": 10},
+            "out_dir": str(folder / "runs"), **extra}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation and the local path (no cluster)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"baseline": "nope"}, "baseline: unknown baseline 'nope'"),
+    ({"grid": {}}, "grid: empty"),
+    ({"grid": {"run.seed": []}}, "grid.run.seed: must be a non-empty list"),
+    ({"colour": "red"}, "unknown key(s) ['colour']"),
+    ({"slurm": {"gpus": 8}}, "slurm: unknown key(s) ['gpus']"),
+    ({"grid": {"train.lrr": [1]}}, "run train.lrr=1: command line: unknown key 'train.lrr'"),
+])
+def test_bad_sweep_files_fail_with_a_clear_message(tmp_path, change, message):
+    path = write_sweep(tmp_path, "s", {"run.seed": [0]})
+    spec = {**yaml.safe_load(path.read_text()), **change}
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(UserError) as e:
+        load_sweep(path)
+    assert message in str(e.value)
+
+
+def test_run_ids_are_deterministic_and_distinct(tmp_path):
+    a = load_sweep(write_sweep(tmp_path, "s", {"run.seed": [0, 1, 2]}))
+    b = load_sweep(write_sweep(tmp_path, "s", {"run.seed": [0, 1, 2]}))
+    assert [r.id for r in a.runs] == [r.id for r in b.runs] and len({r.id for r in a.runs}) == 3
+
+
+def test_local_sweep_runs_each_run_and_a_failure_stays_alone(tmp_path):
+    path = write_sweep(tmp_path, "s", {"model.path": [None, "/nonexistent/checkpoint"]})
+    sweep = load_sweep(path)
+    launch(sweep, cluster="local")
+    states = {r.name: state(r) for r in sweep.runs}
+    assert states["model.path=null"][0] == "done" and results_of(sweep.runs[0])
+    bad_state, log = states["model.path=/nonexistent/checkpoint"]
+    assert bad_state == "failed" and "/nonexistent/checkpoint" in Path(log).read_text()
+    assert [r.id for r in launch(load_sweep(path), cluster="local")] == [sweep.runs[1].id]  # only the failed one
+
+
+# ---------------------------------------------------------------------------------------------
+# A real SLURM
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        c.start()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        c.stop()
+        pytest.skip(f"SLURM cannot be started on this machine: {e}")
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def on_cluster(cluster, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    return cluster
+
+
+@pytest.mark.slow
+def test_slurm_sweep_completes_is_idempotent_and_isolates_failures(tmp_path, on_cluster):
+    ok = load_sweep(write_sweep(tmp_path / "ok", "s", {"run.seed": [0, 1]}))
+    bad = load_sweep(write_sweep(tmp_path / "bad", "s", {"model.path": [None, "/nonexistent/checkpoint"]}))
+    assert len(launch(ok, cluster="slurm")) == 2 and len(launch(bad, cluster="slurm")) == 2
+    on_cluster.wait_empty()
+    assert [state(r)[0] for r in ok.runs] == ["done", "done"]
+    for r in ok.runs:
+        (result,) = results_of(r)
+        assert json.loads(result.read_text())["benchmark"]["n_samples"]["effective"] == 20
+    good, failed = bad.runs
+    assert state(good)[0] == "done"
+    failed_state, log = state(failed)
+    assert failed_state == "failed" and "/nonexistent/checkpoint" in Path(log).read_text()
+
+    # a relaunch submits only the run whose results went missing, and never a queued one twice
+    for p in (ok.runs[1].dir / "eval").glob("*"):
+        p.unlink()
+    again = launch(load_sweep(ok.path), cluster="slurm")
+    assert [r.id for r in again] == [ok.runs[1].id]
+    assert launch(load_sweep(ok.path), cluster="slurm") == []  # it is queued or running
+    r = subprocess.run(["dare", "sweep", "status", str(ok.path)], capture_output=True, text=True,
+                       env=on_cluster.env | {"PATH": f"{Path(__import__('sys').executable).parent}:" +
+                                             on_cluster.env["PATH"]})
+    assert "running" in r.stdout or "done" in r.stdout, r.stdout + r.stderr
+    on_cluster.wait_empty()
+    assert [state(r)[0] for r in ok.runs] == ["done", "done"]
+
+
+@pytest.mark.slow
+def test_slurm_preempted_run_requeues_and_resumes(tmp_path, on_cluster):
+    path = write_sweep(tmp_path, "long", {"run.seed": [0]}, steps=400)
+    spec = yaml.safe_load(path.read_text())
+    spec["overrides"]["run.save_every"] = 20
+    path.write_text(yaml.safe_dump(spec))
+    sweep = load_sweep(path)
+    (run,) = launch(sweep, cluster="slurm")
+    job_id = json.loads((run.dir / "job.json").read_text())["job_id"]
+    metrics = run.dir / "train" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline:  # wait for a checkpoint to exist, mid-training
+        if list((run.dir / "train" / "checkpoints").glob("step_*[0-9]")) and metrics.is_file() and \
+                len(metrics.read_text().splitlines()) >= 25:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("the run never reached its first checkpoint")
+    subprocess.run(["scancel", "--signal=TERM", job_id], check=True, env=on_cluster.env)
+    on_cluster.wait_empty(timeout=900)
+    assert state(run)[0] == "done" and results_of(run)
+    status = json.loads((run.dir / "train" / "run.json").read_text())
+    assert status["status"] == "done"
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
+    assert steps == list(range(1, 401))  # resumed from the checkpoint: every step once, none repeated
+    logs = "".join(p.read_text() for p in (sweep.out / "submitit").glob("**/*.err"))
+    assert "resuming from" in logs and "stopped by signal 15" in logs
