@@ -261,7 +261,9 @@ def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False) -> list[
         print(f"{sweep.path}: {len(sweep.runs)} runs, {len(todo)} to submit ({cluster})")
         for r in sweep.runs:
             print(f"  {r.id}  {state(r, queued)[0]:8s} {r.name}  ->  {r.dir}")
-        print("sbatch parameters: " + " ".join(f"--{k}={v}" for k, v in params.items()))
+        shown = {("signal" if k == "signal_delay_s" else k): (f"USR2@{v}" if k == "signal_delay_s" else v)
+                 for k, v in params.items()}
+        print("sbatch parameters: " + " ".join(f"--{k}={v}" for k, v in shown.items()))
         return todo
     if not todo:
         print(f"{sweep.path}: nothing to submit ({len(sweep.runs)} runs done or queued)")
@@ -298,7 +300,7 @@ def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False) -> list[
 
 def slurm_parameters(s: Slurm) -> dict:
     params = {"nodes": s.nodes, "ntasks_per_node": 1, "cpus_per_task": s.cpus_per_task, "mem": f"{s.mem_gb}G",
-              "time": s.time_min, "signal": f"USR2@{s.signal_delay_s}", "array_parallelism": s.array_parallelism}
+              "time": s.time_min, "signal_delay_s": s.signal_delay_s, "array_parallelism": s.array_parallelism}
     if s.gpus_per_node:
         params["gpus_per_node"] = s.gpus_per_node
     for k in ("partition", "account", "qos"):
