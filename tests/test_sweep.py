@@ -26,7 +26,8 @@ def write_sweep(folder: Path, name: str, grid: dict, steps: int = 3, **extra) ->
         "decoding": {"gen_length": 4, "block_length": 4, "steps": 4}}}))
     spec = {"baseline": "sft", "overrides": {**TINY, "train.steps": steps}, "grid": grid,
             "eval": {"config": "eval.yaml"}, "slurm": {"cpus_per_task": 1, "mem_gb": 2, "time_min": 10},
-            "out_dir": str(folder / "runs"), **extra}
+            "out_dir": str(folder / "runs")}
+    spec.update(extra)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -69,6 +70,21 @@ def test_local_sweep_runs_each_run_and_a_failure_stays_alone(tmp_path):
     bad_state, log = states["model.path=/nonexistent/checkpoint"]
     assert bad_state == "failed" and "/nonexistent/checkpoint" in Path(log).read_text()
     assert [r.id for r in launch(load_sweep(path), cluster="local")] == [sweep.runs[1].id]  # only the failed one
+
+
+def test_collect_publishes_results_and_compares_with_expect(tmp_path, capsys):
+    from dare.launch.sweep import collect
+    from dare.results import read_result
+
+    path = write_sweep(tmp_path, "c", {"run.seed": [0, 1]},
+                       expect=[{"benchmark": "addition", "value": 0.9, "source": "made up", "tolerance": 0.05}])
+    sweep = load_sweep(path)
+    launch(sweep, cluster="local")
+    copied = collect(sweep, tmp_path / "published")
+    assert len(copied) == 2 and all(read_result(p).benchmark.name == "addition" for p in copied)
+    values = [read_result(p).metrics[0].value for p in copied]
+    out = capsys.readouterr().out
+    assert f"ours {sum(values) / 2:.4f} over 2 run(s) vs paper 0.9 (made up)" in out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,3 +174,16 @@ def test_slurm_preempted_run_requeues_and_resumes(tmp_path, on_cluster):
     logs = "".join(p.read_text() for p in (sweep.out / "submitit").glob("**/*_log.*"))
     assert "stopped by signal 15 after step" in logs and "DUE TO JOB REQUEUE" in logs
     assert "resuming from" in logs and "Job completed successfully" in logs
+
+
+@pytest.mark.slow
+def test_slurm_multi_task_run_forms_one_process_group(tmp_path, on_cluster):
+    """slurm.tasks_per_node=2: srun starts two training processes that join one gloo process group
+    from SLURM's environment (the same path as 2 nodes x 8 GPUs, at a size this machine has)."""
+    path = write_sweep(tmp_path, "mt", {"run.seed": [0]}, slurm={"tasks_per_node": 2, "cpus_per_task": 1,
+                                                                 "mem_gb": 2, "time_min": 10})
+    sweep = load_sweep(path)
+    (run,) = launch(sweep, cluster="slurm")
+    on_cluster.wait_empty()
+    assert state(run)[0] == "done" and results_of(run)
+    assert json.loads((run.dir / "train" / "run.json").read_text())["world_size"] == 2

@@ -37,8 +37,8 @@ import yaml
 from dare.utils import REPO_ROOT, UserError, atomic_write_json
 
 KEYS = {"baseline", "config", "overrides", "grid", "eval", "slurm", "expect", "out_dir"}
-SLURM_KEYS = {"nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "time_min", "partition", "account", "qos",
-              "signal_delay_s", "array_parallelism"}
+SLURM_KEYS = {"nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb", "time_min", "partition",
+              "account", "qos", "signal_delay_s", "array_parallelism"}
 EXPECT_KEYS = {"benchmark", "value", "source", "tolerance"}
 
 
@@ -46,6 +46,9 @@ EXPECT_KEYS = {"benchmark", "value", "source", "tolerance"}
 class Slurm:
     nodes: int = 1
     gpus_per_node: int = 0
+    tasks_per_node: int = 0
+    """Training processes per node (0: one per GPU, or 1 without GPUs). srun starts every one of
+    them; they form one torch process group (see `dist_env_from_slurm`)."""
     cpus_per_task: int = 2
     mem_gb: int = 8
     time_min: int = 60
@@ -180,15 +183,20 @@ def execute(sweep_path: str, run_id: str) -> list[str]:
 
     sweep = load_sweep(sweep_path)
     run = next(r for r in sweep.runs if r.id == run_id)
-    atomic_write_json(run.dir / "status.json", {"state": "running", "started": time.time(),
-                                                "job": os.environ.get("SLURM_JOB_ID")})
+    main = dist_env_from_slurm()
+    if main:
+        atomic_write_json(run.dir / "status.json", {"state": "running", "started": time.time(),
+                                                    "job": os.environ.get("SLURM_JOB_ID")})
     try:
         done = train(sweep.baseline, sweep.config, [*run.overrides, f"run.out_dir={run.dir / 'train'}"])
     except SystemExit as stop:
         if isinstance(stop.code, int) and stop.code >= 128:  # preempted; the checkpoint is written
-            atomic_write_json(run.dir / "status.json", {"state": "preempted", "code": stop.code})
-            _requeue()
+            if main:
+                atomic_write_json(run.dir / "status.json", {"state": "preempted", "code": stop.code})
+                _requeue()
         raise
+    if not main:
+        return []
     if sweep.eval_config is None:
         atomic_write_json(run.dir / "status.json", {"state": "done", "finished": time.time()})
         return []
@@ -197,6 +205,25 @@ def execute(sweep_path: str, run_id: str) -> list[str]:
     paths = evaluate_checkpoint(done / "final", sweep.eval_config, out_dir=run.dir / "eval")
     atomic_write_json(run.dir / "status.json", {"state": "done", "finished": time.time()})
     return [str(p) for p in paths]
+
+
+def dist_env_from_slurm() -> bool:
+    """Several tasks in this job (nodes x tasks_per_node): give each the environment torch's
+    `env://` rendezvous reads, from what SLURM provides (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+    the job's first host as MASTER_ADDR, a port derived from the job id). srun has already started
+    one process per GPU on every node, so no torchrun or Ray cluster is needed inside the
+    allocation. Returns True on the main process (rank 0)."""
+    ntasks = int(os.environ.get("SLURM_NTASKS", "1"))
+    if ntasks <= 1 or "RANK" in os.environ:
+        return int(os.environ.get("RANK", "0")) == 0
+    nodes = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                           capture_output=True, text=True, check=True).stdout.split()
+    job = int(os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ["SLURM_JOB_ID"])
+    task = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0"))
+    os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=str(ntasks),
+                      LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"), MASTER_ADDR=nodes[0],
+                      MASTER_PORT=str(20000 + (job * 97 + task) % 20000))
+    return os.environ["RANK"] == "0"
 
 
 def _requeue() -> None:
@@ -299,7 +326,8 @@ def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False) -> list[
 
 
 def slurm_parameters(s: Slurm) -> dict:
-    params = {"nodes": s.nodes, "ntasks_per_node": 1, "cpus_per_task": s.cpus_per_task, "mem": f"{s.mem_gb}G",
+    tasks = s.tasks_per_node or max(1, s.gpus_per_node)
+    params = {"nodes": s.nodes, "ntasks_per_node": tasks, "cpus_per_task": s.cpus_per_task, "mem": f"{s.mem_gb}G",
               "time": s.time_min, "signal_delay_s": s.signal_delay_s, "array_parallelism": s.array_parallelism}
     if s.gpus_per_node:
         params["gpus_per_node"] = s.gpus_per_node
