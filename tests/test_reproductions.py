@@ -10,7 +10,9 @@ from dare.data import TASKS
 from dare.train import resolve
 
 ROOT = Path(__file__).resolve().parents[1] / "reproductions"
-CONFIGS = sorted(p for p in ROOT.glob("*/*.yaml") if p.name not in ("targets.yaml", "eval.yaml", "sweep.yaml"))
+CONFIGS = sorted(p for p in ROOT.glob("*/*.yaml") if p.name not in ("targets.yaml", "eval.yaml", "sweep.yaml")
+                 and not p.name.startswith("eval_"))
+EVALS = sorted(ROOT.glob("*/eval_*.yaml"))
 SWEEPS = sorted(ROOT.glob("*/sweep.yaml"))
 TARGETS = sorted(ROOT.glob("*/targets.yaml"))
 
@@ -46,6 +48,17 @@ def test_targets_are_complete(path):
         assert t["benchmark"] in TASKS, (path, t["benchmark"])
         assert isinstance(t["value"], (int, float)) and 0 <= t["value"] <= 100, (path, t)
         assert t["gen_length"] in (128, 256, 512, 1024), (path, t)
+
+
+@pytest.mark.parametrize("path", EVALS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_eval_configs_load(path):
+    from dare.config import EvalRunConfig, load
+
+    assert load(EvalRunConfig, path).eval.benchmarks
+
+
+def test_every_paper_folder_has_a_sweep():
+    assert {p.parent.name for p in SWEEPS} >= {p.parent.name for p in TARGETS} | {"demo"}
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.parent.name)
