@@ -62,7 +62,7 @@ def test_coupled_token_logps_is_eq13(tiny_model):
     am = torch.tensor([[0] + [1] * 8, [1] * 9])
     P = 5
     batch = SimpleNamespace(sequences=seqs, attention_mask=am, prompt_length=P, responses=seqs[:, P:],
-                            compute=Compute(pack=True, chunk=3))
+                            compute=Compute(pack=True, chunk=3, min_padding=0.0))
     m = torch.tensor([[True, False, True, False], [False, False, True, True]])
     t = torch.tensor(0.3)
     got = cg.token_logps(tiny_model, batch, {"t": t, "mask": m})

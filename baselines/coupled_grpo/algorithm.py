@@ -62,8 +62,7 @@ def _completion_logps(model, batch, masked_completion: torch.Tensor) -> torch.Te
     x[:, P:] = torch.where(masked_completion, facts(model).mask_token_id, x[:, P:])
     where = torch.zeros_like(x, dtype=torch.bool)
     where[:, P:] = True
-    return masked_logps(model, x, batch.sequences, where, batch.attention_mask, chunk=batch.compute.chunk,
-                        pack=batch.compute.pack)[:, P:]
+    return masked_logps(model, x, batch.sequences, where, batch.attention_mask, compute=batch.compute)[:, P:]
 
 
 def token_logps(model, batch, noise) -> torch.Tensor:

@@ -62,8 +62,7 @@ def token_logps(model, batch, prompt_noise: torch.Tensor) -> torch.Tensor:
     x[:, P:] = mask_id  # every completion token masked
     where = torch.zeros_like(x, dtype=torch.bool)
     where[:, P:] = True
-    logps = masked_logps(model, x, batch.sequences, where, batch.attention_mask, chunk=batch.compute.chunk,
-                         pack=batch.compute.pack)
+    logps = masked_logps(model, x, batch.sequences, where, batch.attention_mask, compute=batch.compute)
     return logps[:, P:]
 
 

@@ -42,8 +42,7 @@ def loss(model, batch, noise, cfg):
     if facts(model).attention == "block_causal":
         logps = block_diffusion_logps(model, noisy, ids, masked, batch.attention_mask, chunk=batch.compute.chunk)
     else:
-        logps = masked_logps(model, noisy, ids, masked, batch.attention_mask, chunk=batch.compute.chunk,
-                             pack=batch.compute.pack)
+        logps = masked_logps(model, noisy, ids, masked, batch.attention_mask, compute=batch.compute)
     # the step's response tokens: every row of a step has the same response length
     n_tokens = batch.num_sequences * batch.response_mask[0].sum()
     loss = -(logps.sum(1) / t).sum() / n_tokens

@@ -46,7 +46,7 @@ def logps(model, batch, noise) -> torch.Tensor:
     for j in range(noise["t"].shape[-1]):
         masked = noise["masked"][:, :, j].flatten(0, 1)  # (2B, L)
         x = torch.where(masked, mask_id, ids)
-        lp = masked_logps(model, x, ids, masked, attn, chunk=batch.compute.chunk, pack=batch.compute.pack)
+        lp = masked_logps(model, x, ids, masked, attn, compute=batch.compute)
         total = total + lp.sum(-1) / noise["t"][:, :, j].flatten()
     return (total / noise["t"].shape[-1]).view(-1, 2)
 

@@ -59,8 +59,7 @@ def token_logps(model, batch, prompt_noise: torch.Tensor) -> torch.Tensor:
     x[:, P:] = mask_id
     where = torch.zeros_like(x, dtype=torch.bool)
     where[:, P:] = True
-    return masked_logps(model, x, batch.sequences, where, batch.attention_mask, chunk=batch.compute.chunk,
-                        pack=batch.compute.pack)[:, P:]
+    return masked_logps(model, x, batch.sequences, where, batch.attention_mask, compute=batch.compute)[:, P:]
 
 
 def weights(adv: torch.Tensor, group_size: int, psi: float) -> torch.Tensor:

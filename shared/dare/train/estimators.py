@@ -35,22 +35,31 @@ from dare.train import noise
 class Compute:
     """How a log-prob pass is computed, never what it computes (engine options `train.packing`,
     `train.logit_chunk`): `pack` drops padding and packs the rows into one sequence list
-    (`cu_seqlens`); `chunk` positions go through the output head at a time (0: full logits)."""
+    (`cu_seqlens`) when that removes at least `min_padding` of the positions (without flash-attn
+    the packed path attends sequence by sequence, which costs more than a little padding); `chunk`
+    positions go through the output head at a time (0: full logits)."""
 
     pack: bool = False
     chunk: int = 1024
+    min_padding: float = 0.25
 
 
 def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: torch.Tensor,
                  attention_mask: torch.Tensor | None = None, chunk: int = 1024,
-                 cu_seqlens: torch.Tensor | None = None, pack: bool = False) -> torch.Tensor:
+                 cu_seqlens: torch.Tensor | None = None, pack: bool = False, min_padding: float = 0.0,
+                 compute: Compute | None = None) -> torch.Tensor:
     """(B, L) log p(targets | x_masked) at `where` (0 elsewhere), in float32.
 
     chunk > 0: the cross-entropy is taken from hidden states `chunk` positions at a time, so the
     (B, L, V) logits never exist; chunk = 0: full logits (the naive path, for comparison).
     pack: padded rows (attention_mask 0) are packed without their pads into one row with
-    `cu_seqlens` first; a packed row (1, total) with `cu_seqlens` can also be given directly."""
-    if pack and attention_mask is not None and cu_seqlens is None and not bool(attention_mask.all()):
+    `cu_seqlens` first (when at least `min_padding` of the positions are padding); a packed row
+    (1, total) with `cu_seqlens` can also be given directly. `compute` (a batch's engine options)
+    sets chunk, pack and min_padding at once."""
+    if compute is not None:
+        chunk, pack, min_padding = compute.chunk, compute.pack, compute.min_padding
+    if (pack and attention_mask is not None and cu_seqlens is None
+            and 1 - attention_mask.float().mean().item() >= max(min_padding, 1e-9)):
         keep = attention_mask.bool()
         lengths = keep.sum(dim=1)
         cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=x_masked.device)
