@@ -78,7 +78,8 @@ def test_d1_token_logps_is_one_forward_on_masked_completion(tiny_model):
     x[:, P:] = mask_id
     expect = torch.log_softmax(token_logits(tiny_model, x, am)[:, P:], -1).gather(-1, seqs[:, P:, None])[..., 0]
     # the same numbers whether packed or padded, chunked or from full logits
-    for compute in (Compute(pack=False, chunk=0), Compute(pack=True, chunk=3, min_padding=0.0), Compute(pack=False, chunk=1024)):
+    for compute in (Compute(pack=False, chunk=0), Compute(pack=True, chunk=3, min_padding=0.0),
+                    Compute(pack=False, chunk=1024)):
         batch = SimpleNamespace(sequences=seqs, attention_mask=am, prompt_length=P, responses=seqs[:, P:],
                                 prompt_mask=am[:, :P].bool(), compute=compute)
         torch.testing.assert_close(d1.token_logps(tiny_model, batch, noise), expect, atol=1e-5, rtol=1e-5)

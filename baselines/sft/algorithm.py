@@ -40,7 +40,8 @@ def loss(model, batch, noise, cfg):
     if facts(model).attention == "block_causal":
         logps = block_diffusion_logps(model, noisy, ids, masked, batch.attention_mask, chunk=batch.compute.chunk)
     else:
-        logps = masked_logps(model, noisy, ids, masked, batch.attention_mask, compute=batch.compute)  # (B, L), 0 where not masked
+        # (B, L) log-probs at the masked positions, 0 elsewhere
+        logps = masked_logps(model, noisy, ids, masked, batch.attention_mask, compute=batch.compute)
     n_resp, n_masked = response.sum(1), masked.sum(1).clamp(min=1)
     per_seq = -(logps.sum(1) / p) / n_resp  # (B,)
     loss = per_seq.sum() / batch.num_sequences  # normalized by the whole step's rows

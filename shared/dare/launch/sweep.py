@@ -130,8 +130,8 @@ def load_sweep(path: str | Path) -> Sweep:
     eval_config = (path.parent / eval_cfg["config"]).resolve() if eval_cfg.get("config") else None
     if eval_config and not eval_config.is_file():
         _fail(path, f"eval.config: {eval_config} not found")
-    out = Path(data.get("out_dir") or Path(os.environ.get("DARE_RUNS", REPO_ROOT / "runs")) / "sweeps" / path.parent.name
-               / path.stem)
+    runs = Path(os.environ.get("DARE_RUNS", REPO_ROOT / "runs"))
+    out = Path(data.get("out_dir") or runs / "sweeps" / path.parent.name / path.stem)
     sweep = Sweep(path, baseline, config, overrides, grid, eval_config, Slurm(**slurm), expect, out)
     base = "" if config is None else config.read_text()
     keys = list(grid)
