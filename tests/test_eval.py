@@ -47,3 +47,23 @@ def test_same_folder_name_different_contents_never_share_results(checkpoint, tmp
 def test_empty_selection_is_an_error(checkpoint, tmp_path):
     with pytest.raises(UserError, match="n_samples"):
         evaluate_checkpoint(checkpoint, None, ["eval.n_samples=0"], out_dir=tmp_path / "o")
+
+
+def test_an_evaluation_of_a_rewritten_checkpoint_is_not_reused(tmp_path):
+    """Results are keyed by the eval config; a checkpoint retrained in place must be evaluated again."""
+    import os
+
+    from dare.eval import evaluate_checkpoint
+    from dare.train import train
+
+    run = train("sft", None, ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=1",
+                              "model.scratch.mlp_hidden_size=64", "train.steps=2", "train.batch_size=8",
+                              "train.warmup_steps=0", "algo.response_length=4", f"run.out_dir={tmp_path / 'r'}"])
+    (first,) = evaluate_checkpoint(run / "final", None, ["eval.n_samples=8"])
+    stamp = first.stat().st_mtime
+    assert evaluate_checkpoint(run / "final", None, ["eval.n_samples=8"]) == [first]
+    assert first.stat().st_mtime == stamp  # reused
+    weights = next((run / "final").glob("*.safetensors"))
+    os.utime(weights, (stamp + 10, stamp + 10))  # the checkpoint is newer than its evaluation
+    evaluate_checkpoint(run / "final", None, ["eval.n_samples=8"])
+    assert first.stat().st_mtime > stamp  # evaluated again

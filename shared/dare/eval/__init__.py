@@ -164,9 +164,12 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
     out = Path(out_dir or cfg.run.out_dir or default_out_dir(checkpoint, digest))
     targets = {name: out / f"result_{name}.json" for name in cfg.eval.benchmarks}
     todo = []
+    weights = [p.stat().st_mtime for p in checkpoint.glob("*.safetensors")]
     for name, path in targets.items():
         try:
             read_result(path)
+            if weights and path.stat().st_mtime < max(weights):  # the checkpoint was rewritten since
+                raise ValueError("stale")
             print(f"[eval] reusing {path}", file=sys.stderr, flush=True)
         except ValueError:
             todo.append(name)

@@ -97,7 +97,7 @@ def train(name: str, config_path: str | Path | None = None, overrides=(), *, for
         print(f"[{name}] reusing finished run {run_dir}", flush=True)
         return run_dir
     if force:  # start over: no resuming from the old checkpoints
-        for old in ("checkpoints", "final", "metrics.jsonl"):
+        for old in ("checkpoints", "final", "metrics.jsonl", "eval"):  # evaluations of the old final model too
             target = run_dir / old
             if target.is_dir():
                 shutil.rmtree(target)
