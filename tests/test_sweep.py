@@ -3,6 +3,7 @@ started by the fixture), through submitit's SLURM executor; plus validation and 
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -131,9 +132,8 @@ def test_slurm_sweep_completes_is_idempotent_and_isolates_failures(tmp_path, on_
     again = launch(load_sweep(ok.path), cluster="slurm")
     assert [r.id for r in again] == [ok.runs[1].id]
     assert launch(load_sweep(ok.path), cluster="slurm") == []  # it is queued or running
-    r = subprocess.run(["dare", "sweep", "status", str(ok.path)], capture_output=True, text=True,
-                       env=on_cluster.env | {"PATH": f"{Path(__import__('sys').executable).parent}:" +
-                                             on_cluster.env["PATH"]})
+    r = subprocess.run([str(Path(sys.executable).parent / "dare"), "sweep", "status", str(ok.path)],
+                       capture_output=True, text=True, env=on_cluster.env)
     assert "running" in r.stdout or "done" in r.stdout, r.stdout + r.stderr
     on_cluster.wait_empty()
     assert [state(r)[0] for r in ok.runs] == ["done", "done"]

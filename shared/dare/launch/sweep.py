@@ -301,8 +301,9 @@ def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False) -> list[
         for r in todo:
             log = r.dir / "local.log"
             atomic_write_json(r.dir / "job.json", {"cluster": "local", "job_id": "local", "log": str(log)})
-            code = subprocess.run([sys.executable, "-m", "dare.launch.sweep", str(sweep.path), r.id],
-                                  stdout=open(log, "w"), stderr=subprocess.STDOUT).returncode
+            with open(log, "w") as out:
+                code = subprocess.run([sys.executable, "-m", "dare.launch.sweep", str(sweep.path), r.id],
+                                      stdout=out, stderr=subprocess.STDOUT).returncode
             print(f"  {r.id} {r.name}: {'done' if code == 0 else f'failed (exit {code}), log {log}'}")
         return todo
     import submitit

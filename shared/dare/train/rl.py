@@ -124,8 +124,8 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
     compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
     micro = cfg.train.micro_batch_size
 
-    engine = Engine(model, cfg.model, cfg.train, dist, cfg.train.steps * mu, reference=algo.uses_reference(cfg.algo))
     use_ref = algo.uses_reference(cfg.algo)
+    engine = Engine(model, cfg.model, cfg.train, dist, cfg.train.steps * mu, reference=use_ref)
     uses_old = getattr(algo, "uses_old_logps", lambda c: True)(cfg.algo)  # objectives without a ratio skip them
     policy = engine.model
 
