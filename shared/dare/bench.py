@@ -104,7 +104,7 @@ def _write_result(ckpt: Path, model, label: str, params, outcome: dict, row: dic
     import json
 
     from dare.config import config_hash
-    from dare.eval import build_result
+    from dare.eval import build_result, task_benchmark
     from dare.models import facts
     from dare.models.api import checkpoint_meta
     from dare.results import metric_from_values, write_result
@@ -117,7 +117,7 @@ def _write_result(ckpt: Path, model, label: str, params, outcome: dict, row: dic
     model_info = {"name": label, "family": f.family, "revision": None,
                   "kind": "block" if f.attention == "block_causal" else "masked", "dtype": "float32",
                   "n_params": sum(p.numel() for p in model.parameters())}
-    result = build_result(meta=checkpoint_meta(ckpt), model_info=model_info, task_name="addition", split="test",
+    result = build_result(meta=checkpoint_meta(ckpt), model_info=model_info, benchmark=task_benchmark("addition", "test"),
                           decoding=params, outcome=outcome, eval_hash=config_hash(params), seed=0,
                           samples_path=samples, command="dare bench rollout")
     result["method"]["variant"] = f"rollout:{row['strategy']}"

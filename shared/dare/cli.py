@@ -2,7 +2,7 @@
 
     dare demo                                   the embedded default: tiny SFT -> d1 -> eval -> table
     dare train <baseline> [config.yaml] [key=value ...]
-    dare eval <checkpoint> [config.yaml] [key=value ...] [--benchmarks a,b]
+    dare eval <checkpoint> [config.yaml] [key=value ...] [--benchmarks a,b] [--engine opencompass]
     dare leaderboard [--runs DIR ...]
     dare data list | build [TASK ...]
     dare models [list | show <checkpoint>]
@@ -71,6 +71,8 @@ def cmd_eval(ns) -> int:
     path, overrides = _split_config_args(ns.args)
     if ns.benchmarks:
         overrides.append(f"eval.benchmarks=[{ns.benchmarks}]")
+    if ns.engine:
+        overrides.append(f"eval.engine={ns.engine}")
     for p in evaluate_checkpoint(ns.checkpoint, path, overrides, out_dir=ns.out, command=_command_line()):
         print(p)
     return 0
@@ -271,12 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
         "set). Under torchrun or SLURM, launch `dare train` itself once per process instead"))
     s.set_defaults(func=cmd_train)
 
-    s = sub.add_parser("eval", help="evaluate a checkpoint (embedded evaluator)", description=(
-        "Decode a benchmark split with the rollout engine and write result_<benchmark>.json (schema v1) "
-        "and samples_<benchmark>.jsonl."))
+    s = sub.add_parser("eval", help="evaluate a checkpoint (embedded evaluator or OpenCompass)", description=(
+        "Evaluate a checkpoint on benchmarks and write result_<benchmark>.json (schema v1) and "
+        "samples_<benchmark>.jsonl. --engine embedded decodes our tasks in this process; --engine opencompass "
+        "runs DARE's suite (gsm8k math humaneval mbpp mmlu mmlu_pro hellaswag arc_c gpqa aime24 aime25 "
+        "olympiadbench) through OpenCompass in the eval environment with DARE's decoding settings for the "
+        "checkpoint's family, from local data ($COMPASS_DATA_CACHE, default data/opencompass)."))
     s.add_argument("checkpoint", help="a checkpoint folder (config.json + weights + tokenizer)")
     s.add_argument("args", nargs="*", metavar="[config.yaml] [key=value]")
-    s.add_argument("--benchmarks", help="comma-separated task names (sets eval.benchmarks)")
+    s.add_argument("--benchmarks", help="comma-separated benchmark names (sets eval.benchmarks)")
+    s.add_argument("--engine", choices=["embedded", "opencompass"], help="sets eval.engine (default: embedded)")
     s.add_argument("--out", help="output folder (default: beside the checkpoint, keyed by the eval config hash)")
     s.set_defaults(func=cmd_eval)
 
@@ -377,6 +383,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:  # bad input: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        if type(e).__name__ != "OpenCompassError":
+            raise
+        print(f"error: OpenCompass failed: {e}", file=sys.stderr)  # its own exit code is 0 even then
+        return 1
 
 
 if __name__ == "__main__":

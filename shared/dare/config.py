@@ -288,19 +288,36 @@ class RLConfig:
 @dataclass
 class EvalConfig:
     benchmarks: list[str] = field(default_factory=lambda: ["addition"])
+    engine: Literal["embedded", "opencompass"] = "embedded"
+    """embedded: our tasks, decoded and scored in this process. opencompass: the benchmarks of
+    DARE's suite (`dare/eval/configs/benchmarks.yaml`) through OpenCompass in the eval environment;
+    the ones it does not cover (countdown, sudoku, our synthetic tasks) still run embedded."""
     split: str = "test"
+    """Split of the embedded tasks (OpenCompass' dataset configs fix their own)."""
     n_samples: int | None = None
     """Evaluate the first n examples of the split (None: all)."""
     batch_size: int = 64
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    preset: Literal["auto", "dare", "none"] = "auto"
+    """dare: each benchmark decodes with the settings DARE used for the checkpoint's family
+    (`dare/eval/configs/<family>.yaml`); `decoding` fields set to non-default values still win.
+    none: `decoding` as given for every benchmark. auto: dare with the opencompass engine."""
 
     def validate(self):
         from dare.data import TASKS
+        from dare.eval.suite import benchmarks
 
+        suite = benchmarks()
         check(len(self.benchmarks) > 0, "at least one benchmark", "benchmarks")
         for name in self.benchmarks:
-            check(name in TASKS, f"unknown benchmark {name!r}; known: {sorted(TASKS)}", "benchmarks")
-            check(self.split in TASKS[name].splits, f"{name!r} has splits {TASKS[name].splits}", "split")
+            embedded = TASKS.get(suite[name].embedded) if name in suite and suite[name].embedded else TASKS.get(name)
+            covered = self.engine == "opencompass" and name in suite and suite[name].opencompass
+            check(covered or embedded is not None,
+                  f"unknown benchmark {name!r} for the {self.engine} engine; embedded tasks: {sorted(TASKS)}; "
+                  f"OpenCompass (engine=opencompass): {sorted(n for n in suite if suite[n].opencompass)}",
+                  "benchmarks")
+            if not covered:
+                check(self.split in embedded.splits, f"{name!r} has splits {embedded.splits}", "split")
         check(self.n_samples is None or self.n_samples > 0, "must be positive or null", "n_samples")
         check(self.batch_size > 0, "must be positive", "batch_size")
 

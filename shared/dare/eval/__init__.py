@@ -1,8 +1,15 @@
-"""The embedded evaluator: decode a task's split with the rollout engine, score every sample
-with the task's metric (from `dare.rewards`), write per-sample outputs and one result JSON per
-benchmark. It runs in the train environment, for the demo and for validation during training.
+"""Evaluation of a checkpoint: one result JSON per benchmark, with per-sample outputs beside it.
 
-    dare eval <checkpoint> [config.yaml] [key=value ...]
+Two engines (`eval.engine`):
+  embedded     decode a task's split with the rollout engine and score every sample with the task's
+               metric (`dare.data` tasks, `dare.rewards`), in this process (train environment; the
+               demo and validation during training use it);
+  opencompass  the benchmarks of DARE's suite (`dare.eval.suite`) through the released OpenCompass
+               in the eval environment, with our `DiffusionLM` model class
+               (`dare.eval.opencompass_model`); results are read from its files
+               (`dare.eval.opencompass_run`). Benchmarks it does not cover run embedded.
+
+    dare eval <checkpoint> [config.yaml] [key=value ...] [--engine opencompass] [--benchmarks a,b]
 """
 
 from __future__ import annotations
@@ -87,11 +94,11 @@ def decoding_record(decoding, sampler: str) -> dict:
             "extra": extra}
 
 
-def build_result(*, meta: dict, model_info: dict, task_name: str, split: str, decoding, outcome: dict,
-                 eval_hash: str, seed: int, samples_path: Path, command: str | None) -> dict:
-    """The result JSON (as a dict) of one benchmark evaluation of one checkpoint."""
+def build_result(*, meta: dict, model_info: dict, benchmark: dict, decoding, outcome: dict, eval_hash: str,
+                 seed: int, samples_path: Path, command: str | None, reference: dict | None = None) -> dict:
+    """The result JSON (as a dict) of one benchmark evaluation of one checkpoint. `benchmark`:
+    name, split, version, n_shot; `outcome`: values per metric, sample counts, throughput."""
     from dare import baselines
-    from dare.data import TASKS
     from dare.results import SCHEMA_VERSION, metric_from_values
     from dare.train import now
 
@@ -115,24 +122,32 @@ def build_result(*, meta: dict, model_info: dict, task_name: str, split: str, de
     commit, dirty = git_state()
     run_seed = meta.get("seed", seed)
     train_hash = meta.get("run_key", meta.get("config_hash", "base"))[:8]  # config + starting checkpoint
+    name = benchmark["name"]
     return {
         "schema_version": SCHEMA_VERSION,
-        "run_id": f"{baseline}__{_slug(model_info['name'])}__{task_name}__s{run_seed}__{train_hash}-{eval_hash[:8]}",
+        "run_id": f"{baseline}__{_slug(model_info['name'])}__{name}__s{run_seed}__{train_hash}-{eval_hash[:8]}",
         "created_at": now(),
         "method": {"baseline": baseline, "variant": None, "paper": paper, "init": init_name},
         "model": model_info,
-        "benchmark": {"name": task_name, "split": split, "version": TASKS[task_name].version, "n_shot": 0,
+        "benchmark": {"name": name, "split": benchmark["split"], "version": benchmark["version"],
+                      "n_shot": benchmark.get("n_shot", 0),
                       "n_samples": {"original": outcome["n_original"], "effective": outcome["n_effective"]}},
         "decoding": decoding_record(decoding, outcome.get("sampler", "masked")),
-        "metrics": [metric_from_values(name, vals).model_dump() for name, vals in outcome["values"].items()],
-        "reference": None,
+        "metrics": [metric_from_values(m, vals).model_dump() for m, vals in outcome["values"].items()],
+        "reference": reference,
         "training": training,
-        "throughput": {k: round(v, 4) for k, v in outcome["throughput"].items()},
+        "throughput": {k: round(v, 4) for k, v in outcome["throughput"].items() if v is not None},
         "provenance": {"git_commit": commit, "git_dirty": dirty, "packages": package_versions(),
                        "hardware": hardware(), "command": command},
         "artifacts": {"samples": samples_path.name, "samples_sha256": sha256_file(samples_path),
                       "config": "config.yaml"},
     }
+
+
+def task_benchmark(task_name: str, split: str) -> dict:
+    from dare.data import TASKS
+
+    return {"name": task_name, "split": split, "version": TASKS[task_name].version, "n_shot": 0}
 
 
 def default_out_dir(checkpoint: Path, digest: str) -> Path:
@@ -147,18 +162,65 @@ def default_out_dir(checkpoint: Path, digest: str) -> Path:
     return runs_dir() / "eval" / f"{_slug(checkpoint.name)}-{checkpoint_fingerprint(checkpoint)[:8]}" / digest[:12]
 
 
-def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None = None, overrides=(),
-                        *, out_dir: str | Path | None = None, command: str | None = None) -> list[Path]:
-    """Evaluate a checkpoint folder on every benchmark in the config; returns the result files.
-    Results that already exist and validate are reused (the folder is keyed by the eval config)."""
-    import torch
+def decoding_for(cfg, family: str, name: str):
+    """(DecodingConfig, the preset's settings or None) of one benchmark: DARE's settings for the
+    family under `eval.preset` dare (auto with the opencompass engine), with every `eval.decoding`
+    field set to a non-default value applied on top; otherwise `eval.decoding` as given."""
+    from dare.config import DecodingConfig
+    from dare.config import load as load_cfg
+    from dare.eval import suite
 
-    from dare.models import facts, load_pretrained, load_tokenizer
+    preset = cfg.eval.preset if cfg.eval.preset != "auto" else ("dare" if cfg.eval.engine == "opencompass" else "none")
+    given = to_dict(cfg.eval.decoding)
+    protocol = suite.protocol_decoding(family, name) if preset == "dare" else None
+    if protocol is None:
+        return cfg.eval.decoding, None
+    default = to_dict(DecodingConfig())
+    explicit = {k: v for k, v in given.items() if v != default[k]}
+    return load_cfg(DecodingConfig, data={**protocol, **explicit}), protocol
+
+
+def _same_decoding(decoding, protocol: dict | None) -> bool:
+    from dare.config import DecodingConfig
+    from dare.config import load as load_cfg
+
+    return protocol is not None and to_dict(decoding) == to_dict(load_cfg(DecodingConfig, data=protocol))
+
+
+def _model_info(checkpoint: Path, meta: dict, family: str, dtype: str) -> dict:
+    """What the result says about the model, from config.json and the safetensors headers (the
+    OpenCompass engine never loads the weights in this process)."""
+    import struct
+
+    n_params = 0
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        with open(path, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        for key, t in header.items():
+            if key != "__metadata__":
+                n = 1
+                for d in t["shape"]:
+                    n *= d
+                n_params += n
+    kind = "block" if family in ("sdar", "sdar_moe", "llada2") else "masked"
+    return {"name": meta.get("model_name") or checkpoint.name, "family": family, "revision": meta.get("config_hash"),
+            "kind": kind, "dtype": dtype, "n_params": n_params}
+
+
+def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None = None, overrides=(),
+                        *, out_dir: str | Path | None = None, command: str | None = None,
+                        opencompass_model: dict | None = None) -> list[Path]:
+    """Evaluate a checkpoint folder on every benchmark in the config; returns the result files.
+    Results that already exist and validate are reused (the folder is keyed by the eval config).
+    `opencompass_model` replaces our OpenCompass model class (a config dict with a dotted `type`;
+    the tests' oracle)."""
+    from dare.eval import suite
     from dare.models.api import checkpoint_meta
-    from dare.results import read_result, write_result
+    from dare.results import read_result
 
     cfg = load_config(EvalRunConfig, config_path, overrides)
     checkpoint = Path(checkpoint)
+    family = suite.checkpoint_family(checkpoint)
     meta = checkpoint_meta(checkpoint)
     digest = config_hash(cfg)
     out = Path(out_dir or cfg.run.out_dir or default_out_dir(checkpoint, digest))
@@ -176,25 +238,55 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
     if not todo:
         return list(targets.values())
 
-    model = load_pretrained(checkpoint, cfg.dtype)
-    tokenizer = load_tokenizer(checkpoint)
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    f = facts(model)
-    model_info = {"name": meta.get("model_name") or checkpoint.name, "family": f.family,
-                  "revision": meta.get("config_hash"), "kind": "block" if f.attention == "block_causal" else "masked",
-                  "dtype": cfg.dtype, "n_params": sum(p.numel() for p in model.parameters())}
-    save_config(cfg, out, header=f"dare eval {checkpoint}")
-    for name in todo:
-        outcome = evaluate_model(model, tokenizer, name, cfg.eval.split, cfg.eval.decoding, cfg.eval.batch_size,
-                                 cfg.eval.n_samples, cfg.run.seed)
+    bench = suite.benchmarks()
+    on_oc = [n for n in todo if cfg.eval.engine == "opencompass" and n in bench and bench[n].opencompass]
+    embedded = [n for n in todo if n not in on_oc]
+    plans = {n: decoding_for(cfg, family, n) for n in todo}  # every decoding is checked before any compute
+    model_info = _model_info(checkpoint, meta, family, cfg.dtype)
+
+    def reference(name, task_name):
+        if meta:  # a model we trained: DARE's table reports base models
+            return None
+        ref = suite.reference(family, model_info["name"], name)
+        return ref and {**ref, "same_decoding": _same_decoding(plans[name][0], plans[name][1])}
+
+    def finish(name, benchmark, outcome, samples):
         samples_path = out / f"samples_{name}.jsonl"
-        atomic_write(samples_path, "".join(json.dumps(s) + "\n" for s in outcome["samples"]))
-        result = build_result(meta=meta, model_info=model_info, task_name=name, split=cfg.eval.split,
-                              decoding=cfg.eval.decoding, outcome=outcome, eval_hash=digest, seed=cfg.run.seed,
-                              samples_path=samples_path, command=command)
+        atomic_write(samples_path, "".join(json.dumps(s) + "\n" for s in samples))
+        result = build_result(meta=meta, model_info=model_info, benchmark=benchmark, decoding=plans[name][0],
+                              outcome=outcome, eval_hash=digest, seed=cfg.run.seed, samples_path=samples_path,
+                              command=command, reference=reference(name, benchmark["name"]))
         write_result(result, targets[name])
         acc = ", ".join(f"{m['name']}={m['value']:.4f}" for m in result["metrics"])
-        print(f"[eval] {name}: {acc} ({outcome['n_effective']} samples, {outcome['seconds']:.1f}s) -> {targets[name]}",
-              file=sys.stderr, flush=True)
+        print(f"[eval] {name}: {acc} ({outcome['n_effective']} samples) -> {targets[name]}", file=sys.stderr, flush=True)
+
+    from dare.results import write_result
+
+    save_config(cfg, out, header=f"dare eval {checkpoint}")
+    if on_oc:
+        from dare.eval import opencompass_run
+
+        opencompass_run.check(on_oc, cfg.eval.n_samples)  # data, environment: before any model is loaded
+        for name in on_oc:
+            outcome, samples = opencompass_run.run_benchmark(
+                bench[name], checkpoint=checkpoint, decoding=to_dict(plans[name][0]), batch_size=cfg.eval.batch_size,
+                dtype=cfg.dtype, seed=cfg.run.seed, n_samples=cfg.eval.n_samples, threads=cfg.run.threads,
+                workdir=out / "opencompass" / name, model=opencompass_model)
+            version = f"opencompass-{opencompass_run.oc_version()}:{bench[name].opencompass['config']}"
+            finish(name, {"name": name, "split": "test", "version": version, "n_shot": bench[name].n_shot},
+                   outcome, samples)
+    if embedded:
+        import torch
+
+        from dare.models import load_pretrained, load_tokenizer
+
+        model = load_pretrained(checkpoint, cfg.dtype)
+        tokenizer = load_tokenizer(checkpoint)
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        for name in embedded:
+            task_name = bench[name].embedded if name in bench and bench[name].embedded else name
+            outcome = evaluate_model(model, tokenizer, task_name, cfg.eval.split, plans[name][0], cfg.eval.batch_size,
+                                     cfg.eval.n_samples, cfg.run.seed)
+            finish(name, {**task_benchmark(task_name, cfg.eval.split), "name": name}, outcome, outcome["samples"])
     return list(targets.values())

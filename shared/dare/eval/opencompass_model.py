@@ -1,0 +1,195 @@
+"""OpenCompass model class for every family: `DiffusionLM` plugs our model adapters and rollout
+engine into the released OpenCompass (imported in the eval environment only).
+
+One class serves LLaDA, Dream, SDAR and LLaDA2.x: the family comes from the checkpoint's config
+(`dare.models.load_pretrained`), mask id, logit shift and block size from the model's facts, and
+the sampler from the decoding settings (`dare.config.DecodingConfig`, "auto" picks the block
+sampler for block-causal models).
+
+    generate(inputs, max_out_len)  chat messages -> the tokenizer's chat template -> batches of
+                                   mixed prompt lengths (sorted by length, left-padded, returned in
+                                   the input order) -> `dare.rollout.generate`. A diffusion model
+                                   decodes a fixed canvas, so `gen_length` (not `max_out_len`)
+                                   sets the response length, as in DARE's model classes.
+    get_ppl(inputs, mask_length)   mean negative log-likelihood per scored token, from the Monte
+                                   Carlo ELBO (LLaDA's count estimator: l ~ stratified U{1..L}
+                                   positions masked, weight L / l; block models mask each block
+                                   independently and condition on the clean blocks before it).
+                                   Scored tokens: after `mask_length[i]` tokens when OpenCompass
+                                   gives it, else the last assistant turn, else the whole text.
+                                   Multiple-choice datasets can so be scored by likelihood.
+    get_token_len(prompt)          tokens of the chat-templated prompt.
+
+Every call is deterministic (a generator seeded from `seed` and the call's inputs), and the
+rollout statistics (samples, NFE, tokens, time) accumulate into `stats_path` for the result JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import torch
+from opencompass.models.base import BaseModel
+from opencompass.models.base_api import APITemplateParser
+from opencompass.registry import MODELS
+
+ROLES = {"HUMAN": "user", "BOT": "assistant", "SYSTEM": "system"}
+# HUMAN/BOT/SYSTEM prompts are kept as separate chat turns for the tokenizer's chat template
+DEFAULT_META_TEMPLATE = dict(round=[dict(role="HUMAN", api_role="HUMAN"), dict(role="SYSTEM", api_role="SYSTEM"),
+                                    dict(role="BOT", api_role="BOT", generate=True)])
+
+
+def to_messages(prompt) -> list[dict]:
+    """An OpenCompass prompt (a string or a list of {role, prompt}) as chat messages; consecutive
+    turns of one role are merged, empty ones dropped."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    messages = []
+    for item in prompt:
+        if not item.get("prompt"):
+            continue
+        role = ROLES[item["role"]]
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"] += "\n" + item["prompt"]
+        else:
+            messages.append({"role": role, "content": item["prompt"]})
+    return messages
+
+
+@MODELS.register_module()
+class DiffusionLM(BaseModel):
+    """A dLLM checkpoint folder of any family (see the module docstring)."""
+
+    def __init__(self, path: str, decoding: dict | None = None, batch_size: int = 8, dtype: str = "float32",
+                 ppl_samples: int = 32, seed: int = 0, stats_path: str | None = None, threads: int = 0,
+                 max_seq_len: int = 8192, meta_template: dict | None = None, tokenizer_only: bool = False,
+                 generation_kwargs: dict | None = None, **unused):
+        from dare.config import DecodingConfig, load
+        from dare.models import load_pretrained, load_tokenizer
+
+        super().__init__(path=path, max_seq_len=max_seq_len, tokenizer_only=tokenizer_only,
+                         meta_template=meta_template, generation_kwargs=generation_kwargs or {})
+        self.template_parser = APITemplateParser(meta_template or DEFAULT_META_TEMPLATE)
+        self.decoding = load(DecodingConfig, data=decoding or {})
+        self.batch_size, self.ppl_samples, self.seed = batch_size, ppl_samples, seed
+        self.stats_path = Path(stats_path) if stats_path else None
+        self.stats = {"samples": 0, "nfe": 0, "response_tokens": 0, "positions": 0, "seconds": 0.0}
+        if threads:
+            torch.set_num_threads(threads)
+        self.tokenizer = load_tokenizer(path)
+        self.model = None if tokenizer_only else load_pretrained(path, dtype).eval()
+        if self.model is not None and torch.cuda.is_available():
+            self.model = self.model.cuda()
+        if self.model is not None:
+            from dare.rollout import sampler_name
+
+            self.stats["sampler"] = sampler_name(self.model, self.decoding)
+
+    # -- prompts ---------------------------------------------------------------------------------
+
+    def _encode(self, messages: list[dict], generation_prompt: bool = True) -> list[int]:
+        if self.tokenizer.chat_template:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        else:  # a base model without a chat template: the plain text
+            text = "\n".join(m["content"] for m in messages)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def get_token_len(self, prompt) -> int:
+        return len(self._encode(to_messages(prompt)))
+
+    def _generator(self, kind: str, inputs) -> torch.Generator:
+        from dare.utils import make_generator
+
+        return make_generator(self.seed, f"opencompass:{kind}:{hashlib.sha256(repr(inputs).encode()).hexdigest()}")
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate(self, inputs, max_out_len: int = 0, **kwargs) -> list[str]:
+        from dare.models import facts
+        from dare.rollout import decode_responses, generate, left_pad
+
+        f = facts(self.model)
+        prompts = [self._encode(to_messages(p)) for p in inputs]
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+        outputs: list[str] = [""] * len(prompts)
+        generator = self._generator("generate", inputs)
+        device = next(self.model.parameters()).device
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start:start + self.batch_size]
+                ids, mask = left_pad([prompts[i] for i in idx], f.pad_token_id)
+                out = generate(self.model, ids.to(device), mask.to(device), self.decoding, generator)
+                for i, text in zip(idx, decode_responses(self.tokenizer, out.responses, f.eos_token_id)):
+                    outputs[i] = text
+                self.stats["nfe"] += out.nfe * len(idx)
+                self.stats["response_tokens"] += int(out.response_mask.sum())
+                self.stats["positions"] += out.responses.numel()
+        self.stats["samples"] += len(prompts)
+        self.stats["seconds"] += time.perf_counter() - t0
+        self._save_stats()
+        return outputs
+
+    def _save_stats(self):
+        if self.stats_path is not None:
+            from dare.utils import atomic_write
+
+            atomic_write(self.stats_path, json.dumps(self.stats))
+
+    # -- likelihood ------------------------------------------------------------------------------
+
+    def _scored_ids(self, prompt, mask_length: int | None) -> tuple[list[int], int]:
+        """(token ids, number of leading context tokens that are conditioned on, not scored)."""
+        messages = to_messages(prompt)
+        if mask_length is not None:
+            return self._encode(messages, generation_prompt=False), int(mask_length)
+        if len(messages) > 1 and messages[-1]["role"] == "assistant":
+            context = self._encode(messages[:-1])
+            answer = self.tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
+            return context + answer, len(context)
+        return self._encode(messages, generation_prompt=False), 0
+
+    def _loglik(self, ids: torch.Tensor, start: int, generator: torch.Generator) -> float:
+        """ELBO of log p(ids[start:] | ids[:start]) for one sequence, `ppl_samples` masks in one batch."""
+        from dare.models import facts
+        from dare.train import noise
+        from dare.train.estimators import block_diffusion_logps, masked_logps
+
+        f, n, length = facts(self.model), self.ppl_samples, ids.shape[0]
+        scored = torch.zeros(length, dtype=torch.bool)
+        scored[start:] = True
+        blocked = f.attention == "block_causal"
+        # masked models: one region; block models: each block is its own diffusion factor
+        region = torch.arange(length) // f.block_size if blocked else torch.zeros(length, dtype=torch.long)
+        mask = torch.zeros((n, length), dtype=torch.bool)
+        weight = torch.zeros((n, length))
+        for r in region[scored].unique():  # masks are drawn on the CPU (the generator's device)
+            maskable = (scored & (region == r)).expand(n, length)
+            counts = noise.stratified_counts(maskable[:1].sum(dim=1), n, generator)[:, 0]  # (n,)
+            m = noise.exact_count(maskable, counts, generator)
+            mask |= m
+            weight += m * (maskable.sum(dim=1, keepdim=True).float() / counts.clamp(min=1)[:, None].float())
+        mask, weight = mask.to(ids.device), weight.to(ids.device)
+        x = torch.where(mask, torch.full_like(mask, f.mask_token_id, dtype=ids.dtype), ids.expand(n, length))
+        if blocked:
+            logps = block_diffusion_logps(self.model, x, ids.expand(n, length), mask)
+        else:
+            logps = masked_logps(self.model, x, ids.expand(n, length), mask)
+        return float((logps * weight).sum(dim=1).mean())
+
+    def get_ppl(self, inputs, mask_length: list[int] | None = None) -> list[float]:
+        device = next(self.model.parameters()).device
+        generator = self._generator("ppl", inputs)
+        out = []
+        with torch.no_grad():
+            for i, prompt in enumerate(inputs):
+                ids, start = self._scored_ids(prompt, None if mask_length is None else mask_length[i])
+                ids_t = torch.tensor(ids, device=device)
+                n_scored = len(ids) - start
+                if n_scored <= 0:
+                    raise ValueError(f"get_ppl: nothing to score in input {i} ({len(ids)} tokens, mask_length {start})")
+                out.append(-self._loglik(ids_t, start, generator) / n_scored)
+        return out
