@@ -11,7 +11,7 @@ from dare.config import ScratchModelConfig
 from dare.models import facts, new_model, token_logits
 from dare.models.tokenizer import char_tokenizer
 from dare.train import noise
-from dare.train.estimators import block_diffusion_logps, elbo, elbo_backward, masked_logps
+from dare.train.estimators import block_diffusion_logps, elbo, elbo_backward, masked_logps, sequence_elbo
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,48 @@ def test_elbo_is_a_lower_bound_and_the_monte_carlo_means_converge(tiny):
             g = torch.Generator().manual_seed(0)
             est = elbo(model, ids, None, maskable, 600, g, weighting=weighting).item()
             assert est == pytest.approx(bound, abs=tol * abs(bound) + 0.01), weighting
+
+
+def test_sequence_elbo_of_a_continuation_converges_to_the_exact_bound(tiny):
+    """OpenCompass' likelihood scoring: the ELBO of ids[start:] given ids[:start], all masks in one batch."""
+    model, tok = tiny
+    ids = torch.tensor([tok.convert_tokens_to_ids(list("0110"))])
+    _, bound, _ = exact_quantities(model, ids, [1, 2, 3])
+    with torch.no_grad():
+        est = sequence_elbo(model, ids[0], 1, 900, torch.Generator().manual_seed(0))
+    assert est == pytest.approx(bound, abs=0.02 * abs(bound) + 0.01)
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
+def test_sequence_elbo_of_a_block_model_is_the_sum_of_per_block_bounds(family):
+    """Block models factor over blocks: each block's masks see the clean blocks before it, so the
+    exact bound is the sum over blocks of the masked-diffusion bound within the block."""
+    tok = char_tokenizer("01", family)
+    model = new_model(family, tok, ScratchModelConfig(d_model=16, n_heads=2, n_layers=1, mlp_hidden_size=32), seed=1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(20)
+    model.eval()
+    bs = facts(model).block_size
+    g = torch.Generator().manual_seed(0)
+    clean = torch.randint(len(tok) - 2, len(tok), (1, 2 * bs), generator=g)  # the characters 0 and 1
+    start = bs - 2  # the last two positions of block 0, then all of block 1
+    bound = 0.0
+    with torch.no_grad():
+        for positions in (list(range(start, bs)), list(range(bs, 2 * bs))):
+            for size in range(1, len(positions) + 1):
+                subsets = list(itertools.combinations(positions, size))
+                total = 0.0
+                for m in subsets:
+                    where = torch.zeros_like(clean, dtype=torch.bool)
+                    where[0, list(m)] = True
+                    x = torch.where(where, facts(model).mask_token_id, clean)
+                    total += block_diffusion_logps(model, x, clean, where).sum().item()
+                bound += total / len(subsets) / size
+        est = sequence_elbo(model, clean[0], start, 1200, torch.Generator().manual_seed(0))
+    assert est == pytest.approx(bound, abs=0.03 * abs(bound) + 0.02)
+    assert bound < -0.1  # not trivially zero
 
 
 def test_normalization_is_explicit(tiny):

@@ -12,9 +12,7 @@ sampler for block-causal models).
                                    decodes a fixed canvas, so `gen_length` (not `max_out_len`)
                                    sets the response length, as in DARE's model classes.
     get_ppl(inputs, mask_length)   mean negative log-likelihood per scored token, from the Monte
-                                   Carlo ELBO (LLaDA's count estimator: l ~ stratified U{1..L}
-                                   positions masked, weight L / l; block models mask each block
-                                   independently and condition on the clean blocks before it).
+                                   Carlo ELBO (`dare.train.estimators.sequence_elbo`).
                                    Scored tokens: after `mask_length[i]` tokens when OpenCompass
                                    gives it, else the last assistant turn, else the whole text.
                                    Multiple-choice datasets can so be scored by likelihood.
@@ -63,7 +61,7 @@ def to_messages(prompt) -> list[dict]:
 class DiffusionLM(BaseModel):
     """A dLLM checkpoint folder of any family (see the module docstring)."""
 
-    def __init__(self, path: str, decoding: dict | None = None, batch_size: int = 8, dtype: str = "float32",
+    def __init__(self, path: str, decoding: dict | None = None, micro_batch_size: int = 0, dtype: str = "float32",
                  ppl_samples: int = 32, seed: int = 0, stats_path: str | None = None, threads: int = 0,
                  max_seq_len: int = 8192, meta_template: dict | None = None, tokenizer_only: bool = False,
                  generation_kwargs: dict | None = None, **unused):
@@ -74,7 +72,7 @@ class DiffusionLM(BaseModel):
                          meta_template=meta_template, generation_kwargs=generation_kwargs or {})
         self.template_parser = APITemplateParser(meta_template or DEFAULT_META_TEMPLATE)
         self.decoding = load(DecodingConfig, data=decoding or {})
-        self.batch_size, self.ppl_samples, self.seed = batch_size, ppl_samples, seed
+        self.micro_batch_size, self.ppl_samples, self.seed = micro_batch_size, ppl_samples, seed
         self.stats_path = Path(stats_path) if stats_path else None
         self.stats = {"samples": 0, "nfe": 0, "response_tokens": 0, "positions": 0, "seconds": 0.0}
         if threads:
@@ -119,8 +117,9 @@ class DiffusionLM(BaseModel):
         device = next(self.model.parameters()).device
         t0 = time.perf_counter()
         with torch.no_grad():
-            for start in range(0, len(order), self.batch_size):
-                idx = order[start:start + self.batch_size]
+            step = self.micro_batch_size or len(order)  # 0: OpenCompass' batch (its `batch_size`) at once
+            for start in range(0, len(order), step):
+                idx = order[start:start + step]
                 ids, mask = left_pad([prompts[i] for i in idx], f.pad_token_id)
                 out = generate(self.model, ids.to(device), mask.to(device), self.decoding, generator)
                 for i, text in zip(idx, decode_responses(self.tokenizer, out.responses, f.eos_token_id)):
@@ -152,35 +151,9 @@ class DiffusionLM(BaseModel):
             return context + answer, len(context)
         return self._encode(messages, generation_prompt=False), 0
 
-    def _loglik(self, ids: torch.Tensor, start: int, generator: torch.Generator) -> float:
-        """ELBO of log p(ids[start:] | ids[:start]) for one sequence, `ppl_samples` masks in one batch."""
-        from dare.models import facts
-        from dare.train import noise
-        from dare.train.estimators import block_diffusion_logps, masked_logps
-
-        f, n, length = facts(self.model), self.ppl_samples, ids.shape[0]
-        scored = torch.zeros(length, dtype=torch.bool)
-        scored[start:] = True
-        blocked = f.attention == "block_causal"
-        # masked models: one region; block models: each block is its own diffusion factor
-        region = torch.arange(length) // f.block_size if blocked else torch.zeros(length, dtype=torch.long)
-        mask = torch.zeros((n, length), dtype=torch.bool)
-        weight = torch.zeros((n, length))
-        for r in region[scored].unique():  # masks are drawn on the CPU (the generator's device)
-            maskable = (scored & (region == r)).expand(n, length)
-            counts = noise.stratified_counts(maskable[:1].sum(dim=1), n, generator)[:, 0]  # (n,)
-            m = noise.exact_count(maskable, counts, generator)
-            mask |= m
-            weight += m * (maskable.sum(dim=1, keepdim=True).float() / counts.clamp(min=1)[:, None].float())
-        mask, weight = mask.to(ids.device), weight.to(ids.device)
-        x = torch.where(mask, torch.full_like(mask, f.mask_token_id, dtype=ids.dtype), ids.expand(n, length))
-        if blocked:
-            logps = block_diffusion_logps(self.model, x, ids.expand(n, length), mask)
-        else:
-            logps = masked_logps(self.model, x, ids.expand(n, length), mask)
-        return float((logps * weight).sum(dim=1).mean())
-
     def get_ppl(self, inputs, mask_length: list[int] | None = None) -> list[float]:
+        from dare.train.estimators import sequence_elbo
+
         device = next(self.model.parameters()).device
         generator = self._generator("ppl", inputs)
         out = []
@@ -191,5 +164,5 @@ class DiffusionLM(BaseModel):
                 n_scored = len(ids) - start
                 if n_scored <= 0:
                     raise ValueError(f"get_ppl: nothing to score in input {i} ({len(ids)} tokens, mask_length {start})")
-                out.append(-self._loglik(ids_t, start, generator) / n_scored)
+                out.append(-sequence_elbo(self.model, ids_t, start, self.ppl_samples, generator) / n_scored)
         return out

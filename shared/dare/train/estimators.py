@@ -15,6 +15,10 @@ materializes full-vocabulary logits.
   `normalize="none"` returns the sum over tokens (a log-likelihood bound), "valid" divides by
   the number of maskable tokens of each row, "padded" by the padded length; the choice is
   explicit because the reference repos normalize by the padded length by accident.
+- `sequence_elbo(model, ids, start, n, generator)`: the ELBO of log p(ids[start:] | ids[:start]) for
+  one sequence, its n masks in one batch (count weighting). Block models (SDAR, LLaDA2.x) factor
+  over blocks: each block gets its own count and weight and sees the clean blocks before it.
+  OpenCompass' likelihood scoring (`get_ppl`) uses it.
 - `elbo_backward(...)`: the same estimate, backpropagated one Monte Carlo sample at a time so
   that only one sample's activations are alive (memory-bounded); returns the value.
 """
@@ -147,3 +151,28 @@ def elbo_backward(model, ids, attention_mask, maskable, n, generator, weighting=
         (scale * value.sum()).backward()
         total = total + value.detach()
     return total
+
+
+def sequence_elbo(model, ids: torch.Tensor, start: int, n: int, generator: torch.Generator) -> float:
+    """ELBO of log p(ids[start:] | ids[:start]) for one unpadded sequence (module docstring)."""
+    f, length = facts(model), ids.shape[0]
+    scored = torch.zeros(length, dtype=torch.bool)
+    scored[start:] = True
+    blocked = f.attention == "block_causal"
+    region = torch.arange(length) // f.block_size if blocked else torch.zeros(length, dtype=torch.long)
+    mask = torch.zeros((n, length), dtype=torch.bool)
+    weight = torch.zeros((n, length))
+    for r in region[scored].unique():  # masks are drawn on the CPU, the generator's device
+        maskable = (scored & (region == r)).expand(n, length)
+        counts = noise.stratified_counts(maskable[:1].sum(dim=1), n, generator)[:, 0]  # (n,)
+        m = noise.exact_count(maskable, counts, generator)
+        mask |= m
+        weight += m * (maskable.sum(dim=1, keepdim=True).float() / counts[:, None].float())
+    mask, weight = mask.to(ids.device), weight.to(ids.device)
+    clean = ids.expand(n, length)
+    x = torch.where(mask, torch.full_like(clean, f.mask_token_id), clean)
+    if blocked:
+        logps = block_diffusion_logps(model, x, clean, mask)
+    else:
+        logps = masked_logps(model, x, clean, mask)
+    return float((logps * weight).sum(dim=1).mean())
