@@ -83,7 +83,9 @@ def test_sequence_elbo_of_a_continuation_converges_to_the_exact_bound(tiny):
 @pytest.mark.parametrize("family", ["sdar", "llada2"])
 def test_sequence_elbo_of_a_block_model_is_the_sum_of_per_block_bounds(family):
     """Block models factor over blocks: each block's masks see the clean blocks before it, so the
-    exact bound is the sum over blocks of the masked-diffusion bound within the block."""
+    exact bound is the sum over blocks of the masked-diffusion bound within the block (masking
+    the blocks jointly has the same mean, by the any-order identity; per-block counts are the
+    factorization's own estimator)."""
     tok = char_tokenizer("01", family)
     model = new_model(family, tok, ScratchModelConfig(d_model=16, n_heads=2, n_layers=1, mlp_hidden_size=32), seed=1)
     with torch.no_grad():
