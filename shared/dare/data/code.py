@@ -45,7 +45,7 @@ class CodeTask(Task):
 class HumanEval(CodeTask):
     name = "humaneval"
     splits = ("test",)
-    version = f"p1.r{coder.VERSION}"
+    version = f"p1.r{coder.VERSION}.s2"  # s2: scored as OpenCompass does
     offline = True
 
     def generate(self, split: str) -> list[dict]:
@@ -63,6 +63,10 @@ class HumanEval(CodeTask):
 
     def target(self, row: dict) -> str:
         return f"```python\n{row['extra']['prompt_code']}{row['ground_truth']}```"
+
+    def scores(self, completions: list[str], rows: list[dict]) -> list[dict[str, float]]:
+        """pass@1 as OpenCompass computes it (`dare.rewards.code.humaneval_pass`)."""
+        return [{"pass@1": v} for v in coder.humaneval_pass(completions, [r["extra"] for r in rows], self.workers)]
 
 
 class MBPP(CodeTask):

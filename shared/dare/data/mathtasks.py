@@ -22,7 +22,7 @@ MATH_INSTRUCTION = ("You are a math expert. You will be given a question to solv
 class GSM8K(Task):
     name = "gsm8k"
     splits = ("train", "test")
-    version = f"p1.r{mathr.VERSION}.f{formats.VERSION}"
+    version = f"p1.r{mathr.VERSION}.f{formats.VERSION}.s2"  # s2: accuracy scored as OpenCompass does
     files = {"train": ["train.jsonl", "gsm8k_train.jsonl", "train-00000-of-00001.parquet"],
              "test": ["test.jsonl", "gsm8k_test.jsonl", "test-00000-of-00001.parquet"]}
     hub = {"train": ("openai/gsm8k", "main/train-*.parquet"), "test": ("openai/gsm8k", "main/test-*.parquet")}
@@ -45,7 +45,10 @@ class GSM8K(Task):
         return mathr.gsm8k_reward(completion, row["ground_truth"])
 
     def score(self, completion: str, row: dict) -> dict[str, float]:
-        return {"accuracy": mathr.gsm8k_reward(completion, row["ground_truth"])}
+        """accuracy: OpenCompass' rule (the same number as `--engine opencompass` on the same
+        completions); accuracy_answer: d1's parser (boxed, then <answer>, then the last number)."""
+        return {"accuracy": mathr.gsm8k_opencompass(completion, row["ground_truth"]),
+                "accuracy_answer": mathr.gsm8k_reward(completion, row["ground_truth"])}
 
 
 class MATH(Task):

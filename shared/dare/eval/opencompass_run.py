@@ -123,6 +123,8 @@ def _per_example(detail) -> float | None:
             if isinstance(value, list):
                 return sum(float(bool(v)) for v in value) / len(value) if value else None
             return float(bool(value))
+    if "predictions" in detail and "references" in detail:  # AccEvaluator: exact match after post-processing
+        return float(str(detail["predictions"]) == str(detail["references"]))
     return None
 
 
@@ -146,8 +148,8 @@ def read_benchmark(out: Path, bench: Benchmark, abbrs: list[str], log: Path) -> 
             raise OpenCompassError(f"{where}: the evaluator reported {result.get('error') or f'no {key!r}'} "
                                    f"({res_file}). Log {log}:\n{tail(log)}")
         details = result.get("details")
-        if isinstance(details, dict):
-            details = [details[k] for k in sorted(details, key=int)]
+        if isinstance(details, dict):  # {"0": ..., "1": ..., "type": "GEN"|"PPL"} or the evaluator's own
+            details = [details[k] for k in sorted((k for k in details if k.isdigit()), key=int)]
         if not details:
             raise OpenCompassError(f"{where}: no per-example details in {res_file}")
         per = [_per_example(d) for d in details]

