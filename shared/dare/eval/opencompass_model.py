@@ -14,7 +14,8 @@ sampler for block-causal models).
     get_ppl(inputs, mask_length)   mean negative log-likelihood per scored token, from the Monte
                                    Carlo ELBO (`dare.train.estimators.sequence_elbo`).
                                    Scored tokens: after `mask_length[i]` tokens when OpenCompass
-                                   gives it, else the last assistant turn, else the whole text.
+                                   gives it, else the whole text (OpenCompass hands likelihood
+                                   prompts over as plain text, no chat template).
                                    Multiple-choice datasets can so be scored by likelihood.
     get_token_len(prompt)          tokens of the chat-templated prompt.
 
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from opencompass.models.base import BaseModel
+from opencompass.models.base import BaseModel, LMTemplateParser
 from opencompass.models.base_api import APITemplateParser
 from opencompass.registry import MODELS
 
@@ -71,6 +72,7 @@ class DiffusionLM(BaseModel):
         super().__init__(path=path, max_seq_len=max_seq_len, tokenizer_only=tokenizer_only,
                          meta_template=meta_template, generation_kwargs=generation_kwargs or {})
         self.template_parser = APITemplateParser(meta_template or DEFAULT_META_TEMPLATE)
+        self.text_parser = LMTemplateParser(None)  # likelihood prompts: plain text, as OpenCompass expects
         self.decoding = load(DecodingConfig, data=decoding or {})
         self.micro_batch_size, self.ppl_samples, self.seed = micro_batch_size, ppl_samples, seed
         self.stats_path = Path(stats_path) if stats_path else None
@@ -88,6 +90,13 @@ class DiffusionLM(BaseModel):
 
     # -- prompts ---------------------------------------------------------------------------------
 
+    def parse_template(self, prompt_template, mode: str):
+        """Generation keeps the roles (for the chat template); likelihood ("ppl") gets plain text, which
+        OpenCompass' PPL inferencer measures in bytes (its BPB)."""
+        if mode == "ppl":
+            return self.text_parser.parse_template(prompt_template, mode)
+        return self.template_parser.parse_template(prompt_template, mode)
+
     def _encode(self, messages: list[dict], generation_prompt: bool = True) -> list[int]:
         if self.tokenizer.chat_template:
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
@@ -96,6 +105,9 @@ class DiffusionLM(BaseModel):
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def get_token_len(self, prompt) -> int:
+        """Plain text (likelihood prompts) as is; role lists through the chat template."""
+        if isinstance(prompt, str):
+            return len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         return len(self._encode(to_messages(prompt)))
 
     def _generator(self, kind: str, inputs) -> torch.Generator:
@@ -142,6 +154,8 @@ class DiffusionLM(BaseModel):
 
     def _scored_ids(self, prompt, mask_length: int | None) -> tuple[list[int], int]:
         """(token ids, number of leading context tokens that are conditioned on, not scored)."""
+        if isinstance(prompt, str):  # plain text (`parse_template` in "ppl" mode)
+            return self.tokenizer(prompt, add_special_tokens=False)["input_ids"], int(mask_length or 0)
         messages = to_messages(prompt)
         if mask_length is not None:
             return self._encode(messages, generation_prompt=False), int(mask_length)
@@ -151,7 +165,10 @@ class DiffusionLM(BaseModel):
             return context + answer, len(context)
         return self._encode(messages, generation_prompt=False), 0
 
-    def get_ppl(self, inputs, mask_length: list[int] | None = None) -> list[float]:
+    def get_ppl(self, inputs, mask_length: list[int] | None = None):
+        """(len(inputs),) numpy array, as OpenCompass' inferencer expects."""
+        import numpy as np
+
         from dare.train.estimators import sequence_elbo
 
         device = next(self.model.parameters()).device
@@ -165,4 +182,4 @@ class DiffusionLM(BaseModel):
                 if n_scored <= 0:
                     raise ValueError(f"get_ppl: nothing to score in input {i} ({len(ids)} tokens, mask_length {start})")
                 out.append(-sequence_elbo(self.model, ids_t, start, self.ppl_samples, generator) / n_scored)
-        return out
+        return np.array(out)
