@@ -117,8 +117,9 @@ def _write_result(ckpt: Path, model, label: str, params, outcome: dict, row: dic
     model_info = {"name": label, "family": f.family, "revision": None,
                   "kind": "block" if f.attention == "block_causal" else "masked", "dtype": "float32",
                   "n_params": sum(p.numel() for p in model.parameters())}
-    result = build_result(meta=checkpoint_meta(ckpt), model_info=model_info, benchmark=task_benchmark("addition", "test"),
-                          decoding=params, outcome=outcome, eval_hash=config_hash(params), seed=0,
+    result = build_result(meta=checkpoint_meta(ckpt), model_info=model_info,
+                          benchmark=task_benchmark("addition", "test"), decoding=params, outcome=outcome,
+                          eval_hash=config_hash(params), seed=0,
                           samples_path=samples, command="dare bench rollout")
     result["method"]["variant"] = f"rollout:{row['strategy']}"
     result["run_id"] += f"-{row['strategy'].replace('+', '-')}"

@@ -258,7 +258,8 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
                               command=command, reference=reference(name, benchmark["name"]))
         write_result(result, targets[name])
         acc = ", ".join(f"{m['name']}={m['value']:.4f}" for m in result["metrics"])
-        print(f"[eval] {name}: {acc} ({outcome['n_effective']} samples) -> {targets[name]}", file=sys.stderr, flush=True)
+        print(f"[eval] {name}: {acc} ({outcome['n_effective']} samples) -> {targets[name]}",
+              file=sys.stderr, flush=True)
 
     from dare.results import write_result
 
