@@ -214,6 +214,33 @@ def test_likelihood_scoring_of_multiple_choice_runs_through_get_ppl(checkpoints,
     assert {s["response"] for s in samples} <= set("ABCD")  # the label of the lowest per-token NLL
 
 
+BATCHING = """
+import json, sys
+from dare.eval.opencompass_model import DiffusionLM
+decoding = json.loads(sys.argv[2])
+together = DiffusionLM(sys.argv[1], decoding=decoding)
+alone = DiffusionLM(sys.argv[1], decoding=decoding, micro_batch_size=1)
+prompts = ["Hi", [dict(role="HUMAN", prompt="Question: what is two plus two, in words?"), dict(role="SYSTEM", prompt=""),
+                  dict(role="BOT", prompt="four"), dict(role="HUMAN", prompt="And three?")], "A medium prompt."]
+print(json.dumps([together.generate(prompts, 8), alone.generate(prompts, 8), together.stats]))
+"""
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_batches_mixed_prompt_lengths_like_one_at_a_time(family, checkpoints):
+    """Greedy decoding: a batch of mixed-length chat prompts (sorted, left-padded) gives each
+    prompt the response it gets alone, in the input order."""
+    decoding = {"gen_length": 8, "block_length": 4, "steps": 8, "temperature": 0.0}
+    if family == "dream":
+        decoding.update(sampler="dream", block_length=8)
+    r = subprocess.run([EVAL_PYTHON, "-c", BATCHING, str(checkpoints[family]), json.dumps(decoding)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    together, alone, stats = json.loads(r.stdout.strip().splitlines()[-1])
+    assert together == alone and len(set(together)) > 1
+    assert stats["samples"] == 3 and stats["nfe"] > 0
+
+
 PPL_RANK = """
 import random, sys
 from dare.eval.opencompass_model import DiffusionLM
