@@ -117,6 +117,30 @@ def test_d1_two_steps_change_parameters_and_stay_finite(tmp_path):
         (sft_run / "final" / "dare.json").read_text())["model_name"]
 
 
+def test_rl_validation_logs_what_dare_eval_measures_on_the_same_rows(tmp_path):
+    """rl.eval_every: the embedded evaluator on held-out prompts during training, greedy with the
+    rollout's lengths; after the last step it equals `dare eval` of the exported checkpoint."""
+    from dare.eval import evaluate_checkpoint
+    from dare.results import read_result
+
+    sft_run = train("sft", None, [*SFT_TINY, "train.steps=3", f"run.out_dir={tmp_path / 'sft'}"])
+    d1_run = train("d1", None, [f"model.path={sft_run / 'final'}", "train.steps=3", "train.lr=1e-3",
+                                "rl.prompts_per_step=4", "rl.group_size=4", "rl.rollout.gen_length=4",
+                                "rl.rollout.block_length=4", "rl.rollout.steps=4", "rl.eval_every=2",
+                                "rl.eval_samples=64", "run.log_every=10", f"run.out_dir={tmp_path / 'd1'}"])
+    records = [json.loads(line) for line in (d1_run / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in records if "val/accuracy" in r]
+    assert [r["step"] for r in val] == [2, 3]  # every 2 steps and after the last, whatever log_every says
+    [path] = evaluate_checkpoint(d1_run / "final", None, ["eval.n_samples=64", "eval.decoding.gen_length=4",
+                                                          "eval.decoding.block_length=4", "eval.decoding.steps=4"],
+                                 out_dir=tmp_path / "eval")
+    assert val[-1]["val/accuracy"] > 0  # one lucky sum in 64 for this 3-step model: not a trivial 0 == 0
+    assert read_result(path).metric("accuracy").value == pytest.approx(val[-1]["val/accuracy"], abs=1e-12)
+    with pytest.raises(UserError, match="rl.eval_split='dev'"):
+        train("d1", None, [f"model.path={sft_run / 'final'}", "rl.eval_every=1", "rl.eval_split=dev",
+                           f"run.out_dir={tmp_path / 'bad'}"])
+
+
 def test_rl_needs_a_checkpoint(tmp_path):
     with pytest.raises(UserError, match="model.path"):
         train("d1", None, [f"run.out_dir={tmp_path / 'x'}"])

@@ -278,8 +278,16 @@ class RLConfig:
     """Compute the old log-probs even when mu = 1 (the ratio is then 1 by construction); only the
     benchmark's naive pipeline sets it."""
     rollout: DecodingConfig = field(default_factory=lambda: DecodingConfig(temperature=0.9))
+    eval_every: int = field(default=0, metadata=NOHASH)
+    """Validate every N steps (and after the last) with the embedded evaluator: the first
+    `eval_samples` prompts of `eval_split`, greedy with the rollout's lengths, the task's metrics
+    logged as `val/<metric>` in metrics.jsonl; 0: off."""
+    eval_samples: int = field(default=64, metadata=NOHASH)
+    eval_split: str = field(default="test", metadata=NOHASH)
 
     def validate(self):
+        check(self.eval_every >= 0, "must be >= 0 (0: no validation)", "eval_every")
+        check(self.eval_samples > 0, "must be positive", "eval_samples")
         check(self.prompts_per_step > 0, "must be positive", "prompts_per_step")
         check(self.group_size > 0, "must be positive", "group_size")
         check(self.num_iterations > 0, "must be positive", "num_iterations")

@@ -377,10 +377,10 @@ class Loop:
     def elapsed(self) -> float:
         return self.elapsed0 + time.perf_counter() - self.t0
 
-    def end_step(self, done: int, tokenizer, metrics) -> None:
-        """Log `metrics()` when due (every rank calls it: it may sum over ranks), then the periodic
-        checkpoint and the preemption check."""
-        if done % self.cfg.run.log_every == 0 or done == self.total:
+    def end_step(self, done: int, tokenizer, metrics, force_log: bool = False) -> None:
+        """Log `metrics()` when due or forced (every rank calls it: it may sum over ranks), then the
+        periodic checkpoint and the preemption check."""
+        if force_log or done % self.cfg.run.log_every == 0 or done == self.total:
             values = metrics()
             if self.log:
                 self.log.log(done, values)

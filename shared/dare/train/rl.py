@@ -19,6 +19,10 @@ and computes its advantages locally; log-prob passes and updates run in micro-ba
 processes (`batch.num_tokens`, `batch.num_sequences`), so they add up over micro-batches and
 processes and the gradient does not depend on how the batch is split.
 
+Validation (`rl.eval_every`): the embedded evaluator's metrics on held-out prompts, greedy with
+the rollout's lengths, every rank decoding its share (collective under FSDP), logged as
+`val/<metric>`; after the last step it equals `dare eval` of the exported checkpoint.
+
 Randomness: the rollout and noise generators of step s on rank r are derived from
 (run seed, s, r), so a resumed run draws exactly what the uninterrupted run would have.
 """
@@ -114,6 +118,7 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
         raise UserError(f"rl.prompts_per_step={n_prompts} must be divisible by the {dist.world} processes")
     task = TASKS[cfg.data.task]
     rows = load_split(cfg.data.task, cfg.data.split)
+    val_rows = validation_rows(cfg, task, dist.world) if cfg.rl.eval_every else None
     model, tokenizer, model_name, init = build_model(cfg.model, task, cfg.run.seed)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -187,8 +192,42 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
                     sums[k] = sums.get(k, 0.0) + v / mu
             t_update = time.perf_counter() - tic
             times = {"time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update}
-            loop.end_step(step + 1, tokenizer, lambda: step_metrics(dist, batch, out, mu, sums, engine.lr, times))
+            val = {}
+            if val_rows is not None and ((step + 1) % cfg.rl.eval_every == 0 or step + 1 == loop.total):
+                val = validate(policy, engine, tokenizer, task, val_rows, replace(cfg.rl.rollout, temperature=0.0),
+                               make_generator(cfg.run.seed, f"val/{step}/{dist.rank}"))
+            loop.end_step(step + 1, tokenizer,
+                          lambda: {**step_metrics(dist, batch, out, mu, sums, engine.lr, times), **val}, bool(val))
     return loop.outcome(tokenizer, model_name, init)
+
+
+def validation_rows(cfg, task, world: int) -> list[dict]:
+    """The first `rl.eval_samples` rows of `rl.eval_split` (a multiple of the process count, so
+    every rank decodes the same number: generation under FSDP is collective)."""
+    if cfg.rl.eval_split not in task.splits:
+        raise UserError(f"rl.eval_split={cfg.rl.eval_split!r}: task {task.name!r} has splits {task.splits}")
+    rows = load_split(task.name, cfg.rl.eval_split)[:cfg.rl.eval_samples]
+    rows = rows[:len(rows) - len(rows) % world]
+    if not rows:
+        raise UserError(f"rl.eval_samples={cfg.rl.eval_samples}: fewer validation rows than the {world} processes")
+    return rows
+
+
+def validate(policy, engine, tokenizer, task, rows: list[dict], decoding, generator) -> dict:
+    """The embedded evaluator's metrics on this rank's share of the validation rows, averaged over
+    all ranks (collective): {"val/<metric>": mean}."""
+    dist, f = engine.dist, facts(policy)
+    mine = rows[dist.shard(len(rows))]
+    ids, mask = left_pad(encode_chat(tokenizer, [r["prompt"] for r in mine]), f.pad_token_id)
+    policy.eval()
+    with torch.no_grad(), engine.autocast():
+        out = generate(policy, ids.to(dist.device), mask.to(dist.device), decoding, generator)
+    sums: dict[str, float] = {"count": float(len(mine))}
+    for scores in task.scores(decode_responses(tokenizer, out.responses, f.eos_token_id), mine):
+        for k, v in scores.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    totals = dist.sum(sums)
+    return {f"val/{k}": v / totals["count"] for k, v in totals.items() if k != "count"}
 
 
 def step_metrics(dist, batch: RLBatch, out, mu: int, sums: dict, lr: float, times: dict) -> dict:
