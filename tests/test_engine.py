@@ -76,13 +76,15 @@ def test_fsdp_bf16_lora_rl_runs_and_exports_merged(tmp_path):
     sft = train("sft", None, [*TINY, "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
     out = tmp_path / "d1"
     _torchrun(2, "train", "d1", f"model.path={sft / 'final'}", *D1_TINY, "train.steps=2", "rl.num_iterations=2",
-              "model.dtype=bfloat16", "model.lora.rank=4", "run.save_every=1", f"run.out_dir={out}")
+              "model.dtype=bfloat16", "model.lora.rank=4", "run.save_every=1", "rl.eval_every=2",
+              "rl.eval_samples=8", f"run.out_dir={out}")
     assert (out / "final" / "adapter" / "adapter_model.safetensors").is_file()
     assert (out / "checkpoints" / "step_0000001" / "adapter_model.safetensors").is_file()
     merged = _weights(out)
     assert merged.keys() == _weights(sft).keys() and all(v.dtype == torch.float32 for v in merged.values())
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(math.isfinite(r["loss/total"]) for r in records)
+    assert "val/accuracy" not in records[0] and 0 <= records[1]["val/accuracy"] <= 1  # collective validation
 
 
 def test_micro_batches_and_checkpointing_do_not_change_the_step(tmp_path):
