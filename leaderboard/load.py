@@ -82,9 +82,11 @@ def method_label(r: Result) -> str:
 
 
 def benchmark_label(r: Result) -> str:
-    """A column per benchmark and decoding setting: scores under different decodings never mix."""
+    """A column per benchmark, engine and decoding setting: scores under different decodings, or
+    from OpenCompass' prompts and our embedded ones, never mix."""
     d = r.decoding
-    return f"{r.benchmark.name} [{d.gen_length}/{d.block_length}/{d.steps}, T={d.temperature:g}]"
+    engine = " (OpenCompass)" if r.benchmark.version.startswith("opencompass") else ""
+    return f"{r.benchmark.name}{engine} [{d.gen_length}/{d.block_length}/{d.steps}, T={d.temperature:g}]"
 
 
 def options(items) -> dict[str, list]:

@@ -174,7 +174,8 @@ def test_dare_eval_runs_opencompass_on_gsm8k_and_humaneval(family, checkpoints, 
     mine = [r for _, r in valid if r.model.family == family and r.method.baseline == "base"]
     assert len(mine) == 2 and not bad
     columns, rows, _ = table(mine)
-    assert len(rows) == 1 and len(columns) >= 2
+    t = {"dream": "0.2", "sdar": "1"}.get(family, "0")  # the family presets' temperature (not overridden here)
+    assert len(rows) == 1 and columns == [f"{b} (OpenCompass) [8/4/8, T={t}]" for b in ("gsm8k", "humaneval")]
 
 
 def samples_of(results, name):
