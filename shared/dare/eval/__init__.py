@@ -248,7 +248,9 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
         if meta:  # a model we trained: DARE's table reports base models
             return None
         ref = suite.reference(family, model_info["name"], name)
-        return ref and {**ref, "same_decoding": _same_decoding(plans[name][0], plans[name][1])}
+        # DARE ran its table through OpenCompass: our embedded prompts are another protocol
+        same_protocol = name in on_oc or not (name in bench and bench[name].opencompass)
+        return ref and {**ref, "same_decoding": same_protocol and _same_decoding(plans[name][0], plans[name][1])}
 
     def finish(name, benchmark, outcome, samples):
         samples_path = out / f"samples_{name}.jsonl"
