@@ -112,6 +112,23 @@ def test_the_suite_covers_dares_table_for_every_family():
     assert suite.protocol_decoding("sdar_moe", "math") == suite.protocol_decoding("sdar", "math")
 
 
+def test_presets_decode_like_dare_unless_a_setting_is_given():
+    from dare.config import EvalRunConfig, load
+    from dare.eval import _same_decoding, decoding_for, explicit_decoding
+
+    plain = load(EvalRunConfig, None, ["eval.engine=opencompass"])
+    decoding, preset = decoding_for(plain, "llada", "gsm8k")
+    assert (decoding.gen_length, decoding.block_length, decoding.steps, decoding.cache) == (256, 8, 256, "prefix")
+    assert _same_decoding(decoding, preset)
+    given = ["eval.engine=opencompass", "eval.decoding.steps=128"]  # 128 is also the field's default
+    decoding, preset = decoding_for(load(EvalRunConfig, None, given), "llada", "gsm8k", explicit_decoding(None, given))
+    assert decoding.steps == 128 and decoding.block_length == 8 and not _same_decoding(decoding, preset)
+    llada2, _ = decoding_for(plain, "llada2", "math")
+    assert (llada2.sampler, llada2.gen_length, llada2.threshold) == ("block", 512, 0.95)
+    embedded = load(EvalRunConfig, None, ["eval.benchmarks=[addition]"])  # preset auto: none when embedded
+    assert decoding_for(embedded, "llada", "gsm8k") == (embedded.eval.decoding, None)
+
+
 def test_every_benchmark_config_loads_in_opencompass(checkpoints, tmp_path):
     """All of DARE's 12 benchmarks (and the likelihood variants): our generated config loads with
     OpenCompass' own loader and names its datasets (MMLU: 57 subjects)."""
@@ -221,8 +238,9 @@ from dare.eval.opencompass_model import DiffusionLM
 decoding = json.loads(sys.argv[2])
 together = DiffusionLM(sys.argv[1], decoding=decoding)
 alone = DiffusionLM(sys.argv[1], decoding=decoding, micro_batch_size=1)
-prompts = ["Hi", [dict(role="HUMAN", prompt="Question: what is two plus two, in words?"), dict(role="SYSTEM", prompt=""),
-                  dict(role="BOT", prompt="four"), dict(role="HUMAN", prompt="And three?")], "A medium prompt."]
+prompts = ["Hi", [dict(role="HUMAN", prompt="Question: what is two plus two, in words?"),
+                  dict(role="SYSTEM", prompt=""), dict(role="BOT", prompt="four"),
+                  dict(role="HUMAN", prompt="And three?")], "A medium prompt."]
 print(json.dumps([together.generate(prompts, 8), alone.generate(prompts, 8), together.stats]))
 """
 

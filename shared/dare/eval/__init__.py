@@ -162,22 +162,31 @@ def default_out_dir(checkpoint: Path, digest: str) -> Path:
     return runs_dir() / "eval" / f"{_slug(checkpoint.name)}-{checkpoint_fingerprint(checkpoint)[:8]}" / digest[:12]
 
 
-def decoding_for(cfg, family: str, name: str):
+def explicit_decoding(config_path, overrides) -> set[str]:
+    """The `eval.decoding` fields the user set: in the config file or as `eval.decoding.X=` overrides."""
+    from dare.config import read_yaml
+
+    keys = {o.split("=", 1)[0].strip()[len("eval.decoding."):] for o in overrides
+            if o.strip().startswith("eval.decoding.")}
+    if config_path is not None:
+        keys |= set(((read_yaml(config_path).get("eval") or {}).get("decoding") or {}))
+    return keys
+
+
+def decoding_for(cfg, family: str, name: str, explicit: set[str] = frozenset()):
     """(DecodingConfig, the preset's settings or None) of one benchmark: DARE's settings for the
-    family under `eval.preset` dare (auto with the opencompass engine), with every `eval.decoding`
-    field set to a non-default value applied on top; otherwise `eval.decoding` as given."""
+    family under `eval.preset` dare (auto with the opencompass engine), with the `eval.decoding`
+    fields the user set (`explicit`) applied on top; otherwise `eval.decoding` as given."""
     from dare.config import DecodingConfig
     from dare.config import load as load_cfg
     from dare.eval import suite
 
     preset = cfg.eval.preset if cfg.eval.preset != "auto" else ("dare" if cfg.eval.engine == "opencompass" else "none")
-    given = to_dict(cfg.eval.decoding)
     protocol = suite.protocol_decoding(family, name) if preset == "dare" else None
     if protocol is None:
         return cfg.eval.decoding, None
-    default = to_dict(DecodingConfig())
-    explicit = {k: v for k, v in given.items() if v != default[k]}
-    return load_cfg(DecodingConfig, data={**protocol, **explicit}), protocol
+    given = to_dict(cfg.eval.decoding)
+    return load_cfg(DecodingConfig, data={**protocol, **{k: given[k] for k in explicit}}), protocol
 
 
 def _same_decoding(decoding, protocol: dict | None) -> bool:
@@ -241,7 +250,8 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
     bench = suite.benchmarks()
     on_oc = [n for n in todo if cfg.eval.engine == "opencompass" and n in bench and bench[n].opencompass]
     embedded = [n for n in todo if n not in on_oc]
-    plans = {n: decoding_for(cfg, family, n) for n in todo}  # every decoding is checked before any compute
+    explicit = explicit_decoding(config_path, overrides)
+    plans = {n: decoding_for(cfg, family, n, explicit) for n in todo}  # all checked before any compute
     model_info = _model_info(checkpoint, meta, family, cfg.dtype)
 
     def reference(name, task_name):
