@@ -308,7 +308,7 @@ class EvalConfig:
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     preset: Literal["auto", "dare", "none"] = "auto"
     """dare: each benchmark decodes with the settings DARE used for the checkpoint's family
-    (`dare/eval/configs/<family>.yaml`); `decoding` fields set to non-default values still win.
+    (`dare/eval/configs/<family>.yaml`); the `decoding` fields you set (file or command line) win.
     none: `decoding` as given for every benchmark. auto: dare with the opencompass engine."""
 
     def validate(self):
