@@ -250,3 +250,19 @@ def test_auto_sampler_checks_steps_against_blocks_before_decoding(models):
 
     with pytest.raises(UserError, match=r"steps \(12\) a multiple of the number of blocks \(8\)"):
         run(models["llada"], PROMPTS, DecodingConfig(gen_length=16, block_length=2, steps=12))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fam", ["llada", "dream", "sdar"])
+def test_sampling_on_cuda_with_a_cpu_generator_is_reproducible(models, fam):
+    """RL, validation and OpenCompass pass CPU generators (seeded from the run); on CUDA the
+    rollout derives a device generator from them instead of failing."""
+    model = models[fam].cuda()
+    tok_ids = [[5, 6, 7], [8, 9]]
+    ids, mask = left_pad(tok_ids, facts(model).pad_token_id)
+    p = params(temperature=0.9, record_trajectory=False, **({"sampler": "dream", "block_length": 16}
+                                                            if fam == "dream" else {}))
+    outs = [generate(model, ids.cuda(), mask.cuda(), p, torch.Generator().manual_seed(3)).responses.cpu()
+            for _ in range(2)]
+    model.cpu()
+    assert torch.equal(outs[0], outs[1])
