@@ -6,8 +6,8 @@ our `DiffusionLM` model class, naive partitioning, details dumped), runs OpenCom
 environment (`$DARE_EVAL_PYTHON`, else `.venv/eval/bin/python`, else this interpreter when it has
 OpenCompass) and then trusts only the files: OpenCompass exits 0 when its tasks fail, so every
 dataset must have its predictions (one per example) and a result without `error`, whose details
-give one value per example that average to the summary value. Anything else is an
-`OpenCompassError` with the log's tail.
+give one value per example that average to its metric, and the summary table must show that
+value. Anything else is an `OpenCompassError` with the log's tail.
 """
 
 from __future__ import annotations
@@ -173,7 +173,28 @@ def read_benchmark(out: Path, bench: Benchmark, abbrs: list[str], log: Path) -> 
             samples.append(record)
             values.append(value)
         summary[abbr] = float(result[key])
+    check_summary(out, bench, summary, log)
     return {"samples": samples, "values": values, "summary": summary}
+
+
+def check_summary(out: Path, bench: Benchmark, values: dict[str, float], log: Path) -> None:
+    """OpenCompass' summary table must list every dataset with the value of its result file."""
+    import csv
+
+    tables = sorted((out / "summary").glob("summary_*.csv"))
+    if not tables:
+        raise OpenCompassError(f"{bench.name}: OpenCompass wrote no summary in {out / 'summary'}. "
+                               f"Log {log}:\n{tail(log)}")
+    rows = {(r["dataset"], r["metric"]): r.get(MODEL_ABBR) for r in csv.DictReader(tables[-1].open())}
+    for abbr, value in values.items():
+        shown = rows.get((abbr, bench.metric["key"]))
+        try:
+            ok = shown is not None and abs(float(shown) - value) <= 0.006
+        except ValueError:  # "-": OpenCompass has no value for it
+            ok = False
+        if not ok:
+            raise OpenCompassError(f"{bench.name} ({abbr}): the summary {tables[-1]} shows {shown!r} for "
+                                   f"{bench.metric['key']}, the result file {value}")
 
 
 def expected_abbrs(configs: list[Path], python: str | None = None) -> list[list[str]]:
