@@ -63,6 +63,9 @@ def data_root(tmp_path_factory):
           ("What do plants need for photosynthesis?", ["sunlight", "sand", "plastic", "noise"], "A"),
           ("Which planet is closest to the Sun?", ["Mars", "Venus", "Earth", "Mercury"], "D"),
           ("What is frozen water called?", ["steam", "ice", "fog", "dew"], "B")]
+    (root / "data" / "aime.jsonl").write_text("".join(json.dumps({"origin_prompt": f"Find {a} + {b}.",
+                                                                  "gold_answer": str(a + b)}) + "\n"
+                                                      for a, b in GSM8K_ROWS[:3]))
     (arc / "ARC-Challenge-Dev.jsonl").write_text("".join(json.dumps(
         {"question": {"stem": q, "choices": [{"label": lab, "text": t} for lab, t in zip("ABCD", opts)]},
          "answerKey": key}) + "\n" for q, opts, key in qs))
@@ -306,6 +309,22 @@ def test_likelihood_ranks_the_right_answer_first_for_a_trained_model(char_tok, t
     r = subprocess.run([EVAL_PYTHON, "-c", PPL_RANK, str(tmp_path / "m")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert float(r.stdout.strip().splitlines()[-1]) >= 0.9
+
+
+@pytest.mark.slow
+def test_repeated_sampling_benchmarks_average_over_the_runs(checkpoints, env):
+    """AIME24 runs every problem 8 times (LLaDA's preset samples at temperature 1): one value per
+    problem, the mean of its 8 runs, and all 8 responses kept."""
+    r = dare_cli("eval", str(checkpoints["llada"]), "--engine", "opencompass", "--benchmarks", "aime24", *TINY,
+                 env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    results = _results(r.stdout)
+    _, res = results["aime24"]
+    assert res.benchmark.n_samples.original == 3 and res.metric("accuracy").count == 3
+    assert res.decoding.temperature == 1.0 and res.reference.value == pytest.approx(0.0208)
+    samples = samples_of(results, "aime24")
+    assert all(len(s["responses"]) == 8 for s in samples)
+    assert any(len(set(s["responses"])) > 1 for s in samples)  # sampled, not one answer copied 8 times
 
 
 def test_a_failing_opencompass_task_fails_dare_eval_loudly(checkpoints, env, tmp_path):

@@ -130,7 +130,6 @@ def _per_example(detail) -> float | None:
 
 def read_benchmark(out: Path, bench: Benchmark, abbrs: list[str], log: Path) -> dict:
     """Samples, per-example metric values and OpenCompass' own summary per dataset abbr."""
-    key = bench.metric["key"]
     samples, values, summary = [], [], {}
     for abbr in abbrs:
         pred_file = out / "predictions" / MODEL_ABBR / f"{abbr}.json"
@@ -144,9 +143,12 @@ def read_benchmark(out: Path, bench: Benchmark, abbrs: list[str], log: Path) -> 
                                    f"failed. Log {log}:\n{tail(log)}")
         preds = json.loads(pred_file.read_text())
         result = json.loads(res_file.read_text())
-        if "error" in result or key not in result:
-            raise OpenCompassError(f"{where}: the evaluator reported {result.get('error') or f'no {key!r}'} "
-                                   f"({res_file}). Log {log}:\n{tail(log)}")
+        # with repeats (a dataset's `n`) the key reads "accuracy (8 runs average)"
+        found = [k for k in result if k == bench.metric["key"] or k.startswith(bench.metric["key"] + " (")]
+        if "error" in result or len(found) != 1:
+            reported = result.get("error") or f"no {bench.metric['key']!r}"
+            raise OpenCompassError(f"{where}: the evaluator reported {reported} ({res_file}). Log {log}:\n{tail(log)}")
+        key = found[0]
         details = result.get("details")
         if isinstance(details, dict):  # {"0": ..., "1": ..., "type": "GEN"|"PPL"} or the evaluator's own
             details = [details[k] for k in sorted((k for k in details if k.isdigit()), key=int)]
@@ -172,12 +174,12 @@ def read_benchmark(out: Path, bench: Benchmark, abbrs: list[str], log: Path) -> 
                 record["responses"] = [o.get("prediction") for o in outs]
             samples.append(record)
             values.append(value)
-        summary[abbr] = float(result[key])
+        summary[abbr] = (key, float(result[key]))
     check_summary(out, bench, summary, log)
     return {"samples": samples, "values": values, "summary": summary}
 
 
-def check_summary(out: Path, bench: Benchmark, values: dict[str, float], log: Path) -> None:
+def check_summary(out: Path, bench: Benchmark, values: dict[str, tuple[str, float]], log: Path) -> None:
     """OpenCompass' summary table must list every dataset with the value of its result file."""
     import csv
 
@@ -186,15 +188,15 @@ def check_summary(out: Path, bench: Benchmark, values: dict[str, float], log: Pa
         raise OpenCompassError(f"{bench.name}: OpenCompass wrote no summary in {out / 'summary'}. "
                                f"Log {log}:\n{tail(log)}")
     rows = {(r["dataset"], r["metric"]): r.get(MODEL_ABBR) for r in csv.DictReader(tables[-1].open())}
-    for abbr, value in values.items():
-        shown = rows.get((abbr, bench.metric["key"]))
+    for abbr, (key, value) in values.items():
+        shown = rows.get((abbr, key))
         try:
             ok = shown is not None and abs(float(shown) - value) <= 0.006
         except ValueError:  # "-": OpenCompass has no value for it
             ok = False
         if not ok:
             raise OpenCompassError(f"{bench.name} ({abbr}): the summary {tables[-1]} shows {shown!r} for "
-                                   f"{bench.metric['key']}, the result file {value}")
+                                   f"{key}, the result file {value}")
 
 
 def expected_abbrs(configs: list[Path], python: str | None = None) -> list[list[str]]:
