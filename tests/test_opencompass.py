@@ -225,14 +225,18 @@ def test_an_oracle_with_humanevals_canonical_solutions_scores_100(checkpoints, e
 
 
 @pytest.mark.slow
-def test_likelihood_scoring_of_multiple_choice_runs_through_get_ppl(checkpoints, env):
-    r = dare_cli("eval", str(checkpoints["sdar"]), "--engine", "opencompass", "--benchmarks", "arc_c_ppl",
-                 env=env, timeout=600)
+def test_multiple_choice_by_likelihood_and_by_generation(checkpoints, env):
+    """ARC-C both ways on a block model: arc_c_ppl through get_ppl (the label of the lowest
+    per-token NLL) and arc_c through short generation (AccEvaluator: exact match of the parsed
+    option, read from OpenCompass' post-processed details)."""
+    r = dare_cli("eval", str(checkpoints["sdar"]), "--engine", "opencompass", "--benchmarks", "arc_c_ppl,arc_c",
+                 *TINY, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
-    _, res = _results(r.stdout)["arc_c_ppl"]
-    assert res.metric("accuracy").count == 4
-    samples = samples_of(_results(r.stdout), "arc_c_ppl")
-    assert {s["response"] for s in samples} <= set("ABCD")  # the label of the lowest per-token NLL
+    results = _results(r.stdout)
+    for name in ("arc_c_ppl", "arc_c"):
+        assert results[name][1].metric("accuracy").count == 4
+    assert {s["response"] for s in samples_of(results, "arc_c_ppl")} <= set("ABCD")
+    assert all(isinstance(s["response"], str) for s in samples_of(results, "arc_c"))
 
 
 BATCHING = """
