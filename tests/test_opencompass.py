@@ -355,6 +355,15 @@ def test_missing_datasets_are_named_before_anything_runs(checkpoints, env, tmp_p
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("opencompass.log"))
 
 
+def test_missing_embedded_data_fails_before_opencompass_runs(checkpoints, env, tmp_path):
+    """gsm8k through OpenCompass plus math500 embedded (no local MATH-500 here): the embedded
+    task's data is checked before the long OpenCompass runs start."""
+    r = dare_cli("eval", str(checkpoints["llada"]), "--engine", "opencompass", "--benchmarks", "gsm8k,math500",
+                 *TINY, env=env, timeout=120)
+    assert r.returncode == 2 and "math500" in r.stderr, r.stderr[-2000:]
+    assert not list((tmp_path / "runs").rglob("opencompass.log"))
+
+
 def test_benchmarks_only_opencompass_covers_need_its_engine(checkpoints, env):
     r = dare_cli("eval", str(checkpoints["llada"]), "--benchmarks", "mmlu", env=env, timeout=120)
     assert r.returncode == 2 and "engine=opencompass" in r.stderr

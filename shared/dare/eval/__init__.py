@@ -254,7 +254,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
     plans = {n: decoding_for(cfg, family, n, explicit) for n in todo}  # all checked before any compute
     model_info = _model_info(checkpoint, meta, family, cfg.dtype)
 
-    def reference(name, task_name):
+    def reference(name):
         if meta:  # a model we trained: DARE's table reports base models
             return None
         ref = suite.reference(family, model_info["name"], name)
@@ -267,7 +267,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
         atomic_write(samples_path, "".join(json.dumps(s) + "\n" for s in samples))
         result = build_result(meta=meta, model_info=model_info, benchmark=benchmark, decoding=plans[name][0],
                               outcome=outcome, eval_hash=digest, seed=cfg.run.seed, samples_path=samples_path,
-                              command=command, reference=reference(name, benchmark["name"]))
+                              command=command, reference=reference(name))
         write_result(result, targets[name])
         acc = ", ".join(f"{m['name']}={m['value']:.4f}" for m in result["metrics"])
         print(f"[eval] {name}: {acc} ({outcome['n_effective']} samples) -> {targets[name]}",
@@ -275,6 +275,14 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
 
     from dare.results import write_result
 
+    def task_of(name):
+        return bench[name].embedded if name in bench and bench[name].embedded else name
+
+    if on_oc:  # the embedded tasks' data too, before the long OpenCompass runs
+        from dare.data import load_split
+
+        for name in embedded:
+            load_split(task_of(name), cfg.eval.split)
     save_config(cfg, out, header=f"dare eval {checkpoint}")
     if on_oc:
         from dare.eval import opencompass_run
@@ -298,7 +306,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         for name in embedded:
-            task_name = bench[name].embedded if name in bench and bench[name].embedded else name
+            task_name = task_of(name)
             outcome = evaluate_model(model, tokenizer, task_name, cfg.eval.split, plans[name][0], cfg.eval.batch_size,
                                      cfg.eval.n_samples, cfg.run.seed)
             finish(name, {**task_benchmark(task_name, cfg.eval.split), "name": name}, outcome, outcome["samples"])
