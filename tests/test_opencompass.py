@@ -364,6 +364,14 @@ def test_missing_embedded_data_fails_before_opencompass_runs(checkpoints, env, t
     assert not list((tmp_path / "runs").rglob("opencompass.log"))
 
 
+def test_an_environment_without_opencompass_is_named(checkpoints, env):
+    import sys
+
+    r = dare_cli("eval", str(checkpoints["llada"]), "--engine", "opencompass", "--benchmarks", "gsm8k", *TINY,
+                 env={**env, "DARE_EVAL_PYTHON": sys.executable}, timeout=120)  # the train env: no OpenCompass
+    assert r.returncode == 2 and "cannot import OpenCompass" in r.stderr and "make eval-env" in r.stderr
+
+
 def test_benchmarks_only_opencompass_covers_need_its_engine(checkpoints, env):
     r = dare_cli("eval", str(checkpoints["llada"]), "--benchmarks", "mmlu", env=env, timeout=120)
     assert r.returncode == 2 and "engine=opencompass" in r.stderr
