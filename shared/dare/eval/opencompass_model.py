@@ -17,7 +17,8 @@ sampler for block-causal models).
                                    gives it, else the whole text (OpenCompass hands likelihood
                                    prompts over as plain text, no chat template).
                                    Multiple-choice datasets can so be scored by likelihood.
-    get_token_len(prompt)          tokens of the chat-templated prompt.
+    get_token_len(prompt)          tokens of a plain-text prompt, or of a role list through the
+                                   chat template.
 
 Every call is deterministic (a generator seeded from `seed` and the call's inputs), and the
 rollout statistics (samples, NFE, tokens, time) accumulate into `stats_path` for the result JSON.
@@ -152,19 +153,6 @@ class DiffusionLM(BaseModel):
 
     # -- likelihood ------------------------------------------------------------------------------
 
-    def _scored_ids(self, prompt, mask_length: int | None) -> tuple[list[int], int]:
-        """(token ids, number of leading context tokens that are conditioned on, not scored)."""
-        if isinstance(prompt, str):  # plain text (`parse_template` in "ppl" mode)
-            return self.tokenizer(prompt, add_special_tokens=False)["input_ids"], int(mask_length or 0)
-        messages = to_messages(prompt)
-        if mask_length is not None:
-            return self._encode(messages, generation_prompt=False), int(mask_length)
-        if len(messages) > 1 and messages[-1]["role"] == "assistant":
-            context = self._encode(messages[:-1])
-            answer = self.tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
-            return context + answer, len(context)
-        return self._encode(messages, generation_prompt=False), 0
-
     def get_ppl(self, inputs, mask_length: list[int] | None = None):
         """(len(inputs),) numpy array, as OpenCompass' inferencer expects."""
         import numpy as np
@@ -176,7 +164,9 @@ class DiffusionLM(BaseModel):
         out = []
         with torch.no_grad():
             for i, prompt in enumerate(inputs):
-                ids, start = self._scored_ids(prompt, None if mask_length is None else mask_length[i])
+                # plain text (`parse_template` in "ppl" mode); the first mask_length tokens are context
+                ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+                start = 0 if mask_length is None else int(mask_length[i])
                 ids_t = torch.tensor(ids, device=device)
                 n_scored = len(ids) - start
                 if n_scored <= 0:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -34,7 +34,6 @@ class Benchmark:
     download: str | None = None
     from_package: str | None = None
     deviation: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 _FIELDS = {"title", "opencompass", "data", "metric", "embedded", "n_shot", "download", "from_package", "deviation"}
