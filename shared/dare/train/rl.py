@@ -21,7 +21,8 @@ processes and the gradient does not depend on how the batch is split.
 
 Validation (`rl.eval_every`): the embedded evaluator's metrics on held-out prompts, greedy with
 the rollout's lengths, every rank decoding its share (collective under FSDP), logged as
-`val/<metric>`; after the last step it equals `dare eval` of the exported checkpoint.
+`val/<metric>`; after the last step of a float32 run it equals `dare eval` of the exported
+checkpoint (with bf16 the validation decodes under autocast, `dare eval` in its own dtype).
 
 Randomness: the rollout and noise generators of step s on rank r are derived from
 (run seed, s, r), so a resumed run draws exactly what the uninterrupted run would have.
