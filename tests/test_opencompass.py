@@ -243,7 +243,9 @@ def test_multiple_choice_by_likelihood_and_by_generation(checkpoints, env):
     results = _results(r.stdout)
     for name in ("arc_c_ppl", "arc_c"):
         assert results[name][1].metric("accuracy").count == 4
-    assert {s["response"] for s in samples_of(results, "arc_c_ppl")} <= set("ABCD")
+    ppl = samples_of(results, "arc_c_ppl")
+    assert [s["target"] for s in ppl] == ["B", "A", "D", "B"] and {s["response"] for s in ppl} <= set("ABCD")
+    assert all(s["scores"]["accuracy"] == float(s["response"] == s["target"]) for s in ppl)
     assert all(isinstance(s["response"], str) for s in samples_of(results, "arc_c"))
 
 

@@ -142,24 +142,14 @@ def cmd_models(ns) -> int:
 
         target = Path(ns.checkpoint)
         if target.name == "config.json" or (target.is_dir() and not any(target.glob("*.safetensors"))):
-            # a config alone: build it on the meta device for its facts and size
-            from transformers import AutoConfig
+            # a config alone: built on the meta device for its facts and size
+            from dare.models.api import meta_model
 
-            from dare.models import register_all
-
-            register_all()
+            model = meta_model(target)
+            f = facts(model)
+            total, active = count_parameters(type(model), model.config)
             cfg_file = target if target.name == "config.json" else target / "config.json"
-            if not cfg_file.is_file():
-                raise UserError(f"{target}: no config.json")
-            config = AutoConfig.from_pretrained(cfg_file)
-            model_class = next(family_module(f).MODEL_CLASS for f, (_, mt) in FAMILIES.items()
-                               if mt == config.model_type)
-            total, active = count_parameters(model_class, config)
-            import torch
-
-            with torch.device("meta"):
-                f = facts(model_class(config))
-            print(f"{cfg_file}: {model_class.__name__}, {billions(total)} parameters ({billions(active)} active)")
+            print(f"{cfg_file}: {type(model).__name__}, {billions(total)} parameters ({billions(active)} active)")
         else:
             model = load_pretrained(ns.checkpoint)
             f = facts(model)

@@ -197,24 +197,17 @@ def _same_decoding(decoding, protocol: dict | None) -> bool:
     return protocol is not None and to_dict(decoding) == to_dict(load_cfg(DecodingConfig, data=protocol))
 
 
-def _model_info(checkpoint: Path, meta: dict, family: str, dtype: str) -> dict:
-    """What the result says about the model, from config.json and the safetensors headers (the
-    OpenCompass engine never loads the weights in this process)."""
-    import struct
+def _model_info(checkpoint: Path, meta: dict, dtype: str) -> dict:
+    """What the result says about the model, from its config alone (the OpenCompass engine never
+    loads the weights in this process)."""
+    from dare.models import facts
+    from dare.models.api import count_parameters, meta_model
 
-    n_params = 0
-    for path in sorted(checkpoint.glob("*.safetensors")):
-        with open(path, "rb") as f:
-            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-        for key, t in header.items():
-            if key != "__metadata__":
-                n = 1
-                for d in t["shape"]:
-                    n *= d
-                n_params += n
-    kind = "block" if family in ("sdar", "sdar_moe", "llada2") else "masked"
-    return {"name": meta.get("model_name") or checkpoint.name, "family": family, "revision": meta.get("config_hash"),
-            "kind": kind, "dtype": dtype, "n_params": n_params}
+    model = meta_model(checkpoint)
+    f = facts(model)
+    return {"name": meta.get("model_name") or checkpoint.name, "family": f.family, "revision": meta.get("config_hash"),
+            "kind": "block" if f.attention == "block_causal" else "masked", "dtype": dtype,
+            "n_params": count_parameters(type(model), model.config)[0]}
 
 
 def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None = None, overrides=(),
@@ -256,7 +249,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
     bench = suite.benchmarks()
     on_oc = [n for n in todo if cfg.eval.engine == "opencompass" and n in bench and bench[n].opencompass]
     embedded = [n for n in todo if n not in on_oc]
-    model_info = _model_info(checkpoint, meta, family, cfg.dtype)
+    model_info = _model_info(checkpoint, meta, cfg.dtype)
 
     def reference(name):
         if meta:  # a model we trained: DARE's table reports base models

@@ -5,7 +5,6 @@ used per family and benchmark, and the values DARE reports (`configs/benchmarks.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -128,17 +127,8 @@ def _write_humaneval(path: Path) -> None:
 
 
 def checkpoint_family(checkpoint: Path) -> str:
-    """The family of a checkpoint folder, from its config.json (no model is loaded)."""
-    from dare.models import FAMILIES
+    """The family of a checkpoint folder, from its config.json (no weights are read)."""
+    from dare.models import facts
+    from dare.models.api import meta_model
 
-    path = Path(checkpoint) / "config.json"
-    if not path.is_file():
-        raise UserError(f"{checkpoint}: not a checkpoint folder (no config.json)")
-    config = json.loads(path.read_text())
-    model_type = config.get("model_type")
-    if model_type == "llada" and "LLaDAMoEModelLM" in (config.get("architectures") or []):
-        return "lladamoe"
-    for family, (_, mt) in FAMILIES.items():
-        if mt == model_type:
-            return family
-    raise UserError(f"{path}: model_type {model_type!r} is not a family dare knows ({sorted(FAMILIES)})")
+    return facts(meta_model(checkpoint)).family

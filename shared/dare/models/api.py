@@ -126,6 +126,36 @@ def load_pretrained(path: str | Path, dtype: str = "float32", attn_backend: str 
     return model
 
 
+def meta_model(path: str | Path):
+    """The model of a checkpoint folder (or a config.json) built on the meta device from its
+    config alone: its facts and parameter count without reading or allocating any weights."""
+    import torch
+    from transformers import AutoConfig
+
+    from dare.models import FAMILIES, family_module, register_all
+    from dare.utils import UserError
+
+    register_all()
+    path = Path(path)
+    file = path if path.name == "config.json" else _check_folder(path) / "config.json"
+    if not file.is_file():
+        raise UserError(f"{path}: no config.json")
+    raw = json.loads(file.read_text())
+    if raw.get("model_type") == "llada" and "LLaDAMoEModelLM" in (raw.get("architectures") or []):
+        from dare.models.lladamoe import LLaDAMoEConfig, LLaDAMoEModelLM  # same special case as load_pretrained
+
+        model_class, config = LLaDAMoEModelLM, LLaDAMoEConfig.from_dict({k: v for k, v in raw.items()
+                                                                        if k != "model_type"})
+    else:
+        config = AutoConfig.from_pretrained(file)
+        classes = [family_module(f).MODEL_CLASS for f, (_, mt) in FAMILIES.items() if mt == config.model_type]
+        if not classes:
+            raise UserError(f"{file}: model_type {config.model_type!r} is not a family dare knows ({sorted(FAMILIES)})")
+        model_class = classes[0]
+    with torch.device("meta"):
+        return model_class(config)
+
+
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
