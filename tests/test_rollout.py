@@ -105,7 +105,7 @@ def test_cfg_and_response_mask(trained_tiny):
     out = generate(trained_tiny, ids, mask, params(cfg_scale=1.0))
     assert out.nfe == 4 and not (out.responses == facts(trained_tiny).mask_token_id).any()
     r = torch.tensor([[3, 1, 4, 1], [3, 3, 3, 3], [1, 2, 2, 2]])
-    assert response_mask(r, eos_id=1).tolist() == [[True, True, False, False], [True] * 4, [True, False, False, False]]
+    assert response_mask(r, 1).tolist() == [[True, True, False, False], [True] * 4, [True, False, False, False]]
 
 
 def test_cfg_zero_equals_plain_logits(tiny_model):
@@ -115,3 +115,44 @@ def test_cfg_zero_equals_plain_logits(tiny_model):
     am = torch.ones_like(x)
     prompt = torch.tensor([[True, True, True, False, False]])
     torch.testing.assert_close(_logits(tiny_model, x, am, prompt, 2, 0.0), token_logits(tiny_model, x, am))
+
+
+@pytest.mark.parametrize("family, end_of_turn", [("llada", "<|eot_id|>"), ("dream", "<|im_end|>"),
+                                                 ("sdar", "<|im_end|>"), ("llada2", "<|role_end|>")])
+def test_the_response_ends_at_eos_or_the_end_of_turn_the_tokenizer_names(family, end_of_turn, tmp_path):
+    """Released configs name only EOS (LLaDA-8B-Instruct: 126081 <|endoftext|>), while the chat
+    turn ends at the family's end-of-turn token (<|eot_id|> 126348; DiffuCoder cuts completions at
+    <|im_end|>). Loading a checkpoint reads its id from the tokenizer files; the response mask,
+    the decoded text (rewards, evaluation) and `confidence_eos_eot_inf` all use it."""
+    from dare.config import ScratchModelConfig
+    from dare.models import load_pretrained, new_model
+    from dare.models.tokenizer import char_tokenizer, save_tokenizer
+    from dare.rollout import decode_responses
+
+    tok = char_tokenizer("0123456789+=", family)
+    tok.add_special_tokens({"additional_special_tokens": [end_of_turn]})
+    eot = tok.convert_tokens_to_ids(end_of_turn)
+    model = new_model(family, tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64), seed=0)
+    assert facts(model).eot_token_id is None  # a scratch model's config names none
+    model.save_pretrained(tmp_path)
+    save_tokenizer(tok, tmp_path)
+    loaded = load_pretrained(tmp_path)
+    f = facts(loaded)
+    assert f.eot_token_id == eot and f.stop_ids == (f.eos_token_id, eot)
+    one, two = tok.convert_tokens_to_ids(["1", "2"])
+    r = torch.tensor([[one, eot, f.eos_token_id, two], [one, two, f.eos_token_id, eot], [one, two, two, two]])
+    assert response_mask(r, f.stop_ids).tolist() == [[True, True, False, False], [True, True, True, False], [True] * 4]
+    assert decode_responses(tok, r, f.stop_ids) == ["1", "12", "1222"]
+    assert decode_responses(tok, r, f.eos_token_id) == ["1", "12", "1222"]  # special tokens are dropped either way...
+    text_after = torch.tensor([[one, eot, two, two]])
+    assert decode_responses(tok, text_after, f.stop_ids) == ["1"]  # ...but the text after the end of turn is not
+    assert decode_responses(tok, text_after, f.eos_token_id) == ["122"]
+
+
+def test_a_checkpoint_without_the_end_of_turn_token_keeps_eos_only(tmp_path, char_tok, tiny_model):
+    from dare.models import load_pretrained
+    from dare.models.tokenizer import save_tokenizer
+
+    tiny_model.save_pretrained(tmp_path)
+    save_tokenizer(char_tok, tmp_path)
+    assert facts(load_pretrained(tmp_path)).stop_ids == (facts(tiny_model).eos_token_id,)

@@ -61,7 +61,10 @@ def test_every_sampler_finishes_replays_and_is_seeded(family, kw, models):
     assert not (out.responses == facts(model).mask_token_id).any()  # no mask token left
     assert (out.step_map >= 0).all()
     assert torch.equal(replay(out), out.responses)  # the trajectory replays to the final output
-    assert out.trajectory.shape[0] == int(out.step_map.max()) + 1
+    if out.sampler == "block":  # the last block is decoded whole: its last steps may only touch positions past G
+        assert out.trajectory.shape[0] >= int(out.step_map.max()) + 1
+    else:
+        assert out.trajectory.shape[0] == int(out.step_map.max()) + 1
     sampled = params(**{**kw, "temperature": 0.8})
     a, b = run(model, PROMPTS, sampled, seed=3), run(model, PROMPTS, sampled, seed=3)
     assert torch.equal(a.sequences, b.sequences) and a.nfe == b.nfe  # seeded determinism
@@ -105,45 +108,12 @@ def test_threshold_decoding_commits_at_least_one_token_per_step(family, kw, mode
     assert remaining[-1] == 0
 
 
-def _block_reference(model, prompt, p):
-    """The block sampler without any cache, one prompt, written as LLaDA2's HF `generate` does
-    it: each step re-runs the whole prefix up to the end of the current block (no KV cache),
-    with the same commit rule (static quota, T = 0)."""
-    f = facts(model)
-    bs, mask_id, G = f.block_size, f.mask_token_id, p.gen_length
-    n_blocks = -(-(len(prompt) + G) // bs)
-    x = torch.full((1, n_blocks * bs), mask_id)
-    x[0, :len(prompt)] = torch.tensor(prompt)
-    x[0, len(prompt) + G:] = f.pad_token_id
-    valid = torch.zeros_like(x, dtype=torch.bool)
-    valid[0, :len(prompt) + G] = True
-    for b in range(len(prompt) // bs, n_blocks):
-        lo, hi = b * bs, (b + 1) * bs
-        masked_count = (x[:, lo:hi] == mask_id).sum(dim=1)
-        quota = [int(masked_count) // p.steps + (1 if s < int(masked_count) % p.steps else 0) for s in range(p.steps)]
-        for k in quota:
-            masked = x[:, lo:hi] == mask_id
-            if not masked.any():
-                break
-            logits = model(x[:, :hi], valid[:, :hi]).logits[:, lo:hi].float()
-            logits[..., mask_id] = -torch.inf
-            probs = logits.softmax(-1)
-            conf, x0 = probs.max(-1)
-            conf = torch.where(masked, conf.double(), torch.tensor(-torch.inf, dtype=torch.float64))
-            top = conf[0].topk(k).indices if k else torch.tensor([], dtype=torch.long)
-            x[0, lo + top] = x0[0, top]
-    return x[0, len(prompt):len(prompt) + G]
-
-
 @pytest.mark.parametrize("family", ["sdar", "llada2"])
 def test_block_causal_cache_is_exact(family, models):
+    """The cache of committed blocks against recomputing the whole prefix every step (LLaDA2's
+    HF `generate`), batched; both against the originals: tests/test_reference_samplers.py."""
     model = models[family]
-    p = params(steps=4)
-    for prompt in PROMPTS:
-        cached = run(model, [prompt], p).responses[0]
-        assert torch.equal(cached, _block_reference(model, prompt, p)), prompt
-    # and the engine's own no-cache path, batched, with the dynamic rule too
-    for kw in ({"steps": 4}, {"steps": 4, "threshold": 0.3}):
+    for kw in ({"steps": 4}, {"steps": 4, "threshold": 0.3}, {"steps": 2, "threshold": 0.3, "editing_threshold": 0.5}):
         assert torch.equal(run(model, PROMPTS, params(**kw)).responses,
                            run(model, PROMPTS, params(cache="none", **kw)).responses)
 

@@ -202,10 +202,15 @@ class DecodingConfig:
     def validate(self):
         check(self.gen_length > 0, "must be positive", "gen_length")
         check(self.block_length > 0, "must be positive", "block_length")
-        check(self.gen_length % self.block_length == 0,
-              f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
-              "gen_length", "block_length")
-        n_blocks = self.gen_length // self.block_length
+        # block_length is the masked sampler's semi-AR block ("auto" is it for bidirectional models;
+        # the block sampler uses the model's own block and Dream's has none)
+        if self.sampler in ("masked", "auto"):
+            check(self.gen_length % self.block_length == 0,
+                  f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})"
+                  + (" (sampler=auto decodes bidirectional models with semi-AR blocks; SDAR/LLaDA2 use their own "
+                     "block: set sampler=block)" if self.sampler == "auto" else ""),
+                  "gen_length", "block_length")
+        n_blocks = max(1, self.gen_length // self.block_length)
         if self.sampler == "masked":  # with "auto" the sampler checks it once the model is known
             check(self.steps > 0 and self.steps % n_blocks == 0,
                   f"steps ({self.steps}) must be a positive multiple of the number of blocks ({n_blocks})",

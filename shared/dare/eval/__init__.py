@@ -58,7 +58,7 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
             chunk = rows[start:start + batch_size]
             ids, mask = left_pad(prompts[start:start + batch_size], f.pad_token_id)
             out = generate(model, ids, mask, decoding, generator)
-            texts = decode_responses(tokenizer, out.responses, f.eos_token_id)
+            texts = decode_responses(tokenizer, out.responses, f.stop_ids)
             nfe_total += out.nfe * len(chunk)
             tokens_total += int(out.response_mask.sum())
             committed_total += out.responses.numel()

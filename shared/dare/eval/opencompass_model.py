@@ -140,7 +140,7 @@ class DiffusionLM(BaseModel):
                 idx = order[start:start + step]
                 ids, mask = left_pad([prompts[i] for i in idx], f.pad_token_id)
                 out = generate(self.model, ids.to(device), mask.to(device), self.decoding, generator)
-                for i, text in zip(idx, decode_responses(self.tokenizer, out.responses, f.eos_token_id)):
+                for i, text in zip(idx, decode_responses(self.tokenizer, out.responses, f.stop_ids)):
                     outputs[i] = text
                 self.stats["nfe"] += out.nfe * len(idx)
                 self.stats["response_tokens"] += int(out.response_mask.sum())

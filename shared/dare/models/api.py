@@ -29,7 +29,14 @@ class ModelFacts:
     lora_targets: str = ""
     """peft `target_modules` for LoRA: a regex over module names (attention and MLP projections)."""
     eot_token_id: int | None = None
-    """End-of-turn token when the chat format has one (config `eot_token_id`; LLaDA-Instruct 126348)."""
+    """End-of-turn token when the chat format has one: config `eot_token_id`, else the family's
+    end-of-turn string (`END_OF_TURN`) found in the checkpoint's tokenizer when it is loaded
+    (LLaDA-Instruct `<|eot_id|>` 126348, Dream/SDAR `<|im_end|>`, LLaDA2 `<|role_end|>`)."""
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The tokens that end a response: EOS and, when there is one, the end-of-turn token."""
+        return (self.eos_token_id,) if self.eot_token_id is None else (self.eos_token_id, self.eot_token_id)
 
 
 def facts(model) -> ModelFacts:
@@ -123,7 +130,32 @@ def load_pretrained(path: str | Path, dtype: str = "float32", attn_backend: str 
         model = AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype))
     if attn_backend is not None:
         model.set_attention_backend(attn_backend)
+    if getattr(model.config, "eot_token_id", None) is None:
+        model.config.eot_token_id = end_of_turn_id(folder, facts(model).family)
     return model
+
+
+def end_of_turn_id(folder: str | Path, family: str) -> int | None:
+    """The id of the family's end-of-turn token (`END_OF_TURN`) in the checkpoint's tokenizer
+    files (`tokenizer_config.json`'s `added_tokens_decoder`, else `tokenizer.json`'s
+    `added_tokens`), or None when the tokenizer has no such token. Released configs do not name
+    it (LLaDA-8B-Instruct's says only eos 126081), so it is read here, once, at load time."""
+    from dare.models import family_module
+
+    name = getattr(family_module(family), "END_OF_TURN", None)
+    folder = Path(folder)
+    if name is None:
+        return None
+    found: dict[str, int] = {}
+    cfg = folder / "tokenizer_config.json"
+    if cfg.is_file():
+        for i, tok in (json.loads(cfg.read_text()).get("added_tokens_decoder") or {}).items():
+            found.setdefault(tok.get("content"), int(i))
+    tok_file = folder / "tokenizer.json"
+    if name not in found and tok_file.is_file():
+        for tok in json.loads(tok_file.read_text()).get("added_tokens") or []:
+            found.setdefault(tok.get("content"), int(tok["id"]))
+    return found.get(name)
 
 
 def meta_model(path: str | Path):

@@ -132,7 +132,8 @@ class DreamModel(DLLMPreTrainedModel):
         c = self.config
         return ModelFacts(family="dream", mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
                           pad_token_id=c.pad_token_id, logits_shift=True, attention="bidirectional",
-                          block_size=None, lora_targets=LORA_TARGETS)
+                          block_size=None, lora_targets=LORA_TARGETS,
+                          eot_token_id=getattr(c, "eot_token_id", None))
 
 
 MODEL_CLASS = DreamModel
@@ -141,6 +142,7 @@ LORA_TARGETS = r".*\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|u
 
 # The released Dream tokenizer's special tokens (Qwen2 vocabulary plus `<|mask|>`).
 MASK_TOKEN = "<|mask|>"
+END_OF_TURN = "<|im_end|>"  # Qwen2 chat template (DiffuCoder ends completions here)
 SPECIAL_TOKENS = {"bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
 
 

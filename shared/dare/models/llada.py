@@ -233,6 +233,7 @@ def scratch_config(scratch, tokenizer) -> LLaDAConfig:
 # The special tokens of the released LLaDA tokenizer; tiny tokenizers reuse the same strings
 # (EOS doubles as padding, as in LLaDA's SFT recipe).
 MASK_TOKEN = "<|mdm_mask|>"
+END_OF_TURN = "<|eot_id|>"  # LLaDA-8B-Instruct: 126348 ends a turn, <|endoftext|> (126081) pads after it
 SPECIAL_TOKENS = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
 
 AutoConfig.register("llada", LLaDAConfig, exist_ok=True)

@@ -269,7 +269,7 @@ class LLaDA2MoeModelLM(DLLMPreTrainedModel):
         return ModelFacts(family="llada2", mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
                           pad_token_id=c.pad_token_id if c.pad_token_id is not None else c.eos_token_id,
                           logits_shift=False, attention="block_causal", block_size=c.block_size,
-                          lora_targets=LORA_TARGETS)
+                          lora_targets=LORA_TARGETS, eot_token_id=getattr(c, "eot_token_id", None))
 
 
 MODEL_CLASS = LLaDA2MoeModelLM
@@ -279,6 +279,7 @@ LORA_TARGETS = (r".*\.(attention\.(query_key_value|dense)|mlp\.(gate_proj|up_pro
                 r"|shared_experts\.(gate_proj|up_proj|down_proj))")
 
 MASK_TOKEN = "<|mask|>"
+END_OF_TURN = "<|role_end|>"  # Ling chat template: <role>HUMAN</role>...<|role_end|><role>ASSISTANT</role>
 SPECIAL_TOKENS = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
 
 

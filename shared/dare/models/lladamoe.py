@@ -163,7 +163,8 @@ class LLaDAMoEModelLM(DLLMPreTrainedModel):
         c = self.config
         return ModelFacts(family="lladamoe", mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
                           pad_token_id=c.pad_token_id if c.pad_token_id is not None else c.eos_token_id,
-                          logits_shift=False, attention="bidirectional", block_size=None, lora_targets=LORA_TARGETS)
+                          logits_shift=False, attention="bidirectional", block_size=None, lora_targets=LORA_TARGETS,
+                          eot_token_id=getattr(c, "eot_token_id", None))
 
 
 MODEL_CLASS = LLaDAMoEModelLM
@@ -172,6 +173,7 @@ MODEL_CLASS = LLaDAMoEModelLM
 LORA_TARGETS = r".*\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))"
 
 MASK_TOKEN = "<|mask|>"
+END_OF_TURN = "<|role_end|>"  # the Ling tokenizer LLaDA-MoE shares with LLaDA2 (used only if the tokenizer has it)
 SPECIAL_TOKENS = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
 
 

@@ -154,7 +154,7 @@ class SDARForCausalLM(DLLMPreTrainedModel):
         return ModelFacts(family=self.family, mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
                           pad_token_id=c.pad_token_id if c.pad_token_id is not None else c.eos_token_id,
                           logits_shift=False, attention="block_causal", block_size=c.block_size,
-                          lora_targets=LORA_TARGETS)
+                          lora_targets=LORA_TARGETS, eot_token_id=getattr(c, "eot_token_id", None))
 
 
 MODEL_CLASS = SDARForCausalLM
@@ -163,6 +163,7 @@ LORA_TARGETS = r".*\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|u
 
 # The released SDAR tokenizer's special tokens (Qwen3 vocabulary plus `<|MASK|>`).
 MASK_TOKEN = "<|MASK|>"
+END_OF_TURN = "<|im_end|>"  # Qwen3 chat template (SDAR-Chat stops on it: generation_config eos ids)
 SPECIAL_TOKENS = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
 
 

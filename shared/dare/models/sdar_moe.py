@@ -18,9 +18,9 @@ from __future__ import annotations
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from dare.models.blocks import SoftmaxTopKMoE, SwiGLU
-from dare.models.sdar import LORA_TARGETS, MASK_TOKEN, SPECIAL_TOKENS, SDARConfig, SDARForCausalLM, tiny_common
+from dare.models.sdar import END_OF_TURN, LORA_TARGETS, MASK_TOKEN, SPECIAL_TOKENS, SDARConfig, SDARForCausalLM, tiny_common
 
-__all__ = ["SDARMoeConfig", "SDARMoeForCausalLM", "LORA_TARGETS", "MASK_TOKEN", "SPECIAL_TOKENS"]
+__all__ = ["SDARMoeConfig", "SDARMoeForCausalLM", "LORA_TARGETS", "MASK_TOKEN", "SPECIAL_TOKENS", "END_OF_TURN"]
 
 
 class SDARMoeConfig(SDARConfig):

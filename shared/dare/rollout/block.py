@@ -1,44 +1,89 @@
 """Block diffusion for block-causal models (SDAR, LLaDA2.x): SDAR's `block_diffusion_generate`
-(`JetAstra/SDAR:generate.py`) and LLaDA2's `generate`, with a KV cache of committed blocks,
-batched over prompts of different lengths.
+(`JetAstra/SDAR:generate.py`) and LLaDA2.0/2.1's `generate` (HF remote code, mirrored in
+`ZHZisZZ/dllm:dllm/pipelines/llada2*/models/`), with a KV cache of committed blocks, batched over
+prompts of different lengths.
 
     Blocks are the model's own (`block_size` from its config), counted from each prompt's first
-    token. Complete prompt blocks are prefilled into the cache; the block holding the prompt's
-    tail is the first decoded block (its prompt tokens stay fixed, as in the originals). Each
-    block is denoised on top of the cache (read only) in at most `steps` steps:
-      static  (threshold = 0): commit the quota's most confident masked tokens, the quota being
-              an even split of the block's masked tokens over `steps`;
-      dynamic (threshold > 0): commit every masked token with p > threshold if there are at least
-              the quota of them, else the quota's most confident (SDAR's `low_confidence_dynamic`,
-              LLaDA2's rule);
+    token; the canvas is [prompt | MASK ...] up to ceil((P + G) / block) * block, so the last block
+    is decoded whole, as in both originals, and `gen_length` tokens are returned. Complete prompt
+    blocks are prefilled into the cache; the block holding the prompt's tail is the first decoded
+    block (its prompt tokens stay fixed). Each block is denoised on top of the cache (read only);
+    step i commits up to k_i = min(q_i, still masked) tokens, q being `block_size` split evenly
+    over `steps` (the remainder to the first steps; `get_num_transfer_tokens(block_length, steps)`):
+      static  (threshold = 0): the k_i most confident masked tokens (SDAR `low_confidence_static`);
+      dynamic (threshold > 0): every masked token with p > threshold if there are at least k_i of
+              them, else the k_i most confident (SDAR `low_confidence_dynamic`, LLaDA2's rule);
     then one more forward appends the finished block's keys to the cache (SDAR's `store_kv`).
-    Tokens: argmax at temperature 0, else sampled after temperature/top-p/top-k, with p the
-    probability of the chosen token. `eos_early_stop`: once every row has an EOS and nothing is
-    masked before it, decoding stops and the rest is filled with EOS.
+    Tokens: at temperature 0 the argmax, with p its probability under the unfiltered softmax (both
+    originals); otherwise sampled after temperature, top-k, then top-p, p its probability under
+    that filtered distribution. `eos_early_stop`: once every row has a stop token (EOS or end of
+    turn) and nothing is masked before it, decoding stops and the rest is filled with EOS.
     LLaDA2.1 token editing (`editing_threshold` > 0): at every step, already generated tokens of
-    the current block whose prediction differs with p > editing_threshold are overwritten; after
-    the block is unmasked, up to `max_post_steps` more steps run while edits happen.
+    the current block whose prediction differs with p > editing_threshold are overwritten; once a
+    row's block is unmasked, it runs up to `max_post_steps` more steps while edits happen. The
+    post-step counter and the stop are per row: a row decodes the same in a batch as alone.
 
 Batching: each row's prompt is placed so that its first token starts a block column (left
 padding by whole blocks), so one column chunk is one block for every row; rows with longer
-prompts simply have more prompt tokens in the chunk. The output is repacked to the usual layout
-(left-padded prompt, then `gen_length` tokens). `block_length` is not used: the block is the
-model's. The cache of committed blocks is exact; `cache=none` recomputes the whole prefix every
-step instead (as LLaDA2's HF `generate`), which the tests use as the reference.
+prompts simply have more prompt tokens in the chunk, and a row whose canvas ends earlier is done
+in the later chunks. The output is repacked to the usual layout (left-padded prompt, then
+`gen_length` tokens). `block_length` is not used: the block is the model's. The cache of
+committed blocks is exact; `cache=none` recomputes the whole prefix every step instead (as
+LLaDA2's HF `generate`), which the tests use as the reference.
 
-Differences from the originals: batch > 1 (both originals decode one prompt at a time);
-LLaDA2's HF `generate` recomputes the whole prefix every step (no cache) and LLaDA2.0 samples
-even at temperature 0; we cache (exact for block-causal attention) and take the argmax.
+Differences from the originals (outputs at temperature 0 are the same, pinned in the tests):
+1. Batch > 1 (both originals decode one prompt at a time); LLaDA2's HF `generate` recomputes the
+   whole prefix every step (no cache) and SDAR's divides by the temperature (T = 0 is undefined
+   there; we take the argmax as LLaDA2 does).
+2. The mask token is never chosen (its logit is excluded from the argmax and from sampling; its
+   probability stays in the T = 0 confidence, as in the originals). Trained checkpoints never
+   predict it; on a model that did, the originals would commit MASK and loop.
+3. The quota is capped by what is still masked: SDAR's `topk(confidence, q_i)` with fewer than q_i
+   masked positions also picks -inf positions and overwrites already decoded (or prompt) tokens
+   of the block with their predictions, a bug we do not reproduce. LLaDA2 caps as we do.
+4. LLaDA2 caps `steps` at `gen_length // minimal_topk` (1): with steps > gen_length ours keeps
+   `steps` (SDAR's behaviour). LLaDA2.1 commits masked tokens with a fixed quota
+   (`num_to_transfer` = 1) rather than the schedule: the same as ours with steps = block size.
+5. LLaDA2 stops after the first block whose generated part holds an EOS, SDAR after any stop id;
+   ours decodes to `gen_length` unless `eos_early_stop`. The response up to its first EOS is the
+   same either way (later blocks never change earlier ones).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from dare.models import facts
 from dare.models.core import KVCache
-from dare.rollout.core import RolloutOutput, commit_quota, num_transfer_tokens, response_mask
-from dare.rollout.dream import sample_tokens
+from dare.rollout.core import RolloutOutput, commit_quota, response_mask
+from dare.rollout.dream import top_k_logits, top_p_logits
+
+
+def schedule(block_size: int, steps: int) -> list[int]:
+    """`block_size` tokens split evenly over `steps`, the remainder to the first steps
+    (`get_num_transfer_tokens(block_length, steps)` in SDAR and LLaDA2)."""
+    return [block_size // steps + (1 if i < block_size % steps else 0) for i in range(steps)]
+
+
+def choose(logits: torch.Tensor, params, mask_id: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, V) logits -> (token, p): the argmax and its unfiltered probability at T = 0, else a
+    sample after temperature, top-k and top-p with its probability under that distribution.
+    The mask token is never chosen."""
+    logits = logits.float()
+    allowed = logits.clone()
+    allowed[:, mask_id] = -torch.inf
+    if params.temperature == 0:
+        token = allowed.argmax(dim=-1)
+        return token, F.softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
+    allowed = allowed / params.temperature
+    if params.top_k > 0:
+        allowed = top_k_logits(allowed, params.top_k)
+    if params.top_p < 1:
+        allowed = top_p_logits(allowed, params.top_p)
+    probs = F.softmax(allowed, dim=-1)
+    token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return token, probs.gather(1, token[:, None]).squeeze(1)
 
 
 @torch.no_grad()
@@ -53,22 +98,26 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
     B, P = prompt_ids.shape
     lengths = prompt_mask.sum(dim=1)
 
-    # canvas: [pad (whole blocks) | prompt | MASK * G | filler], every prompt starting a block
+    # canvas: [pad (whole blocks) | prompt | MASK up to the end of the last block | pad], every
+    # prompt starting a block column; row r's canvas ends at ends[r]
     C = -(-int(lengths.max()) // bs) * bs
-    W = -(-(C + G) // bs) * bs
     pads = ((C - lengths) // bs) * bs
+    ends = pads + (-(-(lengths + G) // bs)) * bs
+    W = int(ends.max())
     x = torch.full((B, W), f.pad_token_id, dtype=torch.long, device=device)
     valid = torch.zeros((B, W), dtype=torch.bool, device=device)
     gen_start = pads + lengths
     for r in range(B):
-        p0, n = int(pads[r]), int(lengths[r])
+        p0, n, end = int(pads[r]), int(lengths[r]), int(ends[r])
         x[r, p0:p0 + n] = prompt_ids[r][prompt_mask[r]]
-        x[r, p0 + n:p0 + n + G] = mask_id
-        valid[r, p0:p0 + n + G] = True
+        x[r, p0 + n:end] = mask_id
+        valid[r, p0:end] = True
+    decoded = x == mask_id  # every position the sampler writes (the generated part and the last block's tail)
     gen_cols = gen_start[:, None] + torch.arange(G, device=device)[None, :]  # (B, G) canvas columns
-    generated = torch.zeros_like(valid)
-    generated.scatter_(1, gen_cols, True)
     step_canvas = torch.full((B, W), -1, dtype=torch.long, device=device)
+    quota = schedule(bs, params.steps)
+    editing = params.editing_threshold > 0
+    cached = params.cache != "none"
 
     cache, nfe, step, done_cols = KVCache(), 0, 0, 0
     trajectory = []
@@ -76,43 +125,43 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
         cols = slice(c * bs, (c + 1) * bs)
         if not (x[:, cols] == mask_id).any():
             continue  # nothing to decode here yet: prefilled together with the next block
-        cached = params.cache != "none"
         if cached and done_cols < c * bs:  # prefill the complete blocks before this one
             model(x[:, done_cols:c * bs], valid[:, done_cols:c * bs], past_key_values=cache, use_cache=True)
             nfe += 1
-        quota = num_transfer_tokens((x[:, cols] == mask_id).sum(dim=1), params.steps)
-        i = post = 0
+        done = ~(x[:, cols] == mask_id).any(dim=1)  # rows with nothing to decode in this block
+        post = torch.zeros(B, dtype=torch.long, device=device)
+        i = 0
         while True:
             masked = x[:, cols] == mask_id
-            editing = params.editing_threshold > 0
-            if not masked.any() and (not editing or post >= params.max_post_steps):
+            unmasked = ~masked.any(dim=1)
+            if editing:  # LLaDA2.1: count the steps after unmasking, per row
+                post += (unmasked & ~done).long()
+                done |= post > params.max_post_steps
+            else:
+                done |= unmasked
+            if done.all():
                 break
             if cached:
                 logits = model(x[:, cols], valid[:, cols], past_key_values=cache).logits
             else:  # recompute everything up to the end of the block (LLaDA2's HF `generate`)
                 logits = model(x[:, :cols.stop], valid[:, :cols.stop]).logits[:, cols]
             nfe += 1
-            flat = logits.reshape(-1, logits.shape[-1]).float()
-            flat[:, mask_id] = -torch.inf  # never predict MASK (the loop runs until the block is clean)
-            conf, x0 = sample_tokens(flat, params, generator)
-            conf, x0 = conf.view(B, bs).double(), x0.view(B, bs)
-            k = quota[:, min(i, params.steps - 1)]
-            masked_conf = torch.where(masked, conf, torch.tensor(-torch.inf, dtype=conf.dtype, device=device))
-            commit = commit_quota(masked_conf, k)
+            x0, conf = choose(logits.reshape(B * bs, -1), params, mask_id, generator)
+            x0, conf = x0.view(B, bs), conf.view(B, bs).double()
+            k = masked.sum(dim=1).clamp(max=quota[min(i, params.steps - 1)])
+            commit = commit_quota(torch.where(masked, conf, -torch.inf), k)
             if params.threshold > 0:
                 above = masked & (conf > params.threshold)
-                enough = above.sum(dim=1) >= k
-                commit = torch.where(enough[:, None], above, commit)
+                commit = torch.where((above.sum(dim=1) >= k)[:, None], above, commit)
             if editing:
-                gen_block = generated[:, cols] & ~masked
-                edit = gen_block & (conf > params.editing_threshold) & (x0 != x[:, cols])
-                if not masked.any():
-                    post += 1
-                    if not edit.any():
-                        break
-                commit = commit | edit
+                edit = decoded[:, cols] & ~masked & (conf > params.editing_threshold) & (x0 != x[:, cols])
+                commit |= edit
+                finished = unmasked & ~edit.any(dim=1)  # nothing left to unmask or edit: this row stops
+            commit &= ~done[:, None]
             x[:, cols] = torch.where(commit, x0, x[:, cols])
             step_canvas[:, cols][commit] = step
+            if editing:
+                done |= finished
             step += 1
             i += 1
             if params.record_trajectory:
@@ -121,7 +170,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
             model(x[:, cols], valid[:, cols], past_key_values=cache, use_cache=True)  # commit the block's keys
             nfe += 1
         done_cols = (c + 1) * bs
-        if params.eos_early_stop and _all_finished(x.gather(1, gen_cols), mask_id, f.eos_token_id):
+        if params.eos_early_stop and _all_finished(x.gather(1, gen_cols), mask_id, f.stop_ids):
             response = x.gather(1, gen_cols)
             x.scatter_(1, gen_cols, torch.where(response == mask_id, f.eos_token_id, response))
             break
@@ -130,14 +179,14 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
     sequences = torch.cat([prompt_ids, responses], dim=1)
     attention_mask = torch.cat([prompt_mask.long(), torch.ones(B, G, dtype=torch.long, device=device)], dim=1)
     return RolloutOutput(sequences=sequences, attention_mask=attention_mask, prompt_length=P,
-                         response_mask=response_mask(responses, f.eos_token_id),
+                         response_mask=response_mask(responses, f.stop_ids),
                          step_map=step_canvas.gather(1, gen_cols), nfe=nfe, sampler="block",
                          trajectory=torch.stack(trajectory) if trajectory else None)
 
 
-def _all_finished(responses: torch.Tensor, mask_id: int, eos_id: int) -> bool:
-    """Every row has an EOS with nothing masked before it."""
-    is_eos = responses == eos_id
+def _all_finished(responses: torch.Tensor, mask_id: int, stop_ids) -> bool:
+    """Every row has a stop token (EOS or end of turn) with nothing masked before it."""
+    is_eos = torch.isin(responses, torch.tensor(stop_ids, device=responses.device))
     if not is_eos.any(dim=1).all():
         return False
     first = is_eos.float().argmax(dim=1)

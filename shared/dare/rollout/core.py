@@ -55,20 +55,25 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, mask
 
 
-def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """True for tokens up to and including the first EOS (all tokens when there is none). (B, G)"""
-    is_eos = responses == eos_id
-    return torch.cumsum(is_eos.long(), dim=1) - is_eos.long() == 0
+def response_mask(responses: torch.Tensor, stop_ids) -> torch.Tensor:
+    """True for tokens up to and including the first stop token (EOS or end of turn: the model's
+    `facts(model).stop_ids`); all tokens when there is none. (B, G)"""
+    is_stop = torch.isin(responses, torch.tensor(_ids(stop_ids), device=responses.device)).long()
+    return torch.cumsum(is_stop, dim=1) - is_stop == 0
 
 
-def decode_responses(tokenizer, responses: torch.Tensor, eos_id: int) -> list[str]:
-    """Text of each response cut at the first EOS, special tokens removed."""
-    texts = []
+def decode_responses(tokenizer, responses: torch.Tensor, stop_ids) -> list[str]:
+    """Text of each response cut at its first stop token (`facts(model).stop_ids`), special
+    tokens removed."""
+    stops, texts = set(_ids(stop_ids)), []
     for row in responses.tolist():
-        if eos_id in row:
-            row = row[: row.index(eos_id)]
-        texts.append(tokenizer.decode(row, skip_special_tokens=True))
+        end = next((i for i, t in enumerate(row) if t in stops), len(row))
+        texts.append(tokenizer.decode(row[:end], skip_special_tokens=True))
     return texts
+
+
+def _ids(stop_ids) -> list[int]:
+    return [int(stop_ids)] if isinstance(stop_ids, int) else [int(i) for i in stop_ids]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -99,11 +104,13 @@ def predict(logits, masked, params, generator, eos_id=None, eot_id=None,
     probability of x0 ("low_confidence") or U(0,1) ("random"); -inf where not masked.
 
     `logits_eos_inf` sets the EOS logit to -inf before sampling. `confidence_eos_eot_inf` does
-    what the reference does: it sets the EOS logit of the *noised* copy and the EoT logit of the
-    clean one to -inf after x0 is chosen, so an EoT prediction gets confidence 0 and EOS is
-    unaffected (a quirk of the original, kept for fidelity). `forbid` (the mask id) is never
-    predicted: loops that run until a block is clean would otherwise never end on a model that
-    predicts MASK (trained checkpoints do not)."""
+    what the reference does (`logits_with_noise[..., EOS] = logits[..., EoT] = -inf` after x0 is
+    chosen, then the confidence is softmax(logits)[x0]): at temperature 0 the noised copy IS the
+    logits tensor, so both EOS and EoT logits become -inf and an EOS or EoT prediction gets
+    confidence 0 (the others renormalised without them); at T > 0 only EoT is removed, so an EoT
+    prediction gets 0 and EOS is unaffected (a quirk of the original, kept for fidelity).
+    `forbid` (the mask id) is never predicted: loops that run until a block is clean would
+    otherwise never end on a model that predicts MASK (trained checkpoints do not)."""
     if forbid is not None:
         logits = logits.clone()
         logits[..., forbid] = -torch.inf
@@ -112,9 +119,10 @@ def predict(logits, masked, params, generator, eos_id=None, eot_id=None,
         logits[..., eos_id] = -torch.inf
     x0 = gumbel_argmax(logits, params.temperature, generator)
     if params.remasking == "low_confidence":
-        if params.confidence_eos_eot_inf and eot_id is not None:
+        if params.confidence_eos_eot_inf:
+            removed = [t for t in ([eot_id] + ([eos_id] if params.temperature == 0 else [])) if t is not None]
             logits = logits.clone()
-            logits[..., eot_id] = -torch.inf
+            logits[..., removed] = -torch.inf
         probs = F.softmax(logits.to(torch.float64), dim=-1)
         conf = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1)
     else:
@@ -123,7 +131,8 @@ def predict(logits, masked, params, generator, eos_id=None, eot_id=None,
 
 
 def commit_quota(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """The k[j] most confident positions of each row j. (B, L) bool"""
+    """The k[j] most confident positions of each row j (`torch.topk`, whose choice among equal
+    confidences depends on the row it runs over: callers pass the span the reference ranks). (B, L) bool"""
     commit = torch.zeros(conf.shape, dtype=torch.bool, device=conf.device)
     kmax = int(k.max()) if k.numel() else 0
     if kmax > 0:
@@ -138,7 +147,7 @@ def commit_threshold(conf: torch.Tensor, threshold: float) -> torch.Tensor:
     one (Fast-dLLM `get_transfer_index` with `threshold`)."""
     finite = torch.isfinite(conf)
     commit = (conf >= threshold) & finite
-    best = conf.argmax(dim=1)
+    best = conf.topk(1, dim=1).indices[:, 0]  # topk, as the reference (its pick among ties)
     has = finite.any(dim=1)
     commit[torch.arange(conf.shape[0], device=conf.device)[has], best[has]] = True
     return commit

@@ -117,6 +117,6 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
 
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
-                         response_mask=response_mask(responses, f.eos_token_id), step_map=step_map,
+                         response_mask=response_mask(responses, f.stop_ids), step_map=step_map,
                          nfe=nfe, sampler="dream",
                          trajectory=torch.stack(trajectory) if trajectory else None)

@@ -22,7 +22,10 @@ Differences from the references, none of which change their greedy outputs:
 1. Gumbel-max is computed in log space, `argmax(logits - T * log(-log u))`, in float64; the
    reference's `exp(logits) / (-log u)^T` has the same argmax but can overflow.
 2. Sampling and confidences are computed for the current block only (elsewhere the confidence is
-   -inf in the references, so nothing there is ever committed).
+   -inf in the references, so nothing there is ever committed); the positions are then ranked
+   over the same span as the reference's `topk` (the whole row without a cache and at a cached
+   block's first step, from the block on with the prefix cache, the block with the dual cache),
+   so equal confidences are broken the same way.
 3. Randomness comes from an explicit `torch.Generator`, so sampled outputs match the references
    in distribution, not draw for draw.
 4. Left padding is hidden from attention and positions start at each prompt's first token.
@@ -73,14 +76,18 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
     trajectory = []
     nfe = step = 0
 
-    def commit(lo: int, hi: int, logits: torch.Tensor, quota: torch.Tensor) -> None:
+    def commit(lo: int, hi: int, logits: torch.Tensor, quota: torch.Tensor, span: tuple[int, int]) -> None:
+        """Commit in x[:, lo:hi] from the block's logits; the positions are ranked over x[:, span]
+        with -inf outside the block, the row the reference ranks (its choice among ties)."""
         nonlocal step
         block = x[:, lo:hi]
         masked = block == mask_id
         until_clean = params.cache in ("prefix", "dual") or params.threshold > 0 or params.factor > 0
         x0, conf = predict(logits, masked, params, generator, f.eos_token_id, f.eot_token_id,
                            forbid=mask_id if until_clean else None)
-        chosen = commit_rule(conf, params, quota)
+        row = torch.full((B, span[1] - span[0]), -torch.inf, dtype=conf.dtype, device=device)
+        row[:, lo - span[0]:hi - span[0]] = conf
+        chosen = commit_rule(row, params, quota)[:, lo - span[0]:hi - span[0]]
         x[:, lo:hi] = torch.where(chosen, x0, block)
         step_map[:, lo - P:hi - P][chosen] = step
         step += 1
@@ -96,13 +103,13 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
             while (x[:, lo:hi] == mask_id).any() and (parallel or i < steps_per_block):
                 logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, params.cfg_scale)
                 nfe += 1
-                commit(lo, hi, logits[:, lo:hi], quota[:, min(i, steps_per_block - 1)])
+                commit(lo, hi, logits[:, lo:hi], quota[:, min(i, steps_per_block - 1)], (0, P + G))
                 i += 1
             continue
         # Fast-dLLM: a full forward fills the cache and makes the block's first commit
         out = model(x, attention_mask, use_cache=True)
         nfe += 1
-        commit(lo, hi, align(model, out.logits, attention_mask=attention_mask)[:, lo:hi], quota[:, 0])
+        commit(lo, hi, align(model, out.logits, attention_mask=attention_mask)[:, lo:hi], quota[:, 0], (0, P + G))
         i = 1
         start = lo - 1 if shift else lo  # a shifted model reads position s's logit at s - 1
         cache = out.past_key_values
@@ -115,10 +122,11 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
                 raw = model(x[:, start:hi], attention_mask[:, start:hi], past_key_values=cache,
                             replace_position=start).logits
             nfe += 1
-            commit(lo, hi, raw[:, :BL], quota[:, min(i, steps_per_block - 1)])
+            commit(lo, hi, raw[:, :BL], quota[:, min(i, steps_per_block - 1)],
+                   (lo, P + G) if params.cache == "prefix" else (lo, hi))
             i += 1
 
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
-                         response_mask=response_mask(responses, f.eos_token_id), step_map=step_map, nfe=nfe,
+                         response_mask=response_mask(responses, f.stop_ids), step_map=step_map, nfe=nfe,
                          sampler="masked", trajectory=torch.stack(trajectory) if trajectory else None)

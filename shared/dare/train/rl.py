@@ -147,7 +147,7 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
             policy.eval()
             with engine.autocast():
                 out = generate(policy, ids.to(dist.device), mask.to(dist.device), rollout_cfg, rollout_gen)
-            texts = decode_responses(tokenizer, out.responses, f.eos_token_id)
+            texts = decode_responses(tokenizer, out.responses, f.stop_ids)
             rewards = torch.tensor(task.rewards(texts, [rows[i] for i in row_of], style=cfg.data.reward),
                                    dtype=torch.float32, device=out.sequences.device)
             advantages = algo.advantages(rewards.view(-1, G), cfg.algo).reshape(-1)
@@ -224,7 +224,7 @@ def validate(policy, engine, tokenizer, task, rows: list[dict], decoding, genera
     with torch.no_grad(), engine.autocast():
         out = generate(policy, ids.to(dist.device), mask.to(dist.device), decoding, generator)
     sums: dict[str, float] = {"count": float(len(mine))}
-    for scores in task.scores(decode_responses(tokenizer, out.responses, f.eos_token_id), mine):
+    for scores in task.scores(decode_responses(tokenizer, out.responses, f.stop_ids), mine):
         for k, v in scores.items():
             sums[k] = sums.get(k, 0.0) + float(v)
     totals = dist.sum(sums)

@@ -1,0 +1,210 @@
+"""The samplers against the original code, token for token at temperature 0.
+
+The expected outputs below were produced by running the ORIGINAL functions (in a scratch folder
+outside this repository, never committed) on the same tiny weights as `sharp()` builds here:
+  - SDAR: `JetAstra/SDAR@c2041a8:generate.py::block_diffusion_generate`; its model call with
+    `store_kv` was emulated by recomputing the stored prefix (the cache is exact), and its sampling
+    function replaced at T = 0 by the argmax with its softmax probability (the original divides
+    the logits by the temperature, so T = 0 is undefined there).
+  - LLaDA2.0 / 2.1: `generate` of `modeling_llada2_moe.py` / `modeling_llada21_moe.py` as
+    mirrored in `ZHZisZZ/dllm@ca17675:dllm/pipelines/llada2{,1}/models/`, one prompt at a time
+    (their batch size is 1), with our LLaDA2 model as `forward`.
+  - LLaDA: `ML-GSAI/LLaDA@b7e6c35:generate.py::generate` with its hard-coded EOS/EoT ids
+    (126081/126348) replaced by the tiny tokenizer's, batched with left padding and the
+    attention mask, as the original supports.
+Our sampler runs the whole batch at once (mixed prompt lengths, none a block multiple, so the
+last block is partial), with and without the cache; each row must equal the original alone.
+LLaDA2 returns the response cut after its first EOS; we compare that prefix.
+
+SDAR cases use steps = block size (quota 1): with a larger quota the original's `topk` over a
+block with fewer masks than the quota also picks -inf positions and overwrites decoded or
+prompt tokens (deviation 3 of `dare.rollout.block`); with that one line capped, the original
+agreed with ours on the quota-2 cases too (checked in the same scratch run).
+"""
+
+import math
+
+import pytest
+import torch
+
+from dare.config import DecodingConfig, ScratchModelConfig
+from dare.models import facts, new_model
+from dare.models.tokenizer import char_tokenizer
+from dare.rollout import generate, left_pad
+
+PROMPTS = [[5, 6, 7], [5, 6, 7, 8, 9, 10, 11], [9, 8], [4, 5, 6, 7, 8]]
+
+
+def sharp(family: str, seed: int):
+    """A tiny random model with a sharpened head (so thresholds and ties matter) that never
+    predicts MASK (its head row is zero: a finite logit below the maximum), as trained
+    checkpoints; the scratch runs built exactly this."""
+    tok = char_tokenizer("0123456789+=", family)
+    model = new_model(family, tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64),
+                      seed=seed).eval()
+    head = model.get_output_embeddings().weight
+    with torch.no_grad():
+        head.mul_(40)
+        head[facts(model).mask_token_id] = 0
+    return model
+
+
+def decode(model, p, prompts=PROMPTS):
+    ids, mask = left_pad(prompts, facts(model).pad_token_id)
+    return generate(model, ids, mask, p).responses.tolist()
+
+
+BLOCK_CASES = {  # (family, seed, decoding) -> the original's outputs for PROMPTS, gen_length 16, block 4
+    ("sdar", 0, "steps=4 threshold=0"): [  # low_confidence_static
+        [9, 9, 9, 9, 9, 9, 9, 9, 9, 3, 9, 9, 9, 9, 9, 9], [14, 14, 9, 16, 9, 9, 14, 14, 9, 16, 16, 16, 9, 14, 16, 16],
+        [9, 15, 16, 16, 16, 16, 13, 9, 16, 16, 9, 3, 3, 9, 9, 3], [9, 14, 14, 16, 16, 16, 9, 16, 16, 9, 16, 3, 9, 9, 16, 9]],
+    ("sdar", 0, "steps=4 threshold=0.5"): [  # low_confidence_dynamic
+        [9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], [14, 9, 9, 9, 9, 14, 14, 9, 9, 16, 16, 9, 3, 3, 16, 16],
+        [9, 15, 16, 16, 16, 16, 13, 9, 16, 16, 9, 9, 3, 9, 9, 3], [9, 9, 14, 14, 16, 9, 16, 16, 9, 14, 16, 16, 9, 16, 16, 9]],
+    ("sdar", 0, "steps=4 threshold=0.9"): [
+        [9, 9, 9, 9, 9, 9, 9, 9, 9, 3, 9, 9, 9, 9, 9, 9], [14, 14, 9, 16, 9, 9, 14, 14, 9, 16, 16, 16, 9, 14, 16, 16],
+        [9, 15, 16, 16, 16, 16, 13, 9, 16, 16, 9, 3, 3, 9, 9, 3], [9, 14, 14, 16, 16, 16, 9, 16, 16, 9, 16, 3, 9, 9, 16, 9]],
+    ("llada2", 2, "steps=4 threshold=0.5"): [  # LLaDA2.0
+        [10, 5, 14, 10, 10, 16, 5, 14, 16, 10, 14, 10, 10, 14, 10, 10], [10, 10, 4, 4, 4, 16, 10, 10, 10, 10, 4, 10, 1],
+        [7, 10, 5, 14, 10, 16, 1], [10, 10, 14, 10, 10, 10, 14, 5, 10, 10, 16, 10, 14, 16, 14, 10]],
+    ("llada2", 2, "steps=2 threshold=0.9"): [  # quota 2 per step, capped by the masks left
+        [10, 5, 14, 14, 10, 16, 5, 5, 16, 10, 10, 10, 14, 14, 10, 10], [10, 10, 4, 4, 4, 16, 10, 10, 10, 4, 4, 4, 10, 1],
+        [10, 10, 7, 7, 3, 10, 7, 7, 14, 14, 3, 4, 16, 16, 7, 14],
+        [10, 10, 14, 10, 10, 10, 14, 5, 5, 10, 16, 16, 16, 14, 14, 10]],
+    ("llada2", 2, "steps=4 threshold=0.5 editing_threshold=0.6 max_post_steps=16"): [  # LLaDA2.1
+        [14, 6, 4, 17, 17, 16, 16, 16, 4, 9, 14, 14, 4, 10, 4, 9], [10, 10, 17, 17, 10, 17, 17, 17, 11, 17, 17, 17, 17, 17, 17, 17],
+        [4, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [3, 3, 17, 9, 4, 14, 4, 4, 4, 14, 4, 4, 4, 4, 4, 4]],
+    ("llada2", 2, "steps=4 threshold=0.5 editing_threshold=0.3 max_post_steps=2"): [
+        [8, 9, 9, 10, 14, 9, 1], [12, 1], [14, 3, 14, 4, 4, 4, 4, 9, 9, 4, 4, 4, 4, 4, 4, 4],
+        [4, 17, 17, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8]],
+    ("llada2", 2, "steps=4 threshold=0.9 editing_threshold=0.5 max_post_steps=3"): [
+        [16, 9, 16, 9, 14, 9, 17, 16, 10, 16, 9, 9, 6, 9, 14, 9], [17, 9, 8, 17, 17, 16, 16, 1],
+        [14, 5, 4, 9, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [17, 8, 6, 4, 14, 11, 9, 14, 17, 9, 10, 4, 4, 14, 14, 14]],
+}
+
+
+def _settings(text: str) -> dict:
+    return {k: (int(v) if k in ("steps", "max_post_steps") else float(v))
+            for k, v in (kv.split("=") for kv in text.split())}
+
+
+@pytest.mark.parametrize("family, seed, settings", list(BLOCK_CASES), ids=[" ".join(map(str, k)) for k in BLOCK_CASES])
+@pytest.mark.parametrize("cache", ["auto", "none"])
+def test_block_sampler_matches_the_original_token_for_token(family, seed, settings, cache):
+    """SDAR/LLaDA2 block decoding: the last partial block decoded whole, the schedule split of
+    the block size over steps capped by what is masked, LLaDA2.1's editing with per-row post-step
+    counters (the batch gives each row what the original gives it alone)."""
+    model = sharp(family, seed)
+    expected = BLOCK_CASES[(family, seed, settings)]
+    got = decode(model, DecodingConfig(gen_length=16, cache=cache, **_settings(settings)))
+    for row, want in zip(got, expected):
+        assert row[:len(want)] == want
+        if len(want) < 16:  # the original stops after its first EOS
+            assert want[-1] == facts(model).eos_token_id
+
+
+def test_block_sampler_ignores_top_p_and_top_k_at_temperature_zero():
+    """At T = 0 both originals take the argmax with its UNFILTERED softmax probability as the
+    confidence; renormalising over top-p/top-k (Dream's rule) would push every confidence up and
+    change what the threshold commits."""
+    from dare.rollout.block import choose
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])  # the last id plays MASK
+    token, p = choose(logits, DecodingConfig(temperature=0.0, top_p=0.5, top_k=1), mask_id=3, generator=None)
+    assert token.tolist() == [0]
+    assert p.item() == pytest.approx(math.exp(2) / (math.exp(2) + math.exp(1) + 1 + math.exp(-1)))
+    model = sharp("llada2", 2)
+    filtered = decode(model, DecodingConfig(gen_length=16, steps=4, threshold=0.5, top_p=0.3, top_k=2))
+    for row, want in zip(filtered, BLOCK_CASES[("llada2", 2, "steps=4 threshold=0.5")]):
+        assert row[:len(want)] == want
+
+
+def test_block_schedule_splits_the_block_size_over_steps():
+    from dare.rollout.block import schedule
+
+    assert schedule(4, 4) == [1, 1, 1, 1]
+    assert schedule(32, 5) == [7, 7, 6, 6, 6]  # get_num_transfer_tokens(32, 5): the remainder to the first steps
+    assert schedule(4, 8) == [1, 1, 1, 1, 0, 0, 0, 0]
+
+
+def test_block_sampler_decodes_the_whole_last_block():
+    """A 3-token prompt with gen_length 16 and block 4 ends mid-block (19 of 20 positions): the
+    originals fill the 20th with MASK and decode it too; we return only the 16 generated tokens.
+    One row alone takes as many forwards as its blocks need: prefill none (the prompt block is
+    partial and decoded first), then per block its steps (one token each) and one cache write:
+    block 0 holds 1 mask, blocks 1-4 hold 4 each (the last one's 4th being the 20th position)."""
+    model = sharp("sdar", 0)
+    ids, mask = left_pad([[5, 6, 7]], facts(model).pad_token_id)
+    out = generate(model, ids, mask, DecodingConfig(gen_length=16, steps=4, record_trajectory=True))
+    assert out.responses.shape == (1, 16)
+    assert out.trajectory.shape[0] == 1 + 4 * 4
+    assert out.nfe == (1 + 1) + 4 * (4 + 1)
+
+
+def test_block_length_is_validated_only_for_the_masked_sampler():
+    from dare.config import Invalid
+
+    DecodingConfig(sampler="block", gen_length=10, block_length=32).validate()  # block_length unused there
+    DecodingConfig(sampler="dream", gen_length=10, block_length=32).validate()
+    with pytest.raises(Invalid, match="multiple of block_length"):
+        DecodingConfig(sampler="masked", gen_length=10, block_length=32).validate()
+
+
+# ------------------------------------------------------------------------------------------------
+# LLaDA's reference sampler: confidence_eos_eot_inf and ties
+
+
+def llada_with_end_tokens(seed: int, eos_bias: float, eot_bias: float):
+    """`sharp("llada", seed)` whose chat has an end-of-turn token (`<|user|>` stands in for
+    `<|eot_id|>`), with the head pushed towards EOS/EoT so that many positions predict them."""
+    model = sharp("llada", seed)
+    tok = char_tokenizer("0123456789+=", "llada")
+    model.config.eot_token_id = tok.convert_tokens_to_ids("<|user|>")
+    f = facts(model)
+    head, norm = model.get_output_embeddings().weight, model.model.transformer.ln_f.weight
+    with torch.no_grad():
+        head[f.eos_token_id] += eos_bias * norm
+        head[f.eot_token_id] += eot_bias * norm
+    return model
+
+
+LLADA_CASES = {  # (seed, eos bias, eot bias, gen, block, steps) -> LLaDA generate.py, confidence_eos_eot_inf, T = 0
+    # EoT predictions tie at confidence 0: the reference ranks the whole row (-inf outside the block)
+    (0, 0.0, 0.4, 16, 8, 8): [
+        [5, 5, 5, 5, 5, 5, 5, 5, 18, 5, 5, 5, 5, 9, 9, 18], [5, 5, 5, 5, 5, 5, 5, 5, 9, 5, 5, 5, 5, 9, 9, 9],
+        [5, 5, 5, 5, 5, 5, 5, 5, 18, 5, 5, 5, 5, 9, 9, 18], [5, 5, 5, 5, 5, 5, 5, 5, 18, 5, 5, 5, 5, 9, 9, 18]],
+    # EOS predictions: at T = 0 the reference's noised logits ARE the logits, so EOS gets confidence 0 too
+    (1, 1.0, 0.0, 16, 16, 16): [
+        [4] * 16, [0, 0, 0, 0, 4, 4, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4], [4] * 16, [4] * 16],
+    (0, 1.0, 0.0, 16, 8, 8): [
+        [1] * 16, [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 9, 9, 1], [1] * 16, [1] * 16],
+}
+
+
+@pytest.mark.parametrize("case", list(LLADA_CASES), ids=[str(c) for c in LLADA_CASES])
+def test_llada_reference_sampler_matches_the_original_with_eos_eot_confidence(case):
+    seed, eos_bias, eot_bias, G, BL, steps = case
+    model = llada_with_end_tokens(seed, eos_bias, eot_bias)
+    got = decode(model, DecodingConfig(gen_length=G, block_length=BL, steps=steps, confidence_eos_eot_inf=True))
+    assert got == LLADA_CASES[case]
+
+
+def test_confidence_eos_eot_inf_by_hand():
+    """Three positions predicting EOS (id 0), EoT (id 1) and token 2. T = 0: both EOS and EoT
+    logits are -inf in the confidence softmax (the noised copy is the same tensor), so those two
+    predictions get confidence 0 and token 2 gets e^3 / (e^3 + e^1); T > 0 (the draw here is
+    deterministic: one dominant logit per row): only EoT is removed, EOS keeps its probability."""
+    from dare.rollout.core import predict
+
+    logits = torch.tensor([[[9.0, 1.0, 3.0, 1.0], [1.0, 9.0, 3.0, 1.0], [1.0, 1.0, 3.0, 1.0]]], dtype=torch.float64)
+    masked = torch.ones(1, 3, dtype=torch.bool)
+    cold = DecodingConfig(confidence_eos_eot_inf=True, temperature=0.0)
+    x0, conf = predict(logits, masked, cold, None, eos_id=0, eot_id=1)
+    assert x0.tolist() == [[0, 1, 2]]
+    assert conf[0, :2].tolist() == [0.0, 0.0]
+    assert conf[0, 2].item() == pytest.approx(math.exp(3) / (math.exp(3) + math.exp(1)))  # tokens 2 and 3 remain
+    warm = DecodingConfig(confidence_eos_eot_inf=True, temperature=1e-6)
+    x0, conf = predict(logits, masked, warm, torch.Generator().manual_seed(0), eos_id=0, eot_id=1)
+    assert x0.tolist() == [[0, 1, 2]]
+    assert conf[0, 0].item() == pytest.approx(math.exp(9) / (math.exp(9) + math.exp(3) + math.exp(1)))
+    assert conf[0, 1].item() == 0.0
