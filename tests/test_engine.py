@@ -335,3 +335,46 @@ def test_vrpo_noise_is_stratified_and_never_masks_the_prompt():
     assert not z["masked"][..., :5].any()
     rate = z["masked"][..., 5:].float().mean(dim=(0, 1, 3))
     assert torch.allclose(rate, torch.tensor([0.125, 0.375, 0.625, 0.875]), atol=0.05)
+
+
+def test_reference_sync_mixes_the_policy_into_the_reference_every_n_steps():
+    """TRL's SyncRefModelCallback (coupled-GRPO's `sync_ref_model`, every 64 steps, alpha 0.6):
+    after optimizer steps N, 2N, ... ref <- (1 - a) ref + a policy; in between it is untouched."""
+    from dare.config import LoraConfig, ModelConfig, ScratchModelConfig, TrainConfig
+    from dare.models import new_model
+    from dare.models.tokenizer import char_tokenizer
+    from dare.train.engine import Dist, Engine
+
+    tok = char_tokenizer("0123456789+=", "llada")
+    model = new_model("llada", tok, ScratchModelConfig(d_model=16, n_heads=2, n_layers=1, mlp_hidden_size=32), 0)
+    cfg = TrainConfig(steps=4, lr=0.1, max_grad_norm=0, reference_sync_every=2, reference_mix=0.6)
+    engine = Engine(model, ModelConfig(), cfg, Dist(), total_steps=4, reference=True)
+    start = {n: p.detach().clone() for n, p in engine.ref.named_parameters()}
+
+    def step():
+        loss = sum((p ** 2).sum() for p in engine.model.parameters())
+        engine.backward(loss)
+        engine.step()
+        return {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+
+    step()
+    for n, p in engine.ref.named_parameters():
+        assert torch.equal(p, start[n])  # step 1: untouched
+    policy2 = step()
+    expected = {n: 0.4 * start[n] + 0.6 * policy2[n] for n in start}
+    for n, p in engine.ref.named_parameters():
+        torch.testing.assert_close(p, expected[n], rtol=0, atol=1e-7)
+    step()
+    policy4 = step()
+    for n, p in engine.ref.named_parameters():
+        torch.testing.assert_close(p, 0.4 * expected[n] + 0.6 * policy4[n], rtol=0, atol=1e-7)
+    with pytest.raises(UserError, match="reference_sync_every"):
+        Engine(new_model("llada", tok, ScratchModelConfig(d_model=16, n_heads=2, n_layers=1, mlp_hidden_size=32), 0),
+               ModelConfig(lora=LoraConfig(rank=4, alpha=8)), cfg, Dist(), total_steps=4, reference=True)
+
+
+def test_coupled_grpo_syncs_its_reference_as_diffucoders_config():
+    from baselines.coupled_grpo.config import Config
+
+    train_cfg = Config().train
+    assert (train_cfg.reference_sync_every, train_cfg.reference_mix) == (64, 0.6)

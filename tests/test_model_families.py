@@ -119,7 +119,8 @@ def test_padded_batch_equals_unpadded_sequences(family, side, originals):
     # padding never changes a real token's output, whatever the pad ids are
     other = batch.masked_fill(~mask.bool(), 3)
     with torch.no_grad():
-        torch.testing.assert_close(token_logits(model, other, mask)[mask.bool()], out[mask.bool()], rtol=0, atol=1e-6)
+        # (MoE routing batches different row sets per expert: float32 rounding differs by a few ulp)
+        torch.testing.assert_close(token_logits(model, other, mask)[mask.bool()], out[mask.bool()], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", BIDIRECTIONAL)

@@ -56,16 +56,49 @@ def test_gsm8k_numeric_answers(completion, truth, reward):
     assert mathr.gsm8k_reward(completion, truth) == reward
 
 
-def test_d1_gsm8k_terms_add_up_to_four_for_a_perfect_answer():
-    perfect = "<reasoning>\n9 + 9 = 18\n</reasoning>\n<answer>\n18\n</answer>\n"
-    terms = formats.gsm8k_d1(perfect, "18")
-    assert terms == {"xmlcount": 0.5, "soft_format": 0.5, "strict_format": 0.5, "int": 0.5, "correctness": 2.0}
-    sloppy = "<reasoning>9+9</reasoning> <answer>18</answer> trailing"
-    t = formats.gsm8k_d1(sloppy, "18")
-    assert t["soft_format"] == 0.5 and t["strict_format"] == 0.0 and t["correctness"] == 2.0
-    assert t["xmlcount"] == 0.0  # no tag on its own line
-    # 10 characters after the answer cost 0.001 each in both closing-tag terms (d1's formula)
-    assert formats.gsm8k_d1(perfect + "x" * 10, "18")["xmlcount"] == pytest.approx(0.5 - 0.02)
+# d1's GSM8K terms, transcribed from running d1's own functions (dllm-reasoning/d1@837888f
+# diffu-grpo/reward_func.py: xmlcount, soft_format, strict_format, int, correctness_reward_func)
+# on these completions and ground truths.
+D1_GSM8K = [
+    ("<reasoning>\nStep one.\nStep two.\n</reasoning>\n<answer>\n72\n</answer>\n", "72",
+     {"xmlcount": 0.5, "soft_format": 0.0, "strict_format": 0.0, "int": 0.5, "correctness": 2.0}),  # multi-line: 3.0
+    ("<reasoning>\n9 + 9 = 18\n</reasoning>\n<answer>\n18\n</answer>\n", "18",
+     {"xmlcount": 0.5, "soft_format": 0.0, "strict_format": 0.5, "int": 0.5, "correctness": 2.0}),  # soft never fires here
+    ("<reasoning>\n9 + 9 = 18\n</reasoning>\n<answer>\n18\n</answer>", "18",
+     {"xmlcount": 0.444, "soft_format": 0.0, "strict_format": 0.0, "int": 0.5, "correctness": 2.0}),  # no final newline
+    ("72", "72", {"xmlcount": 0.0, "soft_format": 0.0, "strict_format": 0.0, "int": 0.5, "correctness": 2.0}),
+    ("The answer is 72", "72",
+     {"xmlcount": 0.0, "soft_format": 0.0, "strict_format": 0.0, "int": 0.0, "correctness": 0.0}),
+    ("<reasoning>9+9</reasoning> <answer>18</answer> trailing", "18",
+     {"xmlcount": 0.0, "soft_format": 0.5, "strict_format": 0.0, "int": 0.5, "correctness": 2.0}),
+    ("<reasoning>\nx\n</reasoning>\n<answer>\n1000\n</answer>\n", "1,000",
+     {"xmlcount": 0.5, "soft_format": 0.0, "strict_format": 0.5, "int": 0.5, "correctness": 0.0}),  # commas kept
+    ("<reasoning>\nx\n</reasoning>\n<answer>\n1,000\n</answer>\n", "1,000",
+     {"xmlcount": 0.5, "soft_format": 0.0, "strict_format": 0.5, "int": 0.0, "correctness": 2.0}),
+    ("<answer>3</answer><answer>4</answer>", "4",
+     {"xmlcount": 0.0, "soft_format": 0.0, "strict_format": 0.0, "int": 0.5, "correctness": 2.0}),
+    ("<answer>\n-5\n</answer>\n", "-5",
+     {"xmlcount": 0.125, "soft_format": 0.0, "strict_format": 0.0, "int": 0.0, "correctness": 2.0}),
+    ("<reasoning>\na\n</reasoning>\n<answer>\n7\n</answer>\n\nextra text", "7",
+     {"xmlcount": 0.478, "soft_format": 0.0, "strict_format": 0.0, "int": 0.5, "correctness": 2.0}),
+]
+
+
+@pytest.mark.parametrize("completion, truth, expected", D1_GSM8K, ids=range(len(D1_GSM8K)))
+def test_d1_gsm8k_terms_equal_d1s_own_functions(completion, truth, expected):
+    terms = formats.gsm8k_d1(completion, truth)
+    assert terms == pytest.approx(expected)
+
+
+def test_gsm8k_d1_format_reward_uses_d1s_ground_truth_with_commas():
+    from dare.data import TASKS
+
+    row = TASKS["gsm8k"].convert({"question": "How many?", "answer": "1000 + 250 = 1250\n#### 1,250"}, "train")
+    assert row["ground_truth"] == "1250" and row["extra"]["answer"] == "1,250"
+    layout = "<reasoning>\nx\n</reasoning>\n<answer>\n{}\n</answer>\n"
+    assert TASKS["gsm8k"].reward(layout.format("1,250"), row, style="d1_format") == pytest.approx(3.0)  # not .isdigit()
+    assert TASKS["gsm8k"].reward(layout.format("1250"), row, style="d1_format") == pytest.approx(1.5)
+    assert TASKS["gsm8k"].reward(layout.format("1250"), row) == 1.0  # the numeric reward: 1,250 = 1250
 
 
 def test_d1_math_format_levels():

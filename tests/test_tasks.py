@@ -123,7 +123,7 @@ def test_from_original_files_for_every_file_sourced_task(tmp_path):
     assert [r["ground_truth"] for r in g] == ["7", "1250"] and "Respond in the following format" in \
         g[0]["prompt"][0]["content"]
     assert TASKS["gsm8k"].reward("<answer>\n7\n</answer>", g[0]) == 1.0
-    assert TASKS["gsm8k"].reward(TASKS["gsm8k"].target(g[0]), g[0], style="d1_format") == pytest.approx(4.0)
+    assert TASKS["gsm8k"].reward(TASKS["gsm8k"].target(g[0]), g[0], style="d1_format") == pytest.approx(3.5)  # soft never fires on it
     m = built[("math", "train")]
     assert len(m) == 1 and m[0]["ground_truth"] == "\\frac{1}{2}"  # the record without a boxed answer is dropped
     assert TASKS["math"].reward("so \\boxed{0.5}", m[0]) == 1.0

@@ -173,12 +173,15 @@ def test_rl_loop_uses_shared_noise_and_skips_recompute_when_mu_is_one(tmp_path, 
     assert torch.equal(old1, ref1) and torch.equal(old1, upd1)
 
 
-def test_rl_resume_reaches_identical_weights(tmp_path):
-    """As for SFT, with the rollout and noise generators in the checkpoint too."""
+@pytest.mark.parametrize("sync", [[], ["train.reference_sync_every=3"]], ids=["frozen-ref", "synced-ref"])
+def test_rl_resume_reaches_identical_weights(tmp_path, sync):
+    """As for SFT, with the rollout and noise generators in the checkpoint too; with a TR-DPO
+    reference (synced at optimizer steps 3 and 6, the checkpoint after step 4) the checkpoint
+    must carry the moved reference."""
     sft_run = train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
     args = [f"model.path={sft_run / 'final'}", "train.steps=4", "train.lr=1e-3", "rl.prompts_per_step=2",
             "rl.group_size=3", "rl.num_iterations=2", "rl.rollout.gen_length=4", "rl.rollout.block_length=4",
-            "rl.rollout.steps=4", "run.save_every=2"]
+            "rl.rollout.steps=4", "run.save_every=2", *sync]
     a = train("d1", None, [*args, f"run.out_dir={tmp_path / 'a'}"])
     b = tmp_path / "b"
     shutil.copytree(a / "checkpoints", b / "checkpoints")
@@ -187,6 +190,8 @@ def test_rl_resume_reaches_identical_weights(tmp_path):
     wa, wb = _weights(a), _weights(b)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert any(not torch.equal(wa[k], _weights(sft_run)[k]) for k in wa)
+    saved_ref = (b / "checkpoints").glob("step_*/reference.safetensors")
+    assert bool(list(saved_ref)) == bool(sync)
 
 
 def test_force_starts_over(tmp_path):

@@ -64,7 +64,8 @@ class RunConfig:
     """Run directory; default `runs/<baseline>/<config hash[:12]>`, so reruns reuse finished work."""
     log_every: int = field(default=10, metadata=NOHASH)
     save_every: int = field(default=0, metadata=NOHASH)
-    """Checkpoint interval in optimizer steps (0: only the final checkpoint)."""
+    """Checkpoint interval in the recipe's steps (`train.steps`): optimizer steps for SFT and
+    preference, rollout batches for RL (each `rl.num_iterations` optimizer steps). 0: only the final."""
     threads: int = field(default=0, metadata=NOHASH)
     """torch intra-op threads on CPU (0: torch's default, one per core)."""
     report_to: list[str] = field(default_factory=list, metadata=NOHASH)
@@ -233,7 +234,8 @@ class DecodingConfig:
 @dataclass
 class TrainConfig:
     steps: int = 1000
-    """SFT: optimizer steps. RL: rollout batches, each followed by `rl.num_iterations` optimizer steps."""
+    """SFT and preference: optimizer steps. RL: rollout batches, each followed by `rl.num_iterations`
+    optimizer steps (TRL-based references such as d1 and wd1 count optimizer steps: divide by mu)."""
     batch_size: int = 8
     """Sequences per optimizer step (SFT); RL batches are set by `rl.*`."""
     lr: float = 1e-5
@@ -258,6 +260,12 @@ class TrainConfig:
     reference_offload: bool = False
     """Keep the frozen reference model on the CPU (moved to the device only for its forward passes;
     FSDP's CPU offload when sharded)."""
+    reference_sync_every: int = 0
+    """TR-DPO reference update (TRL's `sync_ref_model` / `ref_model_sync_steps`): every this many
+    optimizer steps the reference becomes (1 - reference_mix) * reference + reference_mix * policy.
+    0: the reference stays the initial model. Needs a reference copy (not LoRA's disabled adapter)."""
+    reference_mix: float = 0.6
+    """The policy's weight in the reference update (TRL's `ref_model_mixup_alpha`, default 0.6)."""
 
     def validate(self):
         check(self.steps > 0, "must be positive", "steps")
@@ -269,6 +277,8 @@ class TrainConfig:
         check(0 <= self.min_lr_ratio <= 1, "must be within [0, 1]", "min_lr_ratio")
         check(all(0 <= b < 1 for b in self.betas), "must be within [0, 1)", "betas")
         check(self.max_grad_norm >= 0, "must be >= 0", "max_grad_norm")
+        check(self.reference_sync_every >= 0, "must be >= 0 (0: a frozen reference)", "reference_sync_every")
+        check(0 < self.reference_mix <= 1, "must be within (0, 1]", "reference_mix")
 
 
 @dataclass

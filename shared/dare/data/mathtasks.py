@@ -22,7 +22,7 @@ MATH_INSTRUCTION = ("You are a math expert. You will be given a question to solv
 class GSM8K(Task):
     name = "gsm8k"
     splits = ("train", "test")
-    version = f"p1.r{mathr.VERSION}.f{formats.VERSION}.s2"  # s2: accuracy scored as OpenCompass does
+    version = f"p2.r{mathr.VERSION}.f{formats.VERSION}.s2"  # s2: accuracy as OpenCompass; p2: extra.answer
     files = {"train": ["train.jsonl", "gsm8k_train.jsonl", "train-00000-of-00001.parquet"],
              "test": ["test.jsonl", "gsm8k_test.jsonl", "test-00000-of-00001.parquet"]}
     hub = {"train": ("openai/gsm8k", "main/train-*.parquet"), "test": ("openai/gsm8k", "main/test-*.parquet")}
@@ -31,8 +31,11 @@ class GSM8K(Task):
     def convert(self, record: dict, split: str) -> dict:
         question, answer = record["question"], record["answer"]
         reasoning, _, final = answer.rpartition("####")
+        # ground_truth: the number without thousands commas (what the numeric rewards and OpenCompass
+        # compare); extra.answer: the text after "####" as d1 keeps it (its exact-match correctness)
         return {"prompt": [{"role": "user", "content": REASONING_FORMAT + "\n\n" + question}],
-                "ground_truth": final.strip().replace(",", ""), "extra": {"solution": reasoning.strip()}}
+                "ground_truth": final.strip().replace(",", ""),
+                "extra": {"solution": reasoning.strip(), "answer": answer.split("####")[1].strip()}}
 
     def target(self, row: dict) -> str:
         # d1's layout, trailing newline included (its xmlcount term expects it)
@@ -40,8 +43,8 @@ class GSM8K(Task):
                 "</answer>\n")
 
     def reward(self, completion: str, row: dict, style: str = "default") -> float:
-        if style == "d1_format":  # d1's five additive terms (maximum 4.0)
-            return sum(formats.gsm8k_d1(completion, row["ground_truth"]).values())
+        if style == "d1_format":  # d1's five additive terms (maximum 4.0), against d1's ground truth
+            return sum(formats.gsm8k_d1(completion, row["extra"].get("answer", row["ground_truth"])).values())
         return mathr.gsm8k_reward(completion, row["ground_truth"])
 
     def score(self, completion: str, row: dict) -> dict[str, float]:

@@ -109,6 +109,9 @@ class Engine:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if train_cfg.reference_sync_every and reference and self.lora:
+            raise UserError("train.reference_sync_every: under LoRA the reference is the base with the adapter "
+                            "disabled, which a TR-DPO update cannot move; train without LoRA or set it to 0")
         ref = None
         if reference and not self.lora:
             ref = copy.deepcopy(model).eval().requires_grad_(False)
@@ -146,7 +149,19 @@ class Engine:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        every = self.cfg.reference_sync_every
+        if self.ref is not None and every and self.scheduler.last_epoch % every == 0:
+            self.sync_reference(self.cfg.reference_mix)
         return float(norm)
+
+    @torch.no_grad()
+    def sync_reference(self, mix: float) -> None:
+        """TR-DPO's update (TRL `SyncRefModelCallback`): ref <- (1 - mix) ref + mix policy, parameter
+        by parameter (shard by shard under FSDP: both models are sharded alike)."""
+        for ref_p, p in zip(self.ref.parameters(), self.model.parameters(), strict=True):
+            ref_local = ref_p.to_local() if hasattr(ref_p, "to_local") else ref_p
+            local = p.to_local() if hasattr(p, "to_local") else p
+            ref_local.mul_(1.0 - mix).add_(local.to(ref_local.device, ref_local.dtype), alpha=mix)
 
     @property
     def lr(self) -> float:
@@ -190,15 +205,27 @@ class Engine:
         return {"optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=self._options()),
                 "scheduler": self.scheduler.state_dict()}
 
+    @property
+    def moving_reference(self) -> bool:
+        """The reference changes during training (TR-DPO sync), so checkpoints carry it."""
+        return self.ref is not None and self.cfg.reference_sync_every > 0
+
     def save(self, folder: Path, tokenizer) -> None:
-        """The weights of a checkpoint (rank 0 writes): a loadable model, or the peft adapter."""
+        """The weights of a checkpoint (rank 0 writes): a loadable model, or the peft adapter; and
+        `reference.safetensors` when the reference is synced (it is no longer the initial model)."""
+        from safetensors.torch import save_file
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
         state = self.trainable_state()
+        ref = get_model_state_dict(self.ref, options=self._options()) if self.moving_reference else None
         if not self.dist.main:
             return
         if self.lora:
             save_adapter(self.model, state, folder)
         else:
             save_model(self.base, tokenizer, folder, state_dict=state)
+        if ref is not None:
+            save_file({k: v.contiguous() for k, v in ref.items()}, str(Path(folder) / "reference.safetensors"))
 
     def load(self, folder: Path, state: dict) -> None:
         """Restore weights (from `save`) and optimizer/schedule (from `optimizer_state`)."""
@@ -216,6 +243,11 @@ class Engine:
         set_model_state_dict(self.model, weights, options=self._options(strict=not self.lora))
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=self._options())
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.moving_reference:
+            if not (folder / "reference.safetensors").is_file():
+                raise RuntimeError(f"{folder}: train.reference_sync_every is set but the checkpoint holds no "
+                                   "reference.safetensors (it was written by a run without reference sync)")
+            set_model_state_dict(self.ref, load_file(str(folder / "reference.safetensors")), options=self._options())
 
     def export(self, folder: Path, tokenizer, meta: dict) -> None:
         """The final model as a plain checkpoint any tool loads (LoRA merged into the weights,
