@@ -165,6 +165,30 @@ def test_peft_loss_is_d1s_token_normalised_sft(tiny_model):
         resolve("peft", None, ["model.lora.rank=0"])
 
 
+def test_peft_follows_d1s_collator_truncation_and_schedule():
+    """d1's SFT: t = (1 - eps) u + eps (not a clamp), prompt + response cut to 4096 tokens, and
+    HF's default schedule (linear to 0, no warmup)."""
+    from dare.train.sft import truncate
+
+    g = torch.Generator().manual_seed(5)
+    u = torch.rand(3, generator=torch.Generator().manual_seed(5))
+    batch = sft_batch([[5, 9], [5], [6]], [[12], [13], [14]], 1, 1, 2)
+    noise = peft_algo.sample_noise(batch, PEFT(eps=0.25), g)
+    torch.testing.assert_close(noise["t"], 0.75 * u + 0.25)  # u = 0.1 would give 0.325, a clamp 0.25
+    kept, cut = truncate([[1, 2, 3], [1], [1, 2, 3, 4, 5]], [[7, 8, 9], [7], [7, 8]], 4)
+    assert kept == [[7], [7], []] and cut == [True, False, True]
+    cut_batch = sft_batch([[1, 2, 3], [1]], kept[:2], 0, 0, None, cut=cut[:2])
+    # row 0 is cut: no EOS after its token, the rest hidden; row 1 ends with EOS padding
+    assert cut_batch.input_ids.tolist() == [[1, 2, 3, 7, 0], [0, 0, 1, 7, 0]]
+    assert cut_batch.attention_mask.tolist() == [[1, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
+    assert cut_batch.response_mask.tolist() == [[False, False, False, True, False], [False, False, False, True, True]]
+    assert cut_batch.num_tokens == 3
+    from baselines.peft.config import Config
+
+    c = Config()
+    assert (c.train.schedule, c.train.min_lr_ratio, c.train.warmup_steps, c.algo.max_length) == ("linear", 0.0, 0, 4096)
+
+
 # ---------------------------------------------------------------------------------------------
 # Two steps on a tiny model of every family each baseline applies to
 # ---------------------------------------------------------------------------------------------

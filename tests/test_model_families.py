@@ -548,3 +548,15 @@ def test_explicit_4d_masks_bool_or_additive_and_the_cache_keeps_pads_hidden(orig
         before = mask.clone()
         llada(x[:, :4], past_key_values=cache, replace_position=0)  # no mask given: pads stay pads
         assert cache.valid[0].tolist() == [False, False] + [True] * 6 and torch.equal(mask, before)
+
+
+def test_lladamoe_config_through_autoconfig_is_a_clear_error_and_load_pretrained_loads_it(originals):
+    """LLaDA-MoE's released config.json says model_type "llada", so AutoConfig builds LLaDAConfig
+    from it; that used to die inside transformers ('hidden_size' has no setter)."""
+    from transformers import AutoConfig
+
+    folder = originals["lladamoe"][0]
+    with pytest.raises(ValueError, match="LLaDA-MoE's .*load_pretrained"):
+        AutoConfig.from_pretrained(folder)
+    assert type(load_pretrained(folder)).__name__ == "LLaDAMoEModelLM"
+    assert type(AutoConfig.from_pretrained(originals["llada"][0])).__name__ == "LLaDAConfig"

@@ -1,6 +1,7 @@
 """The training engine: schedules, sampler, discovery, checkpoint/resume, run reuse."""
 
 import json
+import math
 import shutil
 
 import pytest
@@ -20,12 +21,30 @@ SFT_TINY = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratc
 
 def test_lr_schedules():
     t = TrainConfig(steps=10, warmup_steps=2, schedule="linear", min_lr_ratio=0.1)
-    # warmup over steps 0-1, then linear from 1.0 at step 2 to the floor at the last step (9)
-    assert [round(lr_factor(s, 10, t), 4) for s in (0, 1, 2, 5, 9)] == [0.5, 1.0, 1.0, round(0.1 + 0.9 * 4 / 7, 4), 0.1]
+    # warmup over steps 0-1, then linear from 1.0 at step 2 towards the floor, HF's progress (s - 2) / 8
+    assert [round(lr_factor(s, 10, t), 4) for s in (0, 1, 2, 5, 9)] == [
+        0.5, 1.0, 1.0, round(0.1 + 0.9 * 5 / 8, 4), round(0.1 + 0.9 / 8, 4)]
     t.schedule = "cosine"
-    assert lr_factor(2, 10, t) == pytest.approx(1.0) and lr_factor(9, 10, t) == pytest.approx(0.1)
+    assert lr_factor(2, 10, t) == pytest.approx(1.0)
+    assert lr_factor(9, 10, t) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 7 / 8)))
     t.schedule = "constant"
     assert lr_factor(9, 10, t) == 1.0
+
+
+@pytest.mark.parametrize("schedule, floor", [("linear", 0.0), ("cosine", 0.1)])
+def test_decay_equals_transformers_schedules(schedule, floor):
+    """peft (d1's SFT: HF's default linear decay, no warmup) and coupled-GRPO (cosine_with_min_lr,
+    min_lr_rate 0.1) follow transformers' own schedule functions step for step."""
+    from transformers import optimization
+
+    t = TrainConfig(steps=37, schedule=schedule, min_lr_ratio=floor)
+    if schedule == "linear":
+        hf = [optimization._get_linear_schedule_with_warmup_lr_lambda(s, num_warmup_steps=0, num_training_steps=37)
+              for s in range(37)]
+    else:
+        hf = [optimization._get_cosine_schedule_with_warmup_lr_lambda(
+            s, num_warmup_steps=0, num_training_steps=37, num_cycles=0.5, min_lr_rate=0.1) for s in range(37)]
+    assert [lr_factor(s, 37, t) for s in range(37)] == pytest.approx(hf, abs=1e-12)
 
 
 def test_epoch_sampler_covers_each_epoch_and_resumes_exactly():

@@ -12,9 +12,12 @@ class SFT:
     response_length: int | None = None
     """Pad every response with EOS to this many tokens (None: to the longest response in the batch
     plus one EOS, LLaDA's per-batch padding)."""
+    max_length: int | None = None
+    """Cut prompt + response to this many tokens from the right (None: no limit)."""
 
     def validate(self):
         check(0 < self.eps < 1, "must be within (0, 1)", "eps")
+        check(self.max_length is None or self.max_length > 0, "must be > 0 or null", "max_length")
         check(self.response_length is None or self.response_length > 1, "must be > 1 or null", "response_length")
 
 

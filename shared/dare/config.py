@@ -244,7 +244,8 @@ class TrainConfig:
     warmup_steps: int = 0
     """Linear warmup, in optimizer steps."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """After warmup: constant, or decay to `min_lr_ratio * lr`, reached at the last optimizer step."""
+    """After warmup: constant, or decay towards `min_lr_ratio * lr` as transformers' linear / cosine
+    (with min lr) schedules do (the floor is reached one step after the last)."""
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0: off)."""

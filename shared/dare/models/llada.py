@@ -68,6 +68,13 @@ class LLaDAConfig(PretrainedConfig):
         bos_token_id: int | None = None,
         **kwargs,
     ):
+        if "num_experts" in kwargs or "hidden_size" in kwargs:
+            # LLaDA-MoE's released config.json also says model_type "llada", so AutoConfig sends it here
+            raise ValueError(
+                "this config.json is LLaDA-MoE's (architectures LLaDAMoEModelLM: hidden_size/num_experts, "
+                "model_type 'llada'), not LLaDA's (d_model/n_layers); load the folder with "
+                "dare.models.load_pretrained(path) (or `dare models show`), which reads it as LLaDAMoEConfig, "
+                "or set model_type to 'lladamoe' in config.json for AutoConfig/AutoModel")
         self.d_model = d_model
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads

@@ -63,12 +63,17 @@ def make_optimizer(model: torch.nn.Module, train) -> torch.optim.Optimizer:
 
 
 def lr_factor(step: int, total: int, train) -> float:
-    """Multiplier of `train.lr` for optimizer step `step` (0-based) out of `total`."""
+    """Multiplier of `train.lr` for optimizer step `step` (0-based) out of `total`.
+
+    Warmup: (step + 1) / warmup_steps, so the first step already moves (HF's ramp starts at 0).
+    Decay, as transformers' `get_linear_schedule_with_warmup` / `get_cosine_with_min_lr_schedule_with_warmup`
+    (what the TRL/HF references use): progress = (step - warmup) / (total - warmup), so the last step
+    runs at floor + (1 - floor) / (total - warmup) (linear) and the floor would be reached one step later."""
     if step < train.warmup_steps:
         return (step + 1) / train.warmup_steps
     if train.schedule == "constant":
         return 1.0
-    progress = (step - train.warmup_steps) / max(1, total - train.warmup_steps - 1)  # 1.0 at the last step
+    progress = (step - train.warmup_steps) / max(1, total - train.warmup_steps)
     floor = train.min_lr_ratio
     if train.schedule == "linear":
         return floor + (1 - floor) * max(0.0, 1 - progress)

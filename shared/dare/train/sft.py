@@ -3,7 +3,9 @@
 Batch layout (`SFTBatch`), as in LLaDA's SFT guideline: the chat-templated prompt, left-padded
 (padding hidden from attention), then the response followed by EOS tokens up to the response
 length; the EOS padding is part of the response and is trained on, which is how the model
-learns to stop.
+learns to stop. `algo.max_length` (optional) cuts prompt + response to that many tokens from the
+right, as a tokenizer's `truncation=True, max_length=...` does (d1's SFT: 4096): a cut response has
+no EOS after it, and the rest of its row is hidden padding (not attended, not trained).
 
 One step: every process draws the same rows and the same noise for the whole batch
 (`algorithm.sample_noise(batch, cfg, generator)`), then takes its own contiguous rows and
@@ -38,24 +40,40 @@ class SFTBatch:
     response_mask: torch.Tensor
     """(B, L) bool: response positions (answer + EOS padding); the prompt is never noised."""
     num_sequences: int = 0
-    """Rows in the whole step (all processes, all micro-batches): the loss normalizer."""
+    """Rows in the whole step (all processes, all micro-batches): the per-sequence normalizer."""
     compute: Compute = Compute()
+    num_tokens: float = 0.0
+    """Response tokens (response_mask) in the whole step: the token-level normalizer."""
 
 
 def sft_batch(prompts: list[list[int]], responses: list[list[int]], eos_id: int, pad_id: int,
-              response_length: int | None, compute: Compute = Compute()) -> SFTBatch:
-    R = response_length or max(len(r) for r in responses) + 1
+              response_length: int | None, compute: Compute = Compute(),
+              cut: list[bool] | None = None) -> SFTBatch:
+    """`cut[i]`: response i was truncated (`algo.max_length`): no EOS follows it and the rest of
+    its row is hidden padding."""
+    cut = cut or [False] * len(responses)
+    R = response_length or max(len(r) + (0 if c else 1) for r, c in zip(responses, cut))
     P = max(len(p) for p in prompts)
     B = len(prompts)
     ids = torch.full((B, P + R), pad_id, dtype=torch.long)
     attention = torch.zeros((B, P + R), dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        ids[i, P - len(p):P] = torch.tensor(p)
-        ids[i, P:] = torch.tensor(r + [eos_id] * (R - len(r)))
-        attention[i, P - len(p):] = 1
     response_mask = torch.zeros((B, P + R), dtype=torch.bool)
-    response_mask[:, P:] = True
-    return SFTBatch(ids, attention, response_mask, B, compute)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
+        end = P + len(r) if cut[i] else P + R
+        ids[i, P:end] = torch.tensor(r + [eos_id] * (end - P - len(r)), dtype=torch.long)
+        attention[i, P - len(p):end] = 1
+        response_mask[i, P:end] = True
+    return SFTBatch(ids, attention, response_mask, B, compute, float(response_mask.sum()))
+
+
+def truncate(prompts: list[list[int]], responses: list[list[int]], max_length: int | None):
+    """Cut each prompt + response to `max_length` tokens from the right (the response first; a
+    prompt longer than the limit keeps it whole with an empty response). -> (responses, cut flags)"""
+    if not max_length:
+        return responses, [False] * len(responses)
+    kept = [r[:max(0, max_length - len(p))] for p, r in zip(prompts, responses)]
+    return kept, [len(k) < len(r) for k, r in zip(kept, responses)]
 
 
 def train_step(engine: Engine, algo, batch: SFTBatch, noise, cfg) -> dict[str, float]:
@@ -91,6 +109,7 @@ def run(cfg, algo, run_dir, label: str = "sft") -> dict:
     f = facts(model)
     prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
     responses = tokenizer([task.target(r) for r in rows], add_special_tokens=False)["input_ids"]
+    responses, cut = truncate(prompts, responses, getattr(cfg.algo, "max_length", None))  # optional field
     R = cfg.algo.response_length
     if R is not None:
         too_long = [i for i, r in enumerate(responses) if len(r) + 1 > R]
@@ -106,7 +125,7 @@ def run(cfg, algo, run_dir, label: str = "sft") -> dict:
             tic = time.perf_counter()
             idx = loop.sampler.next(cfg.train.batch_size)
             batch = sft_batch([prompts[i] for i in idx], [responses[i] for i in idx], f.eos_token_id, f.pad_token_id,
-                              R, compute)
+                              R, compute, [cut[i] for i in idx])
             batch.input_ids, batch.attention_mask, batch.response_mask = (
                 t.to(dist.device) for t in (batch.input_ids, batch.attention_mask, batch.response_mask))
             noise = algo.sample_noise(batch, cfg.algo, loop.generators["noise"])
