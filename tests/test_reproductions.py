@@ -67,3 +67,22 @@ def test_sweep_files_load(path):
 
     sweep = load_sweep(path)
     assert sweep.runs and len({r.id for r in sweep.runs}) == len(sweep.runs)
+
+
+# d1 and wd1 count TRL global steps, i.e. optimizer steps; our RL `train.steps` and `run.save_every`
+# count rollout batches of mu = rl.num_iterations optimizer steps each. Paper totals (optimizer steps):
+# d1 publishes none (10 epochs, best checkpoint every 100 steps from 600): 5000 bounds the search;
+# wd1 evaluates up to 7500 (GSM8K, MATH), 4000 (Countdown), 12500 (Sudoku) (wd1 §5 / App.).
+PAPER_OPTIMIZER_STEPS = {"d1": {"gsm8k": 5000, "math": 5000, "countdown": 5000, "sudoku": 5000},
+                         "wd1": {"gsm8k": 7500, "math": 7500, "countdown": 4000, "sudoku": 12500}}
+
+
+@pytest.mark.parametrize("paper, task", [(p, t) for p, ts in PAPER_OPTIMIZER_STEPS.items() for t in ts])
+def test_rl_reproductions_run_the_papers_optimizer_steps(paper, task):
+    _, cfg, _ = resolve(paper, ROOT / paper / f"{task}.yaml")
+    mu = cfg.rl.num_iterations
+    optimizer_steps = cfg.train.steps * mu
+    assert 0 <= optimizer_steps - PAPER_OPTIMIZER_STEPS[paper][task] < mu, (cfg.train.steps, mu)
+    assert (cfg.run.save_every * mu) % 100 == 0  # checkpoints on d1's save_steps grid (every 100 optimizer steps)
+    text = (ROOT / paper / f"{task}.yaml").read_text()
+    assert "rollout batches of mu" in text and "optimizer steps" in text  # the unit is written next to the value

@@ -21,7 +21,9 @@ draws a fresh (t, M), shared by the policy, old and reference log-probs.
 
 Deviations (README.md): the paper's headline row uses the group-mean baseline, the code hard-codes
 leave-one-out; both are options (default: mean, the paper's). The token normalisation runs over
-the whole step (the code: per micro-batch).
+the whole step (the code: per micro-batch); each inner iteration draws its own (t, M) (the code
+reuses one per accumulation chunk). The reference model follows the policy TR-DPO style every 64
+optimizer steps (`train.reference_sync_every`, the engine's option), as the code's config.
 """
 
 import torch

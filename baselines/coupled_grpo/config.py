@@ -16,7 +16,7 @@ class CoupledGRPO:
     """Advantage baseline: the paper's headline row uses the group mean; the code hard-codes
     leave-one-out (`loo`)."""
     beta: float = 0.01
-    """k3 KL coefficient against the frozen reference."""
+    """k3 KL coefficient against the reference (moved towards the policy every 64 optimizer steps: `train.reference_sync_every`)."""
     epsilon: float = 0.5
     """PPO clip range (epsilon_low = epsilon_high = 0.5)."""
 
