@@ -295,7 +295,7 @@ class RLConfig:
     benchmark's naive pipeline sets it."""
     rollout: DecodingConfig = field(default_factory=lambda: DecodingConfig(temperature=0.9))
     eval_every: int = field(default=0, metadata=NOHASH)
-    """Validate every N steps (and after the last) with the embedded evaluator: the first
+    """Validate every N rollout batches (and after the last) with the embedded evaluator: the first
     `eval_samples` prompts of `eval_split`, greedy with the rollout's lengths, the task's metrics
     logged as `val/<metric>` in metrics.jsonl; 0: off."""
     eval_samples: int = field(default=64, metadata=NOHASH)
