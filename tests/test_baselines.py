@@ -165,7 +165,7 @@ def test_peft_loss_is_d1s_token_normalised_sft(tiny_model):
         resolve("peft", None, ["model.lora.rank=0"])
 
 
-def test_peft_follows_d1s_collator_truncation_and_schedule():
+def test_peft_follows_d1s_collator_truncation_and_schedule(tiny_model):
     """d1's SFT: t = (1 - eps) u + eps (not a clamp), prompt + response cut to 4096 tokens, and
     HF's default schedule (linear to 0, no warmup)."""
     from dare.train.sft import truncate
@@ -183,6 +183,12 @@ def test_peft_follows_d1s_collator_truncation_and_schedule():
     assert cut_batch.attention_mask.tolist() == [[1, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
     assert cut_batch.response_mask.tolist() == [[False, False, False, True, False], [False, False, False, True, True]]
     assert cut_batch.num_tokens == 3
+    # a prompt as long as the limit keeps no response: the row adds nothing (d1: no loss terms), not NaN
+    empty = sft_batch([[1, 2, 3, 4], [1]], [[], [7]], 0, 0, None, cut=[True, False])
+    for algo, cfg in ((peft_algo, PEFT()), (sft, SFT())):
+        noise = algo.sample_noise(empty, cfg, torch.Generator().manual_seed(0))
+        value, metrics = algo.loss(tiny_model, empty, noise, cfg)
+        assert torch.isfinite(value) and all(math.isfinite(v) for v in metrics.values())
     from baselines.peft.config import Config
 
     c = Config()

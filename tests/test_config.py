@@ -66,7 +66,7 @@ def test_wrong_type_names_key_and_source(tmp_path):
 
 
 def test_inconsistent_values_fail_with_key_and_file(tmp_path):
-    p = write(tmp_path, "decoding: {gen_length: 100, block_length: 32}\n")
+    p = write(tmp_path, "decoding: {sampler: masked, gen_length: 100, block_length: 32}\n")
     with pytest.raises(ConfigError) as e:
         config.load(Outer, p)
     msg = str(e.value)

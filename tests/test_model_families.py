@@ -550,6 +550,13 @@ def test_explicit_4d_masks_bool_or_additive_and_the_cache_keeps_pads_hidden(orig
         assert cache.valid[0].tolist() == [False, False] + [True] * 6 and torch.equal(mask, before)
 
 
+@pytest.mark.parametrize("family", ALL)
+def test_the_torch_free_attention_table_matches_each_familys_facts(family, originals):
+    from dare.models import ATTENTION
+
+    assert facts(originals[family][2]).attention == ATTENTION[family]
+
+
 def test_lladamoe_config_through_autoconfig_is_a_clear_error_and_load_pretrained_loads_it(originals):
     """LLaDA-MoE's released config.json says model_type "llada", so AutoConfig builds LLaDAConfig
     from it; that used to die inside transformers ('hidden_size' has no setter)."""

@@ -142,12 +142,27 @@ def test_block_sampler_decodes_the_whole_last_block():
 
 
 def test_block_length_is_validated_only_for_the_masked_sampler():
-    from dare.config import Invalid
+    """The block sampler uses the model's block and Dream's sampler has none; sampler=auto is the
+    masked sampler for bidirectional families, checked when the config names the family."""
+    from dataclasses import dataclass, field
+
+    from dare.config import ConfigError, Invalid, ModelConfig, RLConfig, load
 
     DecodingConfig(sampler="block", gen_length=10, block_length=32).validate()  # block_length unused there
     DecodingConfig(sampler="dream", gen_length=10, block_length=32).validate()
+    DecodingConfig(sampler="auto", gen_length=10, block_length=32).validate()  # no family known here
     with pytest.raises(Invalid, match="multiple of block_length"):
         DecodingConfig(sampler="masked", gen_length=10, block_length=32).validate()
+
+    @dataclass
+    class Run:
+        model: ModelConfig = field(default_factory=ModelConfig)
+        rl: RLConfig = field(default_factory=RLConfig)
+
+    load(Run, overrides=["model.family=sdar", "rl.rollout.gen_length=10"])  # SDAR decodes with its own block
+    with pytest.raises(ConfigError, match=r"rl\.rollout\.gen_length: gen_length \(10\) must be a multiple of "
+                                          r"block_length \(32\).*from command line"):
+        load(Run, overrides=["model.family=llada", "rl.rollout.gen_length=10"])
 
 
 # ------------------------------------------------------------------------------------------------

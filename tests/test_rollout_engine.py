@@ -118,6 +118,22 @@ def test_block_causal_cache_is_exact(family, models):
                            run(model, PROMPTS, params(cache="none", **kw)).responses)
 
 
+def test_commit_rules_rank_as_the_references_topk_calls():
+    """Quotas: LLaDA's and Fast-dLLM's `topk(confidence[j], k=k_j)` per row; threshold: Fast-dLLM's
+    `topk(k=masked count)` whose first pick is always kept. Equal confidences (0 for EOS/EoT under
+    `confidence_eos_eot_inf`) make the call itself matter."""
+    inf = float("-inf")
+    conf = torch.tensor([[0.0, 0.0, 0.0, 0.0, inf, 0.0, 0.0], [0.0, inf, 0.0, 0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    k = torch.tensor([2, 5])
+    expected = torch.zeros_like(conf, dtype=torch.bool)
+    for j in range(2):
+        expected[j, conf[j].topk(int(k[j])).indices] = True
+    assert torch.equal(commit_quota(conf, k), expected)
+    first = [int(conf[j].topk(int(torch.isfinite(conf[j]).sum())).indices[0]) for j in range(2)]
+    got = commit_threshold(conf, 0.9)
+    assert [row.nonzero().flatten().tolist() for row in got] == [[first[0]], [first[1]]]
+
+
 def test_commit_rules_by_hand():
     inf = float("-inf")
     conf = torch.tensor([[0.9, 0.2, inf, 0.95, 0.5], [inf, inf, inf, inf, inf], [0.1, 0.3, 0.2, inf, inf]],

@@ -46,5 +46,5 @@ def loss(model, batch, noise, cfg):
     else:
         logps = masked_logps(model, noisy, ids, masked, batch.attention_mask, compute=batch.compute)
     loss = -(logps.sum(1) / t).sum() / batch.num_tokens  # the step's response tokens
-    return loss, {"stats/mask_ratio": (masked.sum(1) / batch.response_mask.sum(1)).sum().item()
+    return loss, {"stats/mask_ratio": (masked.sum(1) / batch.response_mask.sum(1).clamp(min=1)).sum().item()
                   / batch.num_sequences}

@@ -42,7 +42,7 @@ def loss(model, batch, noise, cfg):
     else:
         # (B, L) log-probs at the masked positions, 0 elsewhere
         logps = masked_logps(model, noisy, ids, masked, batch.attention_mask, compute=batch.compute)
-    n_resp, n_masked = response.sum(1), masked.sum(1).clamp(min=1)
+    n_resp, n_masked = response.sum(1).clamp(min=1), masked.sum(1).clamp(min=1)  # a row cut to no response adds 0
     per_seq = -(logps.sum(1) / p) / n_resp  # (B,)
     loss = per_seq.sum() / batch.num_sequences  # normalized by the whole step's rows
     return loss, {"loss/masked_ce": (-(logps.sum(1) / n_masked)).sum().item() / batch.num_sequences,

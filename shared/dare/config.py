@@ -203,19 +203,8 @@ class DecodingConfig:
     def validate(self):
         check(self.gen_length > 0, "must be positive", "gen_length")
         check(self.block_length > 0, "must be positive", "block_length")
-        # block_length is the masked sampler's semi-AR block ("auto" is it for bidirectional models;
-        # the block sampler uses the model's own block and Dream's has none)
-        if self.sampler in ("masked", "auto"):
-            check(self.gen_length % self.block_length == 0,
-                  f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})"
-                  + (" (sampler=auto decodes bidirectional models with semi-AR blocks; SDAR/LLaDA2 use their own "
-                     "block: set sampler=block)" if self.sampler == "auto" else ""),
-                  "gen_length", "block_length")
-        n_blocks = max(1, self.gen_length // self.block_length)
-        if self.sampler == "masked":  # with "auto" the sampler checks it once the model is known
-            check(self.steps > 0 and self.steps % n_blocks == 0,
-                  f"steps ({self.steps}) must be a positive multiple of the number of blocks ({n_blocks})",
-                  "steps", "gen_length", "block_length")
+        if self.sampler == "masked":
+            self.validate_blocks()
         check(self.steps > 0, "must be positive", "steps")
         check(self.temperature >= 0, "must be >= 0", "temperature")
         check(self.cfg_scale >= 0, "must be >= 0", "cfg_scale")
@@ -229,6 +218,19 @@ class DecodingConfig:
         check(self.top_k >= 0, "must be >= 0", "top_k")
         check(0 < self.eps < 1, "must be in (0, 1)", "eps")
         check(0 <= self.editing_threshold <= 1, "must be in [0, 1]", "editing_threshold")
+
+    def validate_blocks(self):
+        """The masked sampler's semi-AR layout (the only sampler that uses `block_length`: the block
+        sampler takes the model's own block, Dream's has none). Checked here for sampler=masked, for
+        sampler=auto where the config names a bidirectional `model.family` (`check_auto_decoding`), and
+        otherwise by the sampler once the model is loaded."""
+        check(self.gen_length % self.block_length == 0,
+              f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
+              "gen_length", "block_length")
+        n_blocks = self.gen_length // self.block_length
+        check(self.steps > 0 and self.steps % n_blocks == 0,
+              f"steps ({self.steps}) must be a positive multiple of the number of blocks ({n_blocks})",
+              "steps", "gen_length", "block_length")
 
 
 @dataclass
@@ -405,6 +407,7 @@ def load(cls, path: str | Path | None = None, overrides: typing.Iterable[str] = 
             except ConfigError:
                 raise first from None
     _validate_tree(cfg, "", origins)
+    check_auto_decoding(cfg, origins)
     return cfg
 
 
@@ -542,16 +545,40 @@ def _validate_tree(obj, prefix: str, origins: dict) -> None:
         if dataclasses.is_dataclass(value):
             _validate_tree(value, f"{prefix}{name}.", origins)
     validate = getattr(obj, "validate", None)
-    if validate is None:
-        return
+    if validate is not None:
+        _run_check(validate, obj, prefix, origins)
+
+
+def _run_check(fn, obj, prefix: str, origins: dict) -> None:
     try:
-        validate()
+        fn()
     except Invalid as e:
         where = ", ".join(f"{prefix}{k}={getattr(obj, k, '?')!r} (from {origins.get(prefix + k, 'defaults')})"
                           for k in e.keys if "." not in k)
         keys = [prefix + k for k in e.keys]
         raise ConfigError(f"invalid config: {keys[0] if keys else prefix.rstrip('.')}: {e.message}"
                           + (f" [{where}]" if where else "")) from None
+
+
+def check_auto_decoding(cfg, origins: dict | None = None) -> None:
+    """sampler=auto picks the sampler from the model: where the config names a bidirectional
+    `model.family`, it is the masked sampler, whose block layout is checked now, before any model is
+    built (block-causal families use their own block, so their `block_length` is not checked)."""
+    from dare.models import ATTENTION
+
+    family = getattr(getattr(cfg, "model", None), "family", None)
+    if ATTENTION.get(family) != "bidirectional":
+        return
+
+    def walk(obj, prefix):
+        for name in _fields(obj):
+            value = getattr(obj, name)
+            if isinstance(value, DecodingConfig) and value.sampler == "auto":
+                _run_check(value.validate_blocks, value, f"{prefix}{name}.", origins or {})
+            elif dataclasses.is_dataclass(value):
+                walk(value, f"{prefix}{name}.")
+
+    walk(cfg, "")
 
 
 # ---------------------------------------------------------------------------------------------

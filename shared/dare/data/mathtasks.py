@@ -43,7 +43,7 @@ class GSM8K(Task):
                 "</answer>\n")
 
     def reward(self, completion: str, row: dict, style: str = "default") -> float:
-        if style == "d1_format":  # d1's five additive terms (maximum 4.0), against d1's ground truth
+        if style == "d1_format":  # d1's five additive terms (at most 3.5), against d1's ground truth
             return sum(formats.gsm8k_d1(completion, row["extra"].get("answer", row["ground_truth"])).values())
         return mathr.gsm8k_reward(completion, row["ground_truth"])
 

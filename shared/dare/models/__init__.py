@@ -21,6 +21,12 @@ FAMILIES: dict[str, tuple[str, str]] = {
 }
 
 
+# family -> attention kind, torch-free (config validation reads it; each family's `dllm_facts()`
+# declares the same, which a test checks): "auto" decodes block-causal families with the block sampler
+ATTENTION: dict[str, str] = {"llada": "bidirectional", "dream": "bidirectional", "sdar": "block_causal",
+                             "sdar_moe": "block_causal", "llada2": "block_causal", "lladamoe": "bidirectional"}
+
+
 def family_module(family: str):
     if family not in FAMILIES:
         raise KeyError(f"unknown model family {family!r}; known: {sorted(FAMILIES)}")
@@ -37,5 +43,5 @@ from dare.models.api import (  # noqa: E402  (torch is imported inside the funct
     align, encode_chat, facts, load_pretrained, load_tokenizer, new_model, output_head, token_hidden, token_logits,
 )
 
-__all__ = ["FAMILIES", "family_module", "register_all", "align", "encode_chat", "facts", "load_pretrained",
+__all__ = ["ATTENTION", "FAMILIES", "family_module", "register_all", "align", "encode_chat", "facts", "load_pretrained",
            "load_tokenizer", "new_model", "output_head", "token_hidden", "token_logits"]

@@ -135,10 +135,12 @@ def commit_quota(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     confidences depends on the row it runs over: callers pass the span the reference ranks). (B, L) bool"""
     commit = torch.zeros(conf.shape, dtype=torch.bool, device=conf.device)
     kmax = int(k.max()) if k.numel() else 0
-    if kmax > 0:
-        top = conf.topk(kmax, dim=1).indices
-        keep = torch.arange(kmax, device=conf.device)[None, :] < k[:, None]
-        commit.scatter_(1, top, keep)
+    if kmax > 0 and bool((k == kmax).all()):  # one topk for the batch (rows share their quota in a block)
+        commit.scatter_(1, conf.topk(kmax, dim=1).indices, True)
+    elif kmax > 0:  # the reference's per-row topk(k_j): its pick among ties depends on k
+        for j, kj in enumerate(k.tolist()):
+            if kj > 0:
+                commit[j, conf[j].topk(kj).indices] = True
     return commit & torch.isfinite(conf)
 
 
@@ -147,9 +149,9 @@ def commit_threshold(conf: torch.Tensor, threshold: float) -> torch.Tensor:
     one (Fast-dLLM `get_transfer_index` with `threshold`)."""
     finite = torch.isfinite(conf)
     commit = (conf >= threshold) & finite
-    best = conf.topk(1, dim=1).indices[:, 0]  # topk, as the reference (its pick among ties)
-    has = finite.any(dim=1)
-    commit[torch.arange(conf.shape[0], device=conf.device)[has], best[has]] = True
+    for j, n in enumerate(finite.sum(dim=1).tolist()):
+        if n:  # the reference ranks all n masked positions (`topk(k=n)`) and keeps the first
+            commit[j, conf[j].topk(n).indices[0]] = True
     return commit
 
 

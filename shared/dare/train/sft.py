@@ -112,7 +112,7 @@ def run(cfg, algo, run_dir, label: str = "sft") -> dict:
     responses, cut = truncate(prompts, responses, getattr(cfg.algo, "max_length", None))  # optional field
     R = cfg.algo.response_length
     if R is not None:
-        too_long = [i for i, r in enumerate(responses) if len(r) + 1 > R]
+        too_long = [i for i, r in enumerate(responses) if len(r) + (0 if cut[i] else 1) > R]
         if too_long:
             i = too_long[0]
             raise UserError(f"{cfg.data.task}/{cfg.data.split} row {i}: response of {len(responses[i])} tokens plus "
