@@ -340,7 +340,7 @@ def test_vrpo_noise_is_stratified_and_never_masks_the_prompt():
 def test_reference_sync_mixes_the_policy_into_the_reference_every_n_steps():
     """TRL's SyncRefModelCallback (coupled-GRPO's `sync_ref_model`, every 64 steps, alpha 0.6):
     after optimizer steps N, 2N, ... ref <- (1 - a) ref + a policy; in between it is untouched."""
-    from dare.config import LoraConfig, ModelConfig, ScratchModelConfig, TrainConfig
+    from dare.config import ModelConfig, ScratchModelConfig, TrainConfig
     from dare.models import new_model
     from dare.models.tokenizer import char_tokenizer
     from dare.train.engine import Dist, Engine
@@ -368,9 +368,9 @@ def test_reference_sync_mixes_the_policy_into_the_reference_every_n_steps():
     policy4 = step()
     for n, p in engine.ref.named_parameters():
         torch.testing.assert_close(p, 0.4 * expected[n] + 0.6 * policy4[n], rtol=0, atol=1e-7)
-    with pytest.raises(UserError, match="reference_sync_every"):
-        Engine(new_model("llada", tok, ScratchModelConfig(d_model=16, n_heads=2, n_layers=1, mlp_hidden_size=32), 0),
-               ModelConfig(lora=LoraConfig(rank=4, alpha=8)), cfg, Dist(), total_steps=4, reference=True)
+    with pytest.raises(ConfigError, match=r"train.reference_sync_every=2 \(from command line\) with "
+                                          r"model.lora.rank=4: under LoRA"):
+        resolve("coupled_grpo", None, ["model.lora.rank=4", "train.reference_sync_every=2"])
 
 
 def test_coupled_grpo_syncs_its_reference_as_diffucoders_config():

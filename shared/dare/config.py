@@ -222,7 +222,7 @@ class DecodingConfig:
     def validate_blocks(self):
         """The masked sampler's semi-AR layout (the only sampler that uses `block_length`: the block
         sampler takes the model's own block, Dream's has none). Checked here for sampler=masked, for
-        sampler=auto where the config names a bidirectional `model.family` (`check_auto_decoding`), and
+        sampler=auto where the config names a bidirectional `model.family` (`check_across_sections`), and
         otherwise by the sampler once the model is loaded."""
         check(self.gen_length % self.block_length == 0,
               f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
@@ -407,7 +407,7 @@ def load(cls, path: str | Path | None = None, overrides: typing.Iterable[str] = 
             except ConfigError:
                 raise first from None
     _validate_tree(cfg, "", origins)
-    check_auto_decoding(cfg, origins)
+    check_across_sections(cfg, origins)
     return cfg
 
 
@@ -560,14 +560,23 @@ def _run_check(fn, obj, prefix: str, origins: dict) -> None:
                           + (f" [{where}]" if where else "")) from None
 
 
-def check_auto_decoding(cfg, origins: dict | None = None) -> None:
-    """sampler=auto picks the sampler from the model: where the config names a bidirectional
-    `model.family`, it is the masked sampler, whose block layout is checked now, before any model is
-    built (block-causal families use their own block, so their `block_length` is not checked)."""
+def check_across_sections(cfg, origins: dict | None = None) -> None:
+    """Rules that join two sections, checked before any model is built:
+    - `train.reference_sync_every` needs a reference copy, which LoRA does not have (its reference
+      is the base with the adapter disabled);
+    - sampler=auto picks the sampler from the model: where the config names a bidirectional
+      `model.family` it is the masked sampler, whose block layout is checked (block-causal families
+      use their own block, so their `block_length` is not checked)."""
     from dare.models import ATTENTION
 
-    family = getattr(getattr(cfg, "model", None), "family", None)
-    if ATTENTION.get(family) != "bidirectional":
+    model, train = getattr(cfg, "model", None), getattr(cfg, "train", None)
+    if model is not None and train is not None and getattr(train, "reference_sync_every", 0) and model.lora.rank > 0:
+        raise ConfigError(
+            f"invalid config: train.reference_sync_every={train.reference_sync_every} (from "
+            f"{(origins or {}).get('train.reference_sync_every', 'defaults')}) with model.lora.rank={model.lora.rank}: "
+            "under LoRA the reference is the base with the adapter disabled, which a TR-DPO update cannot move; "
+            "train without LoRA or set train.reference_sync_every=0")
+    if ATTENTION.get(getattr(model, "family", None)) != "bidirectional":
         return
 
     def walk(obj, prefix):

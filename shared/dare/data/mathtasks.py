@@ -35,7 +35,7 @@ class GSM8K(Task):
         # compare); extra.answer: the text after "####" as d1 keeps it (its exact-match correctness)
         return {"prompt": [{"role": "user", "content": REASONING_FORMAT + "\n\n" + question}],
                 "ground_truth": final.strip().replace(",", ""),
-                "extra": {"solution": reasoning.strip(), "answer": answer.split("####")[1].strip()}}
+                "extra": {"solution": reasoning.strip(), "answer": final.strip()}}
 
     def target(self, row: dict) -> str:
         # d1's layout, trailing newline included (its xmlcount term expects it)

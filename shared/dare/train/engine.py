@@ -109,10 +109,7 @@ class Engine:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if train_cfg.reference_sync_every and reference and self.lora:
-            raise UserError("train.reference_sync_every: under LoRA the reference is the base with the adapter "
-                            "disabled, which a TR-DPO update cannot move; train without LoRA or set it to 0")
-        ref = None
+        ref = None  # with LoRA the reference is the adapter-disabled base (no sync: config.check_across_sections)
         if reference and not self.lora:
             ref = copy.deepcopy(model).eval().requires_grad_(False)
             if train_cfg.reference_offload and dist.world == 1:
