@@ -56,6 +56,16 @@ def tiny_model(char_tok):
     return new_model("llada", char_tok, scratch, seed=0).eval()
 
 
+def run_config(name: str, /, **algo):
+    """The baseline's whole run config with its `algo` section changed: every hook takes the whole
+    config (`dare.train.hooks`)."""
+    import dataclasses
+    import importlib
+
+    cfg = importlib.import_module(f"baselines.{name}.config").Config()
+    return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, **algo))
+
+
 def dare_cli(*args, env=None, timeout=600):
     """Run the installed `dare` command (the real entry point) and capture its output."""
     exe = shutil.which("dare", path=str(Path(sys.executable).parent)) or "dare"
@@ -70,7 +80,6 @@ def trained_tiny(char_tok):
     import torch
 
     from baselines.sft.algorithm import loss, sample_noise
-    from baselines.sft.config import SFT
     from dare.config import ScratchModelConfig
     from dare.data import TASKS, load_split
     from dare.models import encode_chat, facts, new_model
@@ -86,7 +95,8 @@ def trained_tiny(char_tok):
     for step in range(60):
         idx = [(step * 64 + i) % len(rows) for i in range(64)]
         batch = sft_batch([prompts[i] for i in idx], [targets[i] for i in idx], f.eos_token_id, f.pad_token_id, 4)
-        value, _ = loss(model, batch, sample_noise(batch, SFT(), g), SFT())
+        cfg = run_config("sft")
+        value, _ = loss(model, batch, sample_noise(batch, g, cfg), cfg)
         value.backward()
         opt.step()
         opt.zero_grad()

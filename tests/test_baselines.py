@@ -11,18 +11,17 @@ import torch
 from safetensors.torch import load_file
 
 from baselines.coupled_grpo import algorithm as cg
-from baselines.coupled_grpo.config import CoupledGRPO
 from baselines.peft import algorithm as peft_algo
-from baselines.peft.config import PEFT
 from baselines.sft import algorithm as sft
-from baselines.sft.config import SFT
 from baselines.wd1 import algorithm as wd1
-from baselines.wd1.config import WD1
+from conftest import run_config
 from dare.config import ConfigError, ScratchModelConfig
 from dare.models import facts, new_model, token_logits
 from dare.models.tokenizer import char_tokenizer
-from dare.train import resolve, train
+from dare.app.runs import resolve, train
 from dare.train.estimators import Compute
+from dare.train.hooks import bind
+from dare.train.noise import Draw
 from dare.train.sft import sft_batch
 
 TINY = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=1",
@@ -45,15 +44,16 @@ def rl_batch(adv, mask, group_size=2):
 
 
 def test_coupled_pair_scores_every_token_exactly_once_and_t_is_drawn_per_call():
-    batch = SimpleNamespace(responses=torch.zeros(8, 30, dtype=torch.long), sequences=torch.zeros(8, 40))
+    batch = SimpleNamespace(attention_mask=torch.ones(8, 40, dtype=torch.long), prompt_length=10,
+                            sequences=torch.zeros(8, 40, dtype=torch.long))
     g = torch.Generator().manual_seed(0)
-    draws = [cg.sample_noise(batch, CoupledGRPO(), g) for _ in range(20)]
-    ts = torch.stack([d["t"] for d in draws])
+    draws = [cg.sample_noise(batch, g, run_config("coupled_grpo")) for _ in range(20)]
+    ts = torch.stack([d.t for d in draws])
     assert ((ts >= 0.2) & (ts <= 0.8)).all() and ts.std() > 0.05  # a fresh t each call, in U(0.2, 0.8)
     for d in draws:
-        m = d["mask"]
-        assert ((m.int() + (~m).int()) == 1).all()  # the pair covers each token exactly once
-        assert abs(m.float().mean().item() - d["t"].item()) < 0.15
+        m = d.masked
+        assert not m[:, :10].any()  # the prompt is never masked
+        assert abs(m[:, 10:].float().mean().item() - d.t.item()) < 0.15
 
 
 def test_coupled_token_logps_is_eq13(tiny_model):
@@ -65,7 +65,8 @@ def test_coupled_token_logps_is_eq13(tiny_model):
                             compute=Compute(pack=True, chunk=3, min_padding=0.0))
     m = torch.tensor([[True, False, True, False], [False, False, True, True]])
     t = torch.tensor(0.3)
-    got = cg.token_logps(tiny_model, batch, {"t": t, "mask": m})
+    masked = torch.cat([torch.zeros(2, P, dtype=torch.bool), m], dim=1)
+    got = cg.token_logps(tiny_model, batch, Draw(masked, t), run_config("coupled_grpo"))
 
     def lp(masked):
         x = seqs.clone()
@@ -79,21 +80,21 @@ def test_coupled_token_logps_is_eq13(tiny_model):
 def test_coupled_loss_ratio_one_at_old_policy_and_hand_values():
     logps = torch.tensor([[-1.0, -2.0], [-0.5, -0.25]], requires_grad=True)
     batch = rl_batch([1.0, -1.0], [[True, True], [True, False]])
-    loss, m = cg.loss(logps, logps.detach(), logps.detach(), batch, CoupledGRPO())
+    loss, m = cg.loss(logps, logps.detach(), logps.detach(), batch, None, run_config("coupled_grpo"))
     assert loss.item() == pytest.approx(-(2 * 1.0 + 1 * -1.0) / 3)
     assert m["stats/clip_ratio"] == 0 and m["loss/kl"] == 0
-    cfg = CoupledGRPO(beta=0.0, epsilon=0.2)
+    cfg = run_config("coupled_grpo", beta=0.0, epsilon=0.2)
     old = torch.tensor([[math.log(0.5), -2.0], [-0.5, -0.25]])
     lp = torch.tensor([[math.log(0.75), -2.0], [-0.5, -0.25]])  # ratio 1.5 on the first token
-    loss, m = cg.loss(lp, old, None, batch, cfg)
+    loss, m = cg.loss(lp, old, None, batch, None, cfg)
     assert loss.item() == pytest.approx(-(1.2 * 1.0 + 1.0 * 1.0 + 1.0 * -1.0) / 3, rel=1e-6)
     assert m["stats/clip_ratio"] == pytest.approx(1 / 3)
 
 
 def test_coupled_advantage_baselines():
     r = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
-    assert cg.advantages(r, CoupledGRPO(baseline="mean")).tolist() == [[0.75, -0.25, -0.25, -0.25]]
-    assert cg.advantages(r, CoupledGRPO(baseline="loo"))[0].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])
+    assert cg.advantages(r, run_config("coupled_grpo", baseline="mean")).tolist() == [[0.75, -0.25, -0.25, -0.25]]
+    assert cg.advantages(r, run_config("coupled_grpo", baseline="loo"))[0].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])
     with pytest.raises(ConfigError, match="group_size=1"):
         resolve("coupled_grpo", None, ["rl.group_size=1"])
 
@@ -110,19 +111,20 @@ def test_wd1_weights_and_loss_hand_computed():
     assert w.tolist() == pytest.approx([-s + (1 - s), -(1 - s) + s, 0.0, 0.0])
     logps = torch.tensor([[-1.0, -2.0], [-0.5, -3.0], [-1.0, -1.0], [-2.0, -2.0]], requires_grad=True)
     batch = rl_batch(adv.tolist(), [[True, True], [True, False], [True, True], [True, True]])
-    loss, _ = wd1.loss(logps, None, None, batch, WD1())
+    loss, _ = wd1.loss(logps, None, None, batch, None, run_config("wd1"))
     seq = [-3.0, -0.5, -2.0, -4.0]
     assert loss.item() == pytest.approx(sum(wi * si for wi, si in zip(w.tolist(), seq)) / 2, rel=1e-6)
     loss.backward()
     assert (logps.grad[2:] == 0).all()  # equal rewards in a group: no gradient
     assert logps.grad[1, 1] == 0  # tokens after EOS carry no loss
-    assert not wd1.uses_reference(WD1()) and not wd1.uses_old_logps(WD1())
+    hooks = bind(wd1)
+    assert not hooks.uses_reference(run_config("wd1")) and not hooks.uses_old_logps(run_config("wd1"))
 
 
 def test_wd1_never_computes_old_or_reference_log_probs(tmp_path, monkeypatch, sft_checkpoint):
     calls = []
     real = wd1.token_logps
-    monkeypatch.setattr(wd1, "token_logps", lambda m, b, z: calls.append(torch.is_grad_enabled()) or real(m, b, z))
+    monkeypatch.setattr(wd1, "token_logps", lambda m, b, z, c: calls.append(torch.is_grad_enabled()) or real(m, b, z, c))
     train("wd1", None, [f"model.path={sft_checkpoint('llada')}", *RL, "train.steps=1",
                         f"run.out_dir={tmp_path / 'wd1'}"])
     assert calls == [True, True]  # mu = 2 updates, nothing without grad
@@ -139,9 +141,9 @@ def test_block_sft_loss_hand_computed(family):
     model = new_model(family, tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64), 0)
     f = facts(model)
     batch = sft_batch([[5, 9, 7, 10, 6], [5, 11, 6]], [[12, 13], [14]], f.eos_token_id, f.pad_token_id, 4)
-    noise = sft.sample_noise(batch, SFT(), torch.Generator().manual_seed(1))
-    loss, _ = sft.loss(model, batch, noise, SFT())
-    masked, p = noise["masked"], noise["p"]
+    noise = sft.sample_noise(batch, torch.Generator().manual_seed(1), run_config("sft"))
+    loss, _ = sft.loss(model, batch, noise, run_config("sft"))
+    masked, p = noise.masked, noise.t
     noisy = torch.where(masked, f.mask_token_id, batch.input_ids)
     logits = model(torch.cat([noisy, batch.input_ids], 1), attention_mask=batch.attention_mask,
                    block_diffusion=True).logits
@@ -153,9 +155,9 @@ def test_block_sft_loss_hand_computed(family):
 def test_peft_loss_is_d1s_token_normalised_sft(tiny_model):
     f = facts(tiny_model)
     batch = sft_batch([[5, 9, 7, 10, 6], [5, 11, 6]], [[12, 13], [14]], f.eos_token_id, f.pad_token_id, 4)
-    noise = peft_algo.sample_noise(batch, PEFT(), torch.Generator().manual_seed(2))
-    loss, _ = peft_algo.loss(tiny_model, batch, noise, PEFT())
-    masked, t = noise["masked"], noise["t"]
+    noise = peft_algo.sample_noise(batch, torch.Generator().manual_seed(2), run_config("peft"))
+    loss, _ = peft_algo.loss(tiny_model, batch, noise, run_config("peft"))
+    masked, t = noise.masked, noise.t
     noisy = torch.where(masked, f.mask_token_id, batch.input_ids)
     lp = torch.log_softmax(token_logits(tiny_model, noisy, batch.attention_mask), -1).gather(
         -1, batch.input_ids[..., None])[..., 0]
@@ -173,8 +175,8 @@ def test_peft_follows_d1s_collator_truncation_and_schedule(tiny_model):
     g = torch.Generator().manual_seed(5)
     u = torch.rand(3, generator=torch.Generator().manual_seed(5))
     batch = sft_batch([[5, 9], [5], [6]], [[12], [13], [14]], 1, 1, 2)
-    noise = peft_algo.sample_noise(batch, PEFT(eps=0.25), g)
-    torch.testing.assert_close(noise["t"], 0.75 * u + 0.25)  # u = 0.1 would give 0.325, a clamp 0.25
+    noise = peft_algo.sample_noise(batch, g, run_config("peft", eps=0.25))
+    torch.testing.assert_close(noise.t, 0.75 * u + 0.25)  # u = 0.1 would give 0.325, a clamp 0.25
     kept, cut = truncate([[1, 2, 3], [1], [1, 2, 3, 4, 5]], [[7, 8, 9], [7], [7, 8]], 4)
     assert kept == [[7], [7], []] and cut == [True, False, True]
     cut_batch = sft_batch([[1, 2, 3], [1]], kept[:2], 0, 0, None, cut=cut[:2])
@@ -185,8 +187,8 @@ def test_peft_follows_d1s_collator_truncation_and_schedule(tiny_model):
     assert cut_batch.num_tokens == 3
     # a prompt as long as the limit keeps no response: the row adds nothing (d1: no loss terms), not NaN
     empty = sft_batch([[1, 2, 3, 4], [1]], [[], [7]], 0, 0, None, cut=[True, False])
-    for algo, cfg in ((peft_algo, PEFT()), (sft, SFT())):
-        noise = algo.sample_noise(empty, cfg, torch.Generator().manual_seed(0))
+    for algo, cfg in ((peft_algo, run_config("peft")), (sft, run_config("sft"))):
+        noise = algo.sample_noise(empty, torch.Generator().manual_seed(0), cfg)
         value, metrics = algo.loss(tiny_model, empty, noise, cfg)
         assert torch.isfinite(value) and all(math.isfinite(v) for v in metrics.values())
     from baselines.peft.config import Config

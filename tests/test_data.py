@@ -3,7 +3,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dare.data import TASKS, build, load_split, split_path
-from dare.data.store import DataError, _schema
+from dare.data.schema import DataError, _schema
 from dare.rewards.arithmetic import exact_match, parse_answer
 from dare.utils import sha256_file
 

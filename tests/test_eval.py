@@ -54,7 +54,7 @@ def test_an_evaluation_of_a_rewritten_checkpoint_is_not_reused(tmp_path):
     import os
 
     from dare.eval import evaluate_checkpoint
-    from dare.train import train
+    from dare.app.runs import train
 
     run = train("sft", None, ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=1",
                               "model.scratch.mlp_hidden_size=64", "train.steps=2", "train.batch_size=8",

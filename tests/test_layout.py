@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dare import baselines
+from dare.app import baselines
 
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())

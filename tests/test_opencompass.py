@@ -300,7 +300,7 @@ def test_likelihood_ranks_the_right_answer_first_for_a_trained_model(char_tok, t
     import torch
 
     from baselines.sft.algorithm import loss, sample_noise
-    from baselines.sft.config import SFT
+    from conftest import run_config
     from dare.config import ScratchModelConfig
     from dare.data import load_split
     from dare.models import encode_chat, facts, new_model
@@ -315,7 +315,8 @@ def test_likelihood_ranks_the_right_answer_first_for_a_trained_model(char_tok, t
     for step in range(300):
         idx = [(step * 64 + i) % len(rows) for i in range(64)]
         batch = sft_batch([prompts[i] for i in idx], [targets[i] for i in idx], f.eos_token_id, f.pad_token_id, 4)
-        loss(model, batch, sample_noise(batch, SFT(), g), SFT())[0].backward()
+        cfg = run_config("sft")
+        loss(model, batch, sample_noise(batch, g, cfg), cfg)[0].backward()
         opt.step()
         opt.zero_grad()
     model.save_pretrained(tmp_path / "m")

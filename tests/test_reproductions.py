@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from dare.data import TASKS
-from dare.train import resolve
+from dare.app.runs import resolve
 
 ROOT = Path(__file__).resolve().parents[1] / "reproductions"
 CONFIGS = sorted(p for p in ROOT.glob("*/*.yaml") if p.name not in ("targets.yaml", "eval.yaml", "sweep.yaml")
@@ -63,7 +63,7 @@ def test_every_paper_folder_has_a_sweep():
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.parent.name)
 def test_sweep_files_load(path):
-    from dare.launch.sweep import load_sweep
+    from dare.app.sweep import load_sweep
 
     sweep = load_sweep(path)
     assert sweep.runs and len({r.id for r in sweep.runs}) == len(sweep.runs)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dare.launch.sweep import launch, load_sweep, results_of, state
+from dare.app.sweep import launch, load_sweep, results_of, state
 from dare.utils import UserError
 from slurm_cluster import Cluster
 
@@ -74,7 +74,7 @@ def test_local_sweep_runs_each_run_and_a_failure_stays_alone(tmp_path):
 
 
 def test_collect_publishes_results_and_compares_with_expect(tmp_path, capsys):
-    from dare.launch.sweep import collect
+    from dare.app.sweep import collect
     from dare.results import read_result
 
     path = write_sweep(tmp_path, "c", {"run.seed": [0, 1]},

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dare import baselines
+from dare.app import baselines
 from dare.config import ConfigError, TrainConfig
-from dare.train import resolve, train
+from dare.app.runs import resolve, train
 from dare.train.common import EpochSampler, lr_factor
 from dare.utils import UserError
 
@@ -146,7 +146,7 @@ def test_rl_validation_logs_what_dare_eval_measures_on_the_same_rows(tmp_path):
     d1_run = train("d1", None, [f"model.path={sft_run / 'final'}", "train.steps=3", "train.lr=1e-3",
                                 "rl.prompts_per_step=4", "rl.group_size=4", "rl.rollout.gen_length=4",
                                 "rl.rollout.block_length=4", "rl.rollout.steps=4", "rl.eval_every=2",
-                                "rl.eval_samples=64", "run.log_every=10", f"run.out_dir={tmp_path / 'd1'}"])
+                                "rl.eval_samples=64", "run.log_every=10", "run.seed=1", f"run.out_dir={tmp_path / 'd1'}"])
     records = [json.loads(line) for line in (d1_run / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in records if "val/accuracy" in r]
     assert [r["step"] for r in val] == [2, 3]  # every 2 steps and after the last, whatever log_every says
@@ -174,9 +174,9 @@ def test_rl_loop_uses_shared_noise_and_skips_recompute_when_mu_is_one(tmp_path, 
     calls = []
     real = d1.token_logps
 
-    def spy(model, batch, noise):
-        calls.append((torch.is_grad_enabled(), noise.clone()))
-        return real(model, batch, noise)
+    def spy(model, batch, noise, cfg):
+        calls.append((torch.is_grad_enabled(), noise.masked.clone()))
+        return real(model, batch, noise, cfg)
 
     monkeypatch.setattr(d1, "token_logps", spy)
     common = [f"model.path={sft_run / 'final'}", "train.steps=1", "rl.prompts_per_step=2", "rl.group_size=2",

@@ -19,6 +19,11 @@ draws a fresh (t, M), shared by the policy, old and reference log-probs.
     rho  = exp(pi_theta - pi_old);  KL = k3(pi_ref, pi_theta)
     L    = -sum_{i,k} [min(rho A, clip(rho, 1 - eps, 1 + eps) A) - beta KL] / sum_i |o_i|
 
+One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
+    rollout -> rewards -> advantages(rewards, cfg) -> mu x sample_noise(batch, generator, cfg)
+    -> old/ref token_logps(model, batch, draw, cfg) (3 passes each) -> mu x [token_logps
+    -> loss(..., draw, cfg) -> optimizer step]
+
 Deviations (README.md): the paper's headline row uses the group-mean baseline, the code hard-codes
 leave-one-out; both are options (default: mean, the paper's). The token normalisation runs over
 the whole step (the code: per micro-batch); each inner iteration draws its own (t, M) (the code
@@ -29,60 +34,64 @@ optimizer steps (`train.reference_sync_every`, the engine's option), as the code
 import torch
 
 from dare.models import facts
+from dare.train import noise
 from dare.train.estimators import masked_logps
-from dare.train.rl import check_group, group_advantages
+from dare.train.rl import group_advantages
 
 RECIPE = "rl"
 
 
 def check_config(cfg) -> None:
-    check_group(cfg.rl.group_size, cfg.algo.baseline, "none")
     if cfg.rl.group_size < 2:
         raise ValueError(f"rl.group_size={cfg.rl.group_size}: a group baseline needs at least 2 completions")
 
 
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
-    return group_advantages(rewards, baseline=cfg.baseline, std="none")
+    return group_advantages(rewards, baseline=cfg.algo.baseline, std="none")
 
 
 def uses_reference(cfg) -> bool:
-    return cfg.beta > 0
+    return cfg.algo.beta > 0
 
 
-def sample_noise(batch, cfg, generator: torch.Generator) -> dict:
-    """One ratio t for the batch and the mask M over the completion (B, G); the complement is ~M."""
-    B, G = batch.responses.shape
-    t = cfg.t_min + (cfg.t_max - cfg.t_min) * torch.rand((), generator=generator)
-    mask = torch.rand(B, G, generator=generator) < t
-    return {"t": t.to(batch.sequences.device), "mask": mask.to(batch.sequences.device)}
+def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
+    """One ratio t for the batch and the mask M at ratio t over the completion (B, P + G); the
+    pair's second mask is its complement within the completion."""
+    t = cfg.algo.t_min + (cfg.algo.t_max - cfg.algo.t_min) * torch.rand((), generator=generator)
+    completion = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    completion[:, batch.prompt_length:] = True
+    first, _ = noise.complementary(completion, t.expand(completion.shape[0]), generator)
+    return noise.Draw(first, t.to(batch.sequences.device))
 
 
-def _completion_logps(model, batch, masked_completion: torch.Tensor) -> torch.Tensor:
-    """log p(o^k | prompt, completion with `masked_completion` positions masked), at every completion position."""
-    P = batch.prompt_length
-    x = batch.sequences.clone()
-    x[:, P:] = torch.where(masked_completion, facts(model).mask_token_id, x[:, P:])
-    where = torch.zeros_like(x, dtype=torch.bool)
-    where[:, P:] = True
-    return masked_logps(model, x, batch.sequences, where, batch.attention_mask, compute=batch.compute)[:, P:]
+def _completion_logps(model, batch, masked: torch.Tensor) -> torch.Tensor:
+    """log p(o^k | prompt, completion with the `masked` positions masked), at every completion position."""
+    x = torch.where(masked, facts(model).mask_token_id, batch.sequences)
+    scored = torch.zeros_like(masked)
+    scored[:, batch.prompt_length:] = True
+    logps = masked_logps(model, x, batch.sequences, scored, batch.attention_mask, compute=batch.compute)
+    return logps[:, batch.prompt_length:]
 
 
-def token_logps(model, batch, noise) -> torch.Tensor:
+def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
     """Eq. 13 with lambda = 1: the coupled pair's importance-weighted log-probs averaged with the
     fully masked pass. (B, G)"""
-    t, m = noise["t"], noise["mask"]
-    first = _completion_logps(model, batch, m)
-    second = _completion_logps(model, batch, ~m)
-    full = _completion_logps(model, batch, torch.ones_like(m))
-    pair = torch.where(m, first / t, second / (1 - t))
+    P, t = batch.prompt_length, draw.t
+    completion = torch.zeros_like(draw.masked)
+    completion[:, P:] = True
+    first = _completion_logps(model, batch, draw.masked)
+    second = _completion_logps(model, batch, completion & ~draw.masked)
+    full = _completion_logps(model, batch, completion)
+    pair = torch.where(draw.masked[:, P:], first / t, second / (1 - t))
     return 0.5 * (pair + full)
 
 
-def loss(logps, old_logps, ref_logps, batch, cfg):
+def loss(logps, old_logps, ref_logps, batch, draw, cfg):
+    eps, beta = cfg.algo.epsilon, cfg.algo.beta
     mask = batch.response_mask.float()
     adv = batch.advantages[:, None]
     ratio = torch.exp(logps - old_logps)
-    clipped = ratio.clamp(1 - cfg.epsilon, 1 + cfg.epsilon)
+    clipped = ratio.clamp(1 - eps, 1 + eps)
     policy = torch.min(ratio * adv, clipped * adv)
     if ref_logps is not None:
         delta = ref_logps - logps
@@ -90,6 +99,6 @@ def loss(logps, old_logps, ref_logps, batch, cfg):
     else:
         kl = torch.zeros_like(logps)
     n = max(batch.num_tokens, 1.0)  # loss tokens of the whole step
-    loss = (-(policy - cfg.beta * kl) * mask).sum() / n
+    loss = (-(policy - beta * kl) * mask).sum() / n
     return loss, {"loss/policy": (-(policy * mask).sum() / n).item(), "loss/kl": ((kl * mask).sum() / n).item(),
                   "stats/clip_ratio": (((ratio - clipped).abs() > 0).float() * mask).sum().item() / n}

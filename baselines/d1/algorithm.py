@@ -16,6 +16,11 @@ mask is drawn for every inner iteration and shared by the policy, old and refere
 rollout batch (token-level normalisation, `batch.num_tokens`; the reference code applies it per
 micro-batch of 6, so there the gradient depends on how the batch is split).
 
+One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
+    rollout -> rewards -> advantages(rewards, cfg) -> mu x sample_noise(batch, generator, cfg)
+    -> old/ref token_logps(model, batch, draw, cfg) -> mu x [token_logps -> loss(..., draw, cfg)
+    -> optimizer step]
+
 Deviations from the reference code (all listed in README.md):
 1. Full fine-tuning of the policy with a frozen copy as reference (the paper uses a 4-bit base
    with LoRA and the adapter-disabled base as reference; LoRA arrives with the peft baseline).
@@ -27,14 +32,14 @@ Deviations from the reference code (all listed in README.md):
 import torch
 
 from dare.models import facts
+from dare.train import noise
 from dare.train.estimators import masked_logps
-from dare.train.rl import check_group, group_advantages
+from dare.train.rl import group_advantages
 
 RECIPE = "rl"
 
 
 def check_config(cfg) -> None:
-    check_group(cfg.rl.group_size, "mean", "none")
     if cfg.rl.group_size < 2:
         raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group-mean baseline needs at least 2 completions")
 
@@ -45,39 +50,40 @@ def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
 
 
 def uses_reference(cfg) -> bool:
-    return cfg.beta > 0
+    return cfg.algo.beta > 0
 
 
-def sample_noise(batch, cfg, generator: torch.Generator) -> torch.Tensor:
-    """Which prompt tokens to mask in this inner iteration. (B, P) bool"""
-    u = torch.rand(batch.prompt_mask.shape, generator=generator).to(batch.prompt_mask.device)
-    return (u < cfg.p_mask_prompt) & batch.prompt_mask
+def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
+    """q' + [MASK]^L for this inner iteration: every completion token masked, each prompt token
+    with probability p_mask_prompt. masked: (B, P + G) bool"""
+    completion = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    completion[:, batch.prompt_length:] = True
+    prompt = ~completion & batch.attention_mask.bool()
+    return noise.Draw(noise.full_completion(completion, prompt, cfg.algo.p_mask_prompt, generator))
 
 
-def token_logps(model, batch, prompt_noise: torch.Tensor) -> torch.Tensor:
+def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
     """One-step per-token log-probs of the completion. (B, G)"""
-    mask_id, P = facts(model).mask_token_id, batch.prompt_length
-    x = batch.sequences.clone()
-    x[:, :P] = torch.where(prompt_noise, mask_id, x[:, :P])  # q': randomly masked prompt
-    x[:, P:] = mask_id  # every completion token masked
-    where = torch.zeros_like(x, dtype=torch.bool)
-    where[:, P:] = True
-    logps = masked_logps(model, x, batch.sequences, where, batch.attention_mask, compute=batch.compute)
-    return logps[:, P:]
+    x = torch.where(draw.masked, facts(model).mask_token_id, batch.sequences)
+    scored = torch.zeros_like(draw.masked)
+    scored[:, batch.prompt_length:] = True
+    logps = masked_logps(model, x, batch.sequences, scored, batch.attention_mask, compute=batch.compute)
+    return logps[:, batch.prompt_length:]
 
 
-def loss(logps, old_logps, ref_logps, batch, cfg):
+def loss(logps, old_logps, ref_logps, batch, draw, cfg):
+    eps, beta = cfg.algo.epsilon, cfg.algo.beta
     mask = batch.response_mask.float()  # (B, G)
     adv = batch.advantages[:, None]  # (B, 1)
     ratio = torch.exp(logps - old_logps)
-    clipped = ratio.clamp(1 - cfg.epsilon, 1 + cfg.epsilon)
+    clipped = ratio.clamp(1 - eps, 1 + eps)
     policy = torch.min(ratio * adv, clipped * adv)
     if ref_logps is not None:
         delta = ref_logps - logps
         kl = torch.exp(delta) - delta - 1
     else:
         kl = torch.zeros_like(logps)
-    per_token = -(policy - cfg.beta * kl)
+    per_token = -(policy - beta * kl)
     n = max(batch.num_tokens, 1.0)  # loss tokens of the whole step (all micro-batches and processes)
     loss = (per_token * mask).sum() / n
     return loss, {  # token means over the step: they add up over micro-batches

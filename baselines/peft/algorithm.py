@@ -20,6 +20,7 @@ Block-diffusion models (SDAR, LLaDA2.x) take the same loss through their [noisy 
 import torch
 
 from dare.models import facts
+from dare.train import noise
 from dare.train.estimators import block_diffusion_logps, masked_logps
 
 RECIPE = "sft"
@@ -30,16 +31,15 @@ def check_config(cfg) -> None:
         raise ValueError("model.lora.rank must be > 0 for the peft baseline (use baselines/sft for full fine-tuning)")
 
 
-def sample_noise(batch, cfg, generator: torch.Generator) -> dict:
-    ids, response = batch.input_ids, batch.response_mask
-    B, L = ids.shape
-    t = ((1 - cfg.eps) * torch.rand(B, generator=generator) + cfg.eps).to(ids.device)
-    u = torch.rand(B, L, generator=generator).to(ids.device)
-    return {"t": t, "masked": (u < t[:, None]) & response}
+def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
+    """t = (1 - eps) u + eps per row, response tokens masked i.i.d. at t (d1's forward_process)."""
+    ids = batch.input_ids
+    t = ((1 - cfg.algo.eps) * torch.rand(ids.shape[0], generator=generator) + cfg.algo.eps).to(ids.device)
+    return noise.Draw(noise.iid(batch.response_mask, t, generator), t=t)
 
 
-def loss(model, batch, noise, cfg):
-    ids, masked, t = batch.input_ids, noise["masked"], noise["t"]
+def loss(model, batch, draw: noise.Draw, cfg):
+    ids, masked, t = batch.input_ids, draw.masked, draw.t
     noisy = torch.where(masked, facts(model).mask_token_id, ids)
     if facts(model).attention == "block_causal":
         logps = block_diffusion_logps(model, noisy, ids, masked, batch.attention_mask, chunk=batch.compute.chunk)

@@ -19,23 +19,23 @@ the clean past: -log p(x) <= sum_b E_t[1/t sum_{i in b, masked} -log p(x_i | x_t
 import torch
 
 from dare.models import facts
+from dare.train import noise
 from dare.train.estimators import block_diffusion_logps, masked_logps
 
 RECIPE = "sft"
 
 
-def sample_noise(batch, cfg, generator: torch.Generator) -> dict:
-    """Per row: the masking probability p (B,) and which response tokens are masked (B, L)."""
-    ids, response = batch.input_ids, batch.response_mask
-    B, L = ids.shape
-    t = torch.rand(B, generator=generator).to(ids.device)
-    p = (1 - cfg.eps) * t + cfg.eps
-    u = torch.rand(B, L, generator=generator).to(ids.device)
-    return {"p": p, "masked": (u < p[:, None]) & response}  # the prompt is never masked
+def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
+    """Per row: the masking probability p = (1 - eps) t + eps (B,) and the response tokens
+    masked i.i.d. at p (B, L); the prompt is never masked."""
+    ids = batch.input_ids
+    t = torch.rand(ids.shape[0], generator=generator).to(ids.device)
+    p = (1 - cfg.algo.eps) * t + cfg.algo.eps
+    return noise.Draw(noise.iid(batch.response_mask, p, generator), t=p)
 
 
-def loss(model, batch, noise, cfg):
-    ids, response, masked, p = batch.input_ids, batch.response_mask, noise["masked"], noise["p"]
+def loss(model, batch, draw: noise.Draw, cfg):
+    ids, response, masked, p = batch.input_ids, batch.response_mask, draw.masked, draw.t
     noisy = torch.where(masked, facts(model).mask_token_id, ids)
     if facts(model).attention == "block_causal":
         logps = block_diffusion_logps(model, noisy, ids, masked, batch.attention_mask, chunk=batch.compute.chunk)

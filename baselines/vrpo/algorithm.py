@@ -16,49 +16,43 @@ the chosen response that the paper adds for stability; |y_w| counts the response
 
 Deviations (README.md): the ELBO is the sum over masked tokens weighted by 1/t (the paper's
 definition) rather than one third-party re-implementation's extra division by the answer length;
-n_t graphs are kept alive for the backward (a memory-bounded variant would need a second pass).
+n_t graphs are kept alive for the backward (`dare.train.estimators.elbo_backward` is the
+memory-bounded path; using it needs the preference recipe to run the loss on detached ELBOs
+first and backpropagate each draw with dL/dB as its scale, which it does not do yet).
 """
 
 import torch
 import torch.nn.functional as F
 
-from dare.models import facts
-from dare.train.estimators import masked_logps
+from dare.train import noise
+from dare.train.estimators import elbo
 
 RECIPE = "preference"
 
 
-def sample_noise(batch, cfg, generator: torch.Generator) -> dict:
-    """Per pair, side (chosen, rejected) and sample j: a stratified t_j and its mask.
-    t: (B, 2, n_t); masked: (B, 2, n_t, L) bool (response tokens only)."""
+def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
+    """Per pair and side (chosen, rejected): n_t stratified timesteps, one i.i.d. mask each over
+    the response. masked: (B, 2, n_t, L); t, weight = 1/t: (B, 2, n_t)."""
     B, _, L = batch.input_ids.shape
-    u = torch.rand(B, 2, cfg.n_t, generator=generator)
-    t = ((torch.arange(cfg.n_t) + u) / cfg.n_t).clamp(min=cfg.eps).to(batch.input_ids.device)
-    draw = torch.rand(B, 2, cfg.n_t, L, generator=generator).to(batch.input_ids.device)
-    return {"t": t, "masked": (draw < t[..., None]) & batch.response_mask[:, :, None]}
+    draw = noise.elbo_draws(batch.response_mask.flatten(0, 1), cfg.algo.n_t, generator, "time", cfg.algo.eps)
+    return noise.Draw(draw.masked.view(B, 2, -1, L), draw.t.view(B, 2, -1), draw.weight.view(B, 2, -1))
 
 
-def logps(model, batch, noise) -> torch.Tensor:
+def logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
     """The ELBO estimate B(y) of every chosen and rejected response. (B, 2)"""
+    flat = noise.Draw(draw.masked.flatten(0, 1), draw.t.flatten(0, 1), draw.weight.flatten(0, 1))
     ids, attn = batch.input_ids.flatten(0, 1), batch.attention_mask.flatten(0, 1)  # (2B, L)
-    mask_id = facts(model).mask_token_id
-    total = 0.0
-    for j in range(noise["t"].shape[-1]):
-        masked = noise["masked"][:, :, j].flatten(0, 1)  # (2B, L)
-        x = torch.where(masked, mask_id, ids)
-        lp = masked_logps(model, x, ids, masked, attn, compute=batch.compute)
-        total = total + lp.sum(-1) / noise["t"][:, :, j].flatten()
-    return (total / noise["t"].shape[-1]).view(-1, 2)
+    return elbo(model, ids, attn, batch.response_mask.flatten(0, 1), flat, compute=batch.compute).view(-1, 2)
 
 
-def loss(policy, reference, batch, cfg):
+def loss(policy, reference, batch, draw, cfg):
     """policy, reference: (B, 2) ELBOs of [chosen, rejected]; normalized by the step's pairs."""
     chosen, rejected = policy[:, 0] - reference[:, 0], policy[:, 1] - reference[:, 1]
-    margin = cfg.beta * (chosen - rejected)
+    margin = cfg.algo.beta * (chosen - rejected)
     dpo = -F.logsigmoid(margin)
     sft = -policy[:, 0] / batch.response_mask[:, 0].sum(-1)
     n = batch.num_pairs
-    total = (dpo + cfg.sft_weight * sft).sum() / n
+    total = (dpo + cfg.algo.sft_weight * sft).sum() / n
     return total, {"loss/dpo": dpo.sum().item() / n, "loss/sft": sft.sum().item() / n,
                    "rewards/accuracy": (margin > 0).float().sum().item() / n,
                    "rewards/margin": margin.sum().item() / n}

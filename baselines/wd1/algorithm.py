@@ -14,6 +14,11 @@ The log-likelihood is d1's: every completion token masked, each prompt token mas
 p_mask_prompt, a fresh prompt mask per inner iteration. If all rewards of a group are equal then
 w+ = w- and the group contributes no gradient.
 
+One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
+    rollout -> rewards -> advantages(rewards, cfg) -> mu x [sample_noise(batch, generator, cfg)
+    -> token_logps(model, batch, draw, cfg) -> loss(..., draw, cfg) -> optimizer step]
+    (no old or reference log-probs: uses_old_logps is False, uses_reference keeps its default)
+
 Deviations (README.md): the softmax runs over each group (the code takes it over the per-device
 batch, which is one group of 6 in its configuration); the mean over groups replaces the
 implicit averaging of DDP and gradient accumulation.
@@ -22,6 +27,7 @@ implicit averaging of DDP and gradient accumulation.
 import torch
 
 from dare.models import facts
+from dare.train import noise
 from dare.train.estimators import masked_logps
 from dare.train.rl import group_advantages
 
@@ -37,29 +43,25 @@ def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
     return group_advantages(rewards, baseline="mean", std="none")
 
 
-def uses_reference(cfg) -> bool:
-    return False  # beta = 0 in wd1: no reference likelihood
-
-
 def uses_old_logps(cfg) -> bool:
-    return False  # no importance ratio
+    return False  # no importance ratio (and beta = 0: no reference either, the default of uses_reference)
 
 
-def sample_noise(batch, cfg, generator: torch.Generator) -> torch.Tensor:
-    """Which prompt tokens to mask in this inner iteration (d1's q'). (B, P) bool"""
-    u = torch.rand(batch.prompt_mask.shape, generator=generator).to(batch.prompt_mask.device)
-    return (u < cfg.p_mask_prompt) & batch.prompt_mask
+def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
+    """d1's q' + [MASK]^L: every completion token masked, each prompt token with p_mask_prompt."""
+    completion = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    completion[:, batch.prompt_length:] = True
+    prompt = ~completion & batch.attention_mask.bool()
+    return noise.Draw(noise.full_completion(completion, prompt, cfg.algo.p_mask_prompt, generator))
 
 
-def token_logps(model, batch, prompt_noise: torch.Tensor) -> torch.Tensor:
+def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
     """d1's one-step per-token log-probs of the completion. (B, G)"""
-    mask_id, P = facts(model).mask_token_id, batch.prompt_length
-    x = batch.sequences.clone()
-    x[:, :P] = torch.where(prompt_noise, mask_id, x[:, :P])
-    x[:, P:] = mask_id
-    where = torch.zeros_like(x, dtype=torch.bool)
-    where[:, P:] = True
-    return masked_logps(model, x, batch.sequences, where, batch.attention_mask, compute=batch.compute)[:, P:]
+    x = torch.where(draw.masked, facts(model).mask_token_id, batch.sequences)
+    scored = torch.zeros_like(draw.masked)
+    scored[:, batch.prompt_length:] = True
+    logps = masked_logps(model, x, batch.sequences, scored, batch.attention_mask, compute=batch.compute)
+    return logps[:, batch.prompt_length:]
 
 
 def weights(adv: torch.Tensor, group_size: int, psi: float) -> torch.Tensor:
@@ -68,9 +70,9 @@ def weights(adv: torch.Tensor, group_size: int, psi: float) -> torch.Tensor:
     return (-torch.softmax(a, dim=1) + torch.softmax(-a, dim=1)).reshape(-1)
 
 
-def loss(logps, old_logps, ref_logps, batch, cfg):
+def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     seq = (logps * batch.response_mask).sum(dim=1)  # S_i
-    w = weights(batch.advantages, batch.group_size, cfg.psi)
+    w = weights(batch.advantages, batch.group_size, cfg.algo.psi)
     n_groups = batch.num_sequences / batch.group_size  # groups in the whole step
     loss = (w * seq).sum() / n_groups
     return loss, {"loss/weighted_ll": loss.item(),

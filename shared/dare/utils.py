@@ -1,4 +1,9 @@
-"""Small helpers shared by the core: atomic writes, repository paths, provenance."""
+"""Small helpers shared by the core: atomic writes, the workspace's locations, provenance.
+
+The library reads and writes only the workspace locations named here (`runs_dir`, and
+`dare.data.data_dir` for the datasets), each overridable by an environment variable; the
+repository's source folders (baselines/, reproductions/, leaderboard/, tests/) are known only to
+the application wing, `dare.app`."""
 
 from __future__ import annotations
 
@@ -10,8 +15,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+
 
 class UserError(Exception):
     """Bad input (config, data, paths, names): reported as one clear line, before compute starts."""
@@ -20,6 +27,22 @@ class UserError(Exception):
 PACKAGE_ROOT = Path(__file__).resolve().parent
 # The monorepo checkout: shared/dare/utils.py -> shared/dare -> shared -> <repo>.
 REPO_ROOT = PACKAGE_ROOT.parent.parent
+
+
+def workspace(*parts: str) -> Path:
+    """A workspace location of the checkout (`runs`, `data`, `.venv`): where the library writes and
+    reads by default when no environment variable names another place."""
+    return REPO_ROOT.joinpath(*parts)
+
+
+def runs_dir() -> Path:
+    """Where runs, evaluations and benchmarks are written: `$DARE_RUNS`, else `runs/` in the checkout."""
+    return Path(os.environ.get("DARE_RUNS", workspace("runs")))
+
+
+def now() -> str:
+    """UTC time stamp of records (run status, results)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:

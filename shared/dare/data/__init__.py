@@ -22,27 +22,8 @@ Parquet schema (one row per example; `load_split` validates it and names file, r
 
 from __future__ import annotations
 
-from dare.data.code import MBPP, HumanEval
-from dare.data.mathtasks import GSM8K, MATH, MATH500, S1K
-from dare.data.preference import UltraFeedback
-from dare.data.puzzles import Countdown, Sudoku
-from dare.data.synthetic import Addition, AdditionPreference
-
-TASKS = {
-    "addition": Addition(digits=2, n_test=500),
-    "addition_pairs": AdditionPreference(digits=2, n_test=500),
-    "gsm8k": GSM8K(),
-    "math": MATH(),
-    "math500": MATH500(),
-    "countdown": Countdown(n_numbers=3),
-    "countdown4": Countdown(n_numbers=4),
-    "sudoku": Sudoku(),
-    "humaneval": HumanEval(),
-    "mbpp": MBPP(),
-    "ultrafeedback": UltraFeedback(),
-    "s1k": S1K(),
-}
-
-from dare.data.store import DataError, build, data_dir, load_split, recorded_hashes, split_path  # noqa: E402
+from dare.data.schema import DataError, data_dir, split_path
+from dare.data.store import build, load_split, recorded_hashes
+from dare.data.tasks import TASKS
 
 __all__ = ["TASKS", "DataError", "build", "data_dir", "load_split", "recorded_hashes", "split_path"]

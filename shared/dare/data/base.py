@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dare.data.sources import find_file, hub_file, read_records
-from dare.data.store import DataError
+from dare.data.schema import DataError
 
 # d1's answer format instruction (d1:diffu-grpo/data_utils.py SYSTEM_PROMPT), shared by the
 # reasoning tasks' prompts.

@@ -13,7 +13,7 @@ import json
 import socket
 from pathlib import Path
 
-from dare.data.store import DataError
+from dare.data.schema import DataError
 
 
 def read_records(path: Path) -> list[dict]:

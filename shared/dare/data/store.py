@@ -4,33 +4,11 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 
-from dare.utils import REPO_ROOT, UserError, atomic_write
-
-
-class DataError(UserError, ValueError):
-    """A data file that does not follow the schema; the message names file, row and field."""
-
-
-def data_dir() -> Path:
-    """`$DARE_DATA`, else `data/` in the checkout (tracked by `data.dvc`)."""
-    return Path(os.environ.get("DARE_DATA", REPO_ROOT / "data"))
-
-
-def split_path(task: str, split: str, root: Path | None = None) -> Path:
-    return (root or data_dir()) / task / f"{split}.parquet"
-
-
-def _schema():
-    import pyarrow as pa
-
-    message = pa.struct([("role", pa.string()), ("content", pa.string())])
-    return pa.schema([
-        ("index", pa.int64()), ("task", pa.string()), ("split", pa.string()),
-        ("prompt", pa.list_(message)), ("ground_truth", pa.string()), ("extra", pa.string()),
-    ])
+from dare.data.schema import DataError, _row_problem, _schema, split_path
+from dare.data.tasks import TASKS
+from dare.utils import atomic_write
 
 
 HASHES = Path(__file__).with_name("hashes.json")
@@ -46,8 +24,6 @@ def build(task: str, split: str, root: Path | None = None, source: Path | None =
     input gives the same bytes, so the DVC hash of `data/` is reproducible."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from dare.data import TASKS
 
     rows = TASKS[task].build(split, source)
     table = pa.Table.from_pylist([
@@ -87,18 +63,3 @@ def load_split(task: str, split: str, root: Path | None = None, *, build_missing
     return rows
 
 
-def _row_problem(row: dict, i: int, task: str, split: str) -> tuple[str, str] | None:
-    """(field, what is wrong) for a row that breaks the schema; decodes `extra` in place."""
-    if row["index"] != i:
-        return "index", f"is {row['index']}, expected {i}"
-    if row["task"] != task or row["split"] != split:
-        return "task", f"says {row['task']}/{row['split']}, expected {task}/{split}"
-    if not row["prompt"] or any(not m or m["role"] is None or m["content"] is None for m in row["prompt"]):
-        return "prompt", "must be a non-empty list of {role, content} messages"
-    if row["ground_truth"] is None:
-        return "ground_truth", "is null"
-    try:
-        row["extra"] = json.loads(row["extra"]) if row["extra"] else {}
-    except json.JSONDecodeError as e:
-        return "extra", f"is not JSON ({e})"
-    return None

@@ -24,7 +24,7 @@ from pathlib import Path
 from dare.config import EvalRunConfig, config_hash, to_dict
 from dare.config import load as load_config
 from dare.config import save as save_config
-from dare.utils import atomic_write, git_state, hardware, make_generator, package_versions, sha256_file
+from dare.utils import atomic_write, git_state, hardware, make_generator, now, package_versions, runs_dir, sha256_file
 
 
 def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch_size: int,
@@ -99,14 +99,10 @@ def build_result(*, meta: dict, model_info: dict, benchmark: dict, decoding, out
                  seed: int, samples_path: Path, command: str | None, reference: dict | None = None) -> dict:
     """The result JSON (as a dict) of one benchmark evaluation of one checkpoint. `benchmark`:
     name, split, version, n_shot; `outcome`: values per metric, sample counts, throughput."""
-    from dare import baselines
     from dare.results import SCHEMA_VERSION, metric_from_values
-    from dare.train import now
 
     baseline = meta.get("baseline", "base")
-    paper = None
-    if baseline in baselines.names():
-        paper = baselines.front_matter(baseline).get("arxiv")
+    paper = (meta.get("method") or {}).get("arxiv")  # recorded at training time by whoever named the method
     init = meta.get("init")
     if not meta:
         init_name = None  # a checkpoint we did not train: the base model itself
@@ -156,7 +152,6 @@ def default_out_dir(checkpoint: Path, digest: str) -> Path:
     else under `runs/eval/<folder>-<fingerprint>/<hash>` so two folders of the same name never share
     results."""
     from dare.models.api import checkpoint_fingerprint
-    from dare.train import runs_dir
 
     if (checkpoint / "dare.json").is_file():
         return checkpoint.parent / "eval" / digest[:12]

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from dare.eval.suite import Benchmark
-from dare.utils import REPO_ROOT, UserError, atomic_write
+from dare.utils import UserError, atomic_write, workspace
 
 MODEL_ABBR = "dare"
 CORRECT_KEYS = ("correct", "is_correct", "passed")
@@ -36,9 +36,9 @@ def eval_python() -> str:
     if given:
         if not Path(given).is_file():
             raise UserError(f"DARE_EVAL_PYTHON={given}: no such interpreter (the eval env's python, e.g. "
-                            f"{REPO_ROOT / '.venv' / 'eval' / 'bin' / 'python'}; `make eval-env` builds it)")
+                            f"{workspace('.venv', 'eval', 'bin', 'python')}; `make eval-env` builds it)")
         return given
-    default = REPO_ROOT / ".venv" / "eval" / "bin" / "python"
+    default = workspace(".venv", "eval", "bin", "python")
     if default.is_file():
         return str(default)
     import importlib.util

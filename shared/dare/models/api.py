@@ -10,33 +10,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-
-@dataclass(frozen=True)
-class ModelFacts:
-    family: str
-    mask_token_id: int
-    eos_token_id: int
-    pad_token_id: int
-    logits_shift: bool
-    """True when the logit at position i-1 predicts token i (Dream); `token_logits` re-aligns."""
-    attention: Literal["bidirectional", "block_causal"]
-    block_size: int | None = None
-    """Block size of block-causal attention (SDAR, LLaDA2); None for bidirectional models."""
-    lora_targets: str = ""
-    """peft `target_modules` for LoRA: a regex over module names (attention and MLP projections)."""
-    eot_token_id: int | None = None
-    """End-of-turn token when the chat format has one: config `eot_token_id`, else the family's
-    end-of-turn string (`END_OF_TURN`) found in the checkpoint's tokenizer when it is loaded
-    (LLaDA-Instruct `<|eot_id|>` 126348, Dream/SDAR `<|im_end|>`, LLaDA2 `<|role_end|>`)."""
-
-    @property
-    def stop_ids(self) -> tuple[int, ...]:
-        """The tokens that end a response: EOS and, when there is one, the end-of-turn token."""
-        return (self.eos_token_id,) if self.eot_token_id is None else (self.eos_token_id, self.eot_token_id)
+from dare.models.registry import FAMILIES, ModelFacts, family_module, register_all
+from dare.utils import UserError
 
 
 def facts(model) -> ModelFacts:
@@ -99,8 +76,6 @@ def encode_chat(tokenizer, prompts: list[list[dict]]) -> list[list[int]]:
 def _check_folder(path: str | Path) -> Path:
     p = Path(path)
     if not (p / "config.json").is_file():
-        from dare.utils import UserError
-
         raise UserError(
             f"{path}: not a checkpoint folder (no config.json). Models are loaded from local folders "
             f"(download them first, e.g. `huggingface-cli download GSAI-ML/LLaDA-8B-Instruct --local-dir ...`).")
@@ -114,8 +89,6 @@ def load_pretrained(path: str | Path, dtype: str = "float32", attn_backend: str 
     unavailable kernel asked for here is an error."""
     import torch
     from transformers import AutoModel
-
-    from dare.models import register_all
 
     register_all()
     folder = _check_folder(path)
@@ -140,8 +113,6 @@ def end_of_turn_id(folder: str | Path, family: str) -> int | None:
     files (`tokenizer_config.json`'s `added_tokens_decoder`, else `tokenizer.json`'s
     `added_tokens`), or None when the tokenizer has no such token. Released configs do not name
     it (LLaDA-8B-Instruct's says only eos 126081), so it is read here, once, at load time."""
-    from dare.models import family_module
-
     name = getattr(family_module(family), "END_OF_TURN", None)
     folder = Path(folder)
     if name is None:
@@ -163,9 +134,6 @@ def meta_model(path: str | Path):
     config alone: its facts and parameter count without reading or allocating any weights."""
     import torch
     from transformers import AutoConfig
-
-    from dare.models import FAMILIES, family_module, register_all
-    from dare.utils import UserError
 
     register_all()
     path = Path(path)
@@ -199,8 +167,6 @@ def new_model(family: str, tokenizer, scratch, seed: int, dtype: str = "float32"
     with the special-token ids taken from `tokenizer`. The weights depend only on `seed`; the
     global RNG states (CPU and every CUDA device) are restored afterwards, as if never touched."""
     import torch
-
-    from dare.models import family_module
 
     module = family_module(family)
     config = module.scratch_config(scratch, tokenizer)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig
 
-from dare.models.api import ModelFacts
+from dare.models.registry import ModelFacts
 from dare.models.blocks import QwenAttention, QwenDecoderLayer, SwiGLU
 from dare.models.core import DLLMPreTrainedModel, RMSNorm, Rotary
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig
 
-from dare.models.api import ModelFacts
+from dare.models.registry import ModelFacts
 from dare.models.core import (
     DLLMPreTrainedModel, Layout, RMSNorm, apply_rope, attend, resolve_backend,
     Rotary,

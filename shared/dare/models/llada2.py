@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig
 
-from dare.models.api import ModelFacts
+from dare.models.registry import ModelFacts
 from dare.models.blocks import SwiGLU
 from dare.models.core import (
     DLLMPreTrainedModel, Layout, RMSNorm, Rotary, apply_rope, attend,

@@ -24,7 +24,7 @@ def char_tokenizer(alphabet: str, family: str):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from dare.models import family_module
+    from dare.models.registry import family_module
 
     fam = family_module(family)
     specials = list(dict.fromkeys([*fam.SPECIAL_TOKENS.values(), fam.MASK_TOKEN, UNK_TOKEN, *ROLE_TOKENS]))

@@ -1,4 +1,4 @@
-"""The rollout engine: one interface that RL, evaluation and benchmarks all share.
+"""Rollout: one sampling interface that RL, evaluation and benchmarks all share.
 
     out = generate(model, prompt_ids, prompt_mask, params, generator)
 

@@ -130,7 +130,7 @@ class StopSignals:
 
 
 class Checkpointer:
-    """`checkpoints/step_N/`: the weights (`Engine.save`) and `trainer_state.pt` (optimizer,
+    """`checkpoints/step_N/`: the weights (`Trainer.save`) and `trainer_state.pt` (optimizer,
     schedule, sampler, generators, RNG, elapsed time), written by rank 0 into `step_N.tmp` and
     renamed into place, so a crash never leaves a half-written checkpoint."""
 
@@ -146,15 +146,15 @@ class Checkpointer:
         done = self.complete()
         return done[-1] if done else None
 
-    def save(self, step: int, engine, tokenizer, state: dict) -> Path:
+    def save(self, step: int, trainer, tokenizer, state: dict) -> Path:
         final = self.dir / f"step_{step:07d}"
         tmp = self.dir / f"step_{step:07d}.tmp"
         if self.dist.main:
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
-        engine.save(tmp, tokenizer)  # collective: gathers the shards
-        optim = engine.optimizer_state()
+        trainer.save(tmp, tokenizer)  # collective: gathers the shards
+        optim = trainer.optimizer_state()
         if self.dist.main:
             torch.save({"step": step, **optim, **state}, tmp / "trainer_state.pt")
             replace_dir(tmp, final)
@@ -163,12 +163,12 @@ class Checkpointer:
         self.dist.barrier()
         return final
 
-    def after_step(self, done: int, total: int, save_every: int, stop: "StopSignals", engine, tokenizer,
+    def after_step(self, done: int, total: int, save_every: int, stop: "StopSignals", trainer, tokenizer,
                    state) -> None:
         """The end of every training step: a periodic checkpoint, then the preemption check (which
         checkpoints this step and stops). `state()` builds `training_state(...)` when one is saved."""
         def save():
-            return self.save(done, engine, tokenizer, state())
+            return self.save(done, trainer, tokenizer, state())
 
         if save_every and done % save_every == 0 and done < total:
             save()
@@ -181,21 +181,21 @@ def training_state(sampler: EpochSampler, generators: dict, elapsed_s: float) ->
             "torch_rng": torch.get_rng_state(), "elapsed_s": elapsed_s}
 
 
-def resume(run_dir: Path, engine, sampler: EpochSampler, generators: dict,
+def resume(run_dir: Path, trainer, sampler: EpochSampler, generators: dict,
            label: str) -> tuple[Checkpointer, int, float]:
     """Restore the latest complete checkpoint, if any: (checkpointer, start step, elapsed seconds)."""
-    ckpt = Checkpointer(run_dir, engine.dist)
+    ckpt = Checkpointer(run_dir, trainer.dist)
     latest = ckpt.latest()
     if latest is None:
         return ckpt, 0, 0.0
     state = torch.load(latest / "trainer_state.pt", weights_only=False)
-    engine.load(latest, state)
+    trainer.load(latest, state)
     sampler.load_state_dict(state["sampler"])
     for name, g in generators.items():
         g.set_state(state["generators"][name])
     if "torch_rng" in state:
         torch.set_rng_state(state["torch_rng"])
-    if engine.dist.main:
+    if trainer.dist.main:
         print(f"[{label}] resuming from {latest} (step {state['step']})", flush=True)
     return ckpt, state["step"], state["elapsed_s"]
 
@@ -284,18 +284,18 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def save_final(engine, tokenizer, run_dir: Path, meta: dict) -> Path:
-    """The run's final model (`Engine.export`), with `dare.json` describing how it was made,
+def save_final(trainer, tokenizer, run_dir: Path, meta: dict) -> Path:
+    """The run's final model (`Trainer.export`), with `dare.json` describing how it was made,
     moved into place whole. Collective; rank 0 writes."""
     tmp, final = Path(run_dir) / "final.tmp", Path(run_dir) / "final"
-    if engine.dist.main:
+    if trainer.dist.main:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-    engine.export(tmp, tokenizer, meta)
-    if engine.dist.main:
+    trainer.export(tmp, tokenizer, meta)
+    if trainer.dist.main:
         replace_dir(tmp, final)
-    engine.dist.barrier()
+    trainer.dist.barrier()
     return final
 
 
@@ -349,21 +349,21 @@ class Loop:
     """The data sampler, the run's checkpointed generators (one per name in `streams`), resume,
     the metrics log, stop signals and the end-of-step routine; a recipe writes only its step:
 
-        with Loop(cfg, run_dir, label, engine, len(rows), streams=("noise",)) as loop:
-            for step in range(loop.start, loop.total):
+        with Loop(cfg, run_dir, label, trainer, len(rows), streams=("noise",)) as loop:
+            for step in loop.steps():
                 ...
                 loop.end_step(step + 1, tokenizer, lambda: {...metrics...})
         return loop.outcome(tokenizer, model_name, init)
     """
 
-    def __init__(self, cfg, run_dir, label: str, engine, n_rows: int, streams=()):
+    def __init__(self, cfg, run_dir, label: str, trainer, n_rows: int, streams=()):
         from dare.utils import make_generator
 
-        self.cfg, self.label, self.engine, self.dist = cfg, label, engine, engine.dist
+        self.cfg, self.label, self.trainer, self.dist = cfg, label, trainer, trainer.dist
         self.total = cfg.train.steps
         self.sampler = EpochSampler(n_rows, make_generator(cfg.run.seed, "data"))
         self.generators = {name: make_generator(cfg.run.seed, name) for name in streams}
-        self.ckpt, self.start, self.elapsed0 = resume(run_dir, engine, self.sampler, self.generators, label)
+        self.ckpt, self.start, self.elapsed0 = resume(run_dir, trainer, self.sampler, self.generators, label)
         self.log = (MetricsLog(run_dir, self.total, self.start, label, cfg.run.report_to, cfg)
                     if self.dist.main else None)
         self.t0 = time.perf_counter()
@@ -371,13 +371,28 @@ class Loop:
 
     def __enter__(self):
         self.stop.__enter__()
+        # The global RNG (dropout, e.g. LoRA's) is forked for the loop and seeded per step from the
+        # run seed: runs are reproducible and resumable, and the caller's global RNG is left as it was.
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        self._rng = torch.random.fork_rng(devices=devices)
+        self._rng.__enter__()
         return self
 
     def __exit__(self, *exc):
+        self._rng.__exit__(*exc)
         self.stop.__exit__(*exc)
         if self.log:
             self.log.close()
         return False
+
+    def steps(self):
+        """The steps still to run (from the resumed one), with the forked global RNG seeded from
+        (run seed, step, rank) before each."""
+        from dare.utils import derive_seed
+
+        for step in range(self.start, self.total):
+            torch.manual_seed(derive_seed(self.cfg.run.seed, f"global/{step}/{self.dist.rank}"))
+            yield step
 
     def elapsed(self) -> float:
         return self.elapsed0 + time.perf_counter() - self.t0
@@ -389,12 +404,12 @@ class Loop:
             values = metrics()
             if self.log:
                 self.log.log(done, values)
-        self.ckpt.after_step(done, self.total, self.cfg.run.save_every, self.stop, self.engine, tokenizer,
+        self.ckpt.after_step(done, self.total, self.cfg.run.save_every, self.stop, self.trainer, tokenizer,
                              lambda: training_state(self.sampler, self.generators, self.elapsed()))
 
     def outcome(self, tokenizer, model_name: str, init) -> dict:
         data = self.cfg.data
-        return {"engine": self.engine, "tokenizer": tokenizer, "model_name": model_name, "init": init,
+        return {"trainer": self.trainer, "tokenizer": tokenizer, "model_name": model_name, "init": init,
                 "steps": self.total, "data": data_identity(data.task, data.split), "elapsed_s": self.elapsed()}
 
 

@@ -7,20 +7,18 @@ materializes full-vocabulary logits.
   without their padding. Shift-aligned for every family.
 - `block_diffusion_logps(model, x_noisy, clean, where)`: the same for block-diffusion models
   (SDAR, LLaDA2.x) through their `[noisy ; clean]` training layout, in one forward.
-- `elbo(model, ids, attention_mask, maskable, n, generator, weighting, normalize, chunk)`: the
-  Monte Carlo ELBO of the maskable tokens given the rest (LLaDA/MDLM, linear schedule):
-    weighting="count": l ~ stratified U{1..L}, exactly l positions masked, weight L / l
-                       (LLaDA's lower-variance estimator);
-    weighting="time":  t ~ stratified U(0, 1], i.i.d. masking at t, weight 1 / t.
-  `normalize="none"` returns the sum over tokens (a log-likelihood bound), "valid" divides by
+- `elbo(model, ids, attention_mask, maskable, draws, normalize, compute)`: the Monte Carlo
+  ELBO of the maskable tokens given the rest (LLaDA/MDLM, linear schedule) on draws from
+  `noise.elbo_draws` (count weighting: l masked of L, weight L / l; time weighting: i.i.d. at
+  t, weight 1 / t). `normalize="none"` returns the sum over tokens (a log-likelihood bound), "valid" divides by
   the number of maskable tokens of each row, "padded" by the padded length; the choice is
   explicit because the reference repos normalize by the padded length by accident.
 - `sequence_elbo(model, ids, start, n, generator)`: the ELBO of log p(ids[start:] | ids[:start]) for
   one sequence, its n masks in one batch (count weighting). Block models (SDAR, LLaDA2.x) factor
   over blocks: each block gets its own count and weight and sees the clean blocks before it.
   OpenCompass' likelihood scoring (`get_ppl`) uses it.
-- `elbo_backward(...)`: the same estimate, backpropagated one Monte Carlo sample at a time so
-  that only one sample's activations are alive (memory-bounded); returns the value.
+- `elbo_backward(...)`: the same estimate, backpropagated one Monte Carlo draw at a time so
+  that only one draw's activations are alive (memory-bounded); returns the value.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from dare.train import noise
 
 @dataclass(frozen=True)
 class Compute:
-    """How a log-prob pass is computed, never what it computes (engine options `train.packing`,
+    """How a log-prob pass is computed, never what it computes (trainer options `train.packing`,
     `train.logit_chunk`): `pack` drops padding and packs the rows into one sequence list
     (`cu_seqlens`) when that removes at least `min_padding` of the positions (without flash-attn
     the packed path attends sequence by sequence, which costs more than a little padding); `chunk`
@@ -58,7 +56,7 @@ def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: to
     (B, L, V) logits never exist; chunk = 0: full logits (the naive path, for comparison).
     pack: padded rows (attention_mask 0) are packed without their pads into one row with
     `cu_seqlens` first (when at least `min_padding` of the positions are padding); a packed row
-    (1, total) with `cu_seqlens` can also be given directly. `compute` (a batch's engine options)
+    (1, total) with `cu_seqlens` can also be given directly. `compute` (a batch's trainer options)
     sets chunk, pack and min_padding at once."""
     if compute is not None:
         chunk, pack, min_padding = compute.chunk, compute.pack, compute.min_padding
@@ -105,50 +103,47 @@ def block_diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, whe
     return out
 
 
-def _samples(maskable, n, generator, weighting):
-    """n (mask, per-row weight) pairs for the estimator."""
-    lengths = maskable.sum(dim=1)
-    if weighting == "count":
-        counts = noise.stratified_counts(lengths, n, generator)
-        for k in range(n):
-            mask = noise.exact_count(maskable, counts[k].to(maskable.device), generator)
-            yield mask, lengths.float() / counts[k].to(maskable.device).clamp(min=1).float()
-    else:
-        shift = torch.rand((), generator=generator).item()
-        for k in range(n):
-            t = torch.full((maskable.shape[0],), (k + shift) / n, device=maskable.device).clamp(min=1e-3)
-            yield noise.iid(maskable, t, generator), 1.0 / t
-
-
 def _normalizer(maskable, normalize):
     if normalize == "valid":
         return maskable.sum(dim=1).clamp(min=1).float()
     if normalize == "padded":
         return torch.full((maskable.shape[0],), float(maskable.shape[1]), device=maskable.device)
+    if normalize != "none":
+        raise ValueError(f"normalize={normalize!r}: expected 'none', 'valid' or 'padded'")
     return torch.ones(maskable.shape[0], device=maskable.device)
 
 
-def elbo(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, maskable: torch.Tensor, n: int,
-         generator: torch.Generator, weighting: Literal["count", "time"] = "count",
-         normalize: Literal["none", "valid", "padded"] = "none", chunk: int = 1024) -> torch.Tensor:
-    """(B,) the Monte Carlo ELBO of the maskable tokens (see the module docstring)."""
-    total = torch.zeros(ids.shape[0], device=ids.device)
-    for mask, weight in _samples(maskable, n, generator, weighting):
-        x = torch.where(mask, torch.full_like(ids, facts(model).mask_token_id), ids)
-        total = total + weight * masked_logps(model, x, ids, mask, attention_mask, chunk).sum(dim=1)
+def _elbo_sample(model, ids, attention_mask, draws: noise.Draw, k: int, compute: Compute | None) -> torch.Tensor:
+    """(B,) weight_k * sum over the k-th draw's masked positions of log p(ids_i | x_t)."""
+    mask = draws.masked[:, k]
+    x = torch.where(mask, torch.full_like(ids, facts(model).mask_token_id), ids)
+    return draws.weight[:, k] * masked_logps(model, x, ids, mask, attention_mask, compute=compute).sum(dim=1)
+
+
+def elbo(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, maskable: torch.Tensor,
+         draws: noise.Draw, normalize: Literal["none", "valid", "padded"] = "none",
+         compute: Compute | None = None) -> torch.Tensor:
+    """(B,) the Monte Carlo ELBO of the maskable tokens on the given draws (`noise.elbo_draws`):
+    the mean over the n draws of weight x the log-probs of the masked tokens, divided by the
+    normalizer (module docstring). The same draws give the same estimate for any model, which
+    is how a policy and its reference are compared on shared noise."""
+    n = draws.masked.shape[1]
+    total = sum(_elbo_sample(model, ids, attention_mask, draws, k, compute) for k in range(n))
     return total / n / _normalizer(maskable, normalize)
 
 
-def elbo_backward(model, ids, attention_mask, maskable, n, generator, weighting="count", normalize="none",
-                  chunk: int = 1024, scale: float = 1.0) -> torch.Tensor:
-    """Backpropagate `scale * elbo.sum()` one Monte Carlo sample at a time (memory-bounded);
-    returns the (B,) estimate, detached. Same draws as `elbo` for the same generator state."""
-    total = torch.zeros(ids.shape[0], device=ids.device)
+def elbo_backward(model, ids, attention_mask, maskable, draws: noise.Draw, normalize="none",
+                  compute: Compute | None = None, scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """Backpropagate `(scale * elbo).sum()` one Monte Carlo draw at a time, so only one draw's
+    activations are alive (memory-bounded); returns the (B,) estimate, detached. `scale` may be
+    a (B,) tensor: the gradient of a loss with respect to each row's ELBO (a second pass after
+    the loss was evaluated on the detached estimates)."""
+    n = draws.masked.shape[1]
     norm = _normalizer(maskable, normalize)
-    for mask, weight in _samples(maskable, n, generator, weighting):
-        x = torch.where(mask, torch.full_like(ids, facts(model).mask_token_id), ids)
-        value = weight * masked_logps(model, x, ids, mask, attention_mask, chunk).sum(dim=1) / n / norm
-        (scale * value.sum()).backward()
+    total = torch.zeros(ids.shape[0], device=ids.device)
+    for k in range(n):
+        value = _elbo_sample(model, ids, attention_mask, draws, k, compute) / n / norm
+        (scale * value).sum().backward()
         total = total + value.detach()
     return total
 

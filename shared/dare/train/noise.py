@@ -2,102 +2,103 @@
 `torch.Generator` so that old, reference and current log-probs can be computed on the SAME draws
 (the reference repos reseed the global RNG inside the loss, or draw new masks per pass).
 
-Every sampler returns a bool mask (B, L): True where the token is replaced by MASK. `maskable`
-(B, L) bool marks the positions that may be masked (usually the valid completion tokens).
+A sampler returns a bool mask shaped like `maskable`: True where the token is replaced by MASK;
+`maskable` (B, L) marks the positions that may be masked (usually the valid completion tokens).
+Draws are made on the generator's device (the CPU) and moved to the mask's device, so the same
+seed gives the same masks on every accelerator. A draw handed between hooks is a `Draw`
+(see `dare.train.hooks`): row-major, so micro-batching slices it with the batch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class Draw:
+    """One noise draw, as the hooks pass it around (row-major: dim 0 is the batch row).
+
+    masked: bool, True where the input is the mask token, over the batch's sequence layout
+            ((B, L) for one draw, (B, n, L) for n Monte Carlo draws per row);
+    t:      the masking ratio per row (B,) / per draw (B, n), or one scalar for the batch;
+    weight: the estimator's weight per row / draw (e.g. 1/t or L/l), when it has one."""
+
+    masked: torch.Tensor
+    t: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+
+
+def _rand(shape, generator: torch.Generator, device) -> torch.Tensor:
+    return torch.rand(shape, generator=generator).to(device)
 
 
 def full_completion(maskable: torch.Tensor, prompt: torch.Tensor, p_mask_prompt: float,
                     generator: torch.Generator) -> torch.Tensor:
     """d1 / diffu-GRPO: every completion token masked, each prompt token masked with probability
-    `p_mask_prompt` (one-step mean-field estimate)."""
-    u = torch.rand(maskable.shape, generator=generator, device=maskable.device)
+    `p_mask_prompt` (one-step mean-field estimate; d1 draws one uniform per position of the
+    whole sequence, `forward_process`)."""
+    u = _rand(maskable.shape, generator, maskable.device)
     return maskable | (prompt & (u < p_mask_prompt))
 
 
 def iid(maskable: torch.Tensor, t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """LLaDA's forward process: each maskable token masked independently with probability t (B,)."""
-    u = torch.rand(maskable.shape, generator=generator, device=maskable.device)
-    return maskable & (u < t[:, None])
+    """LLaDA's forward process: each maskable token masked independently with probability t (B,)
+    or (B, n) (then the mask is (B, n, L) for maskable (B, L))."""
+    shape = (*t.shape, maskable.shape[-1])
+    u = _rand(shape, generator, maskable.device)
+    keep = maskable if t.dim() == 1 else maskable[:, None, :]
+    return keep & (u < t[..., None])
 
 
 def exact_count(maskable: torch.Tensor, counts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Exactly counts[b] maskable positions of row b masked, uniformly at random."""
-    scores = torch.rand(maskable.shape, generator=generator, device=maskable.device)
+    scores = _rand(maskable.shape, generator, maskable.device)
     scores = torch.where(maskable, scores, torch.full_like(scores, 2.0))  # never pick non-maskable
     rank = scores.argsort(dim=1).argsort(dim=1)
-    return maskable & (rank < counts[:, None])
+    return maskable & (rank < counts[:, None].to(maskable.device))
 
 
 def stratified_counts(lengths: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
     """(n, B) mask counts l in 1..L_b spread over the n draws: LLaDA's `get_log_likelihood`
-    stratification, `linspace` over [1, L] offset by one random shift (VRPO, BGPO reuse it)."""
+    stratification, `linspace` over [1, L] offset by one random shift."""
     shift = torch.rand((), generator=generator).item()
     grid = (torch.arange(n, dtype=torch.float64) + shift) / n  # stratified in [0, 1)
-    counts = 1 + (grid[:, None] * lengths[None, :].double()).floor().long()
-    return counts.clamp(max=lengths.clamp(min=1)[None, :])
+    counts = 1 + (grid[:, None] * lengths.cpu()[None, :].double()).floor().long()
+    return counts.clamp(max=lengths.cpu().clamp(min=1)[None, :])
+
+
+def stratified_times(rows: int, n: int, generator: torch.Generator, eps: float = 1e-3) -> torch.Tensor:
+    """(rows, n) diffusion times, one per stratum ((k + u) / n, u ~ U(0, 1) drawn per row and
+    stratum), clamped below at eps: VRPO's stratified timesteps (LLaDA 1.5, §3.2)."""
+    u = torch.rand(rows, n, generator=generator)
+    return ((torch.arange(n) + u) / n).clamp(min=eps)
 
 
 def complementary(maskable: torch.Tensor, t: torch.Tensor, generator: torch.Generator):
-    """coupled-GRPO: a mask at ratio t and its complement within the maskable tokens, so every
+    """coupled-GRPO: a mask at ratio t (B,) and its complement within the maskable tokens, so every
     maskable token is masked in exactly one of the pair. -> (mask, complement)"""
     first = iid(maskable, t, generator)
     return first, maskable & ~first
 
 
-def block_wise(maskable: torch.Tensor, block: int, generator: torch.Generator) -> torch.Tensor:
-    """SPG-style: one block of the completion (chosen per row) is noised at a random ratio, the
-    blocks before it are clean and the blocks after it fully masked."""
-    B, L = maskable.shape
-    out = torch.zeros_like(maskable)
-    for b in range(B):
-        idx = maskable[b].nonzero().squeeze(1)
-        if len(idx) == 0:
-            continue
-        n_blocks = -(-len(idx) // block)
-        k = int(torch.randint(n_blocks, (1,), generator=generator))
-        t = float(torch.rand((), generator=generator))
-        inside = idx[k * block:(k + 1) * block]
-        after = idx[(k + 1) * block:]
-        u = torch.rand(len(inside), generator=generator)
-        out[b, inside[u < t]] = True
-        out[b, after] = True
-    return out
+def elbo_draws(maskable: torch.Tensor, n: int, generator: torch.Generator, weighting: str = "count",
+               eps: float = 1e-3) -> Draw:
+    """n Monte Carlo draws per row for the ELBO of the maskable tokens (`estimators.elbo`):
+    masked (B, n, L), t (B, n) the masked fraction, weight (B, n).
 
-
-def block_grid(maskable: torch.Tensor, block: int, generator: torch.Generator) -> torch.Tensor:
-    """Block-wise noise on one grid for the whole batch: blocks of `block` positions counted from
-    the first maskable column (the completion start, shared by every row of a rollout batch); one
-    block index k and one ratio t are drawn for the batch; columns before block k are clean,
-    block k is masked i.i.d. at t (maskable positions only), everything maskable after it is
-    masked. Every row then shares the clean prefix, so the batch can reuse one prefix computation."""
-    B, L = maskable.shape
-    cols = maskable.any(dim=0).nonzero().squeeze(1)
-    out = torch.zeros_like(maskable)
-    if len(cols) == 0:
-        return out
-    start, width = int(cols[0]), int(cols[-1]) + 1 - int(cols[0])
-    n_blocks = -(-width // block)
-    k = int(torch.randint(n_blocks, (1,), generator=generator))
-    t = float(torch.rand((), generator=generator))
-    lo, hi = start + k * block, min(start + (k + 1) * block, L)
-    u = torch.rand((B, hi - lo), generator=generator).to(maskable.device)
-    out[:, lo:hi] = u < t
-    out[:, hi:] = True
-    return out & maskable
-
-
-def from_trajectory(step_map: torch.Tensor, step: int) -> torch.Tensor:
-    """CJ-GRPO trajectory replay: the state before `step` of a recorded rollout masks every
-    position committed at `step` or later (step maps from `dare.rollout`)."""
-    return step_map >= step
-
-
-def ar_prefix(maskable: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
-    """JustGRPO-style autoregressive prefix: maskable positions from index cut[b] on are masked."""
-    positions = maskable.long().cumsum(dim=1) - 1
-    return maskable & (positions >= cut[:, None])
+    weighting="count": l ~ stratified U{1..L}, exactly l positions masked, weight L / l (LLaDA's
+                       lower-variance estimator, `get_log_likelihood`);
+    weighting="time":  t ~ stratified U(0, 1] (`stratified_times`), i.i.d. masking at t, weight 1 / t
+                       (the ELBO's definition; VRPO)."""
+    if weighting == "count":
+        lengths = maskable.sum(dim=1)
+        counts = stratified_counts(lengths, n, generator).to(maskable.device)  # (n, B)
+        masked = torch.stack([exact_count(maskable, counts[k], generator) for k in range(n)], dim=1)
+        t = (counts / lengths.clamp(min=1)[None, :]).T.float()
+        return Draw(masked, t, (lengths[None, :].float() / counts.clamp(min=1).float()).T)
+    if weighting != "time":
+        raise ValueError(f"weighting={weighting!r}: expected 'count' or 'time'")
+    t = stratified_times(maskable.shape[0], n, generator, eps).to(maskable.device)
+    return Draw(iid(maskable, t, generator), t, 1.0 / t)

@@ -2,10 +2,11 @@
 sequence log-likelihood estimates of the policy and the reference on the SAME noise ->
 `algorithm.loss`.
 
-    noise   = algorithm.sample_noise(batch, cfg, generator)     drawn once for the whole step
-    ref     = algorithm.logps(reference, micro, noise)          (B, 2), no grad
-    policy  = algorithm.logps(model, micro, noise)              (B, 2)
-    loss    = algorithm.loss(policy, ref, micro, cfg)           normalized by batch.num_pairs
+    noise   = sample_noise(batch, generator, cfg)               drawn once for the whole step
+    ref     = logps(reference, micro, noise, cfg)               (B, 2), no grad
+    policy  = logps(model, micro, noise, cfg)                   (B, 2)
+    loss    = loss(policy, ref, micro, noise, cfg)              normalized by batch.num_pairs
+(the hooks of the baseline's algorithm.py; their contract is `dare.train.hooks`)
 
 Batch layout (`PreferenceBatch`): pairs are rows, so splitting over processes and micro-batches
 never separates a chosen response from its rejected one: (B, 2, L) with index 0 = chosen and
@@ -26,12 +27,10 @@ import torch
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.train.common import Loop, build_model, micro_slices, take
-from dare.train.engine import Engine, setup_dist
+from dare.train.trainer import Trainer, setup_dist
 from dare.train.estimators import Compute
+from dare.train.hooks import PreferenceHooks
 from dare.utils import UserError
-
-REQUIRED = ("sample_noise", "logps", "loss")
-
 
 @dataclass
 class PreferenceBatch:
@@ -62,7 +61,7 @@ def preference_batch(prompts, chosen, rejected, eos_id: int, pad_id: int, comput
     return PreferenceBatch(ids, attention, response, B, compute)
 
 
-def run(cfg, algo, run_dir, label: str = "preference") -> dict:
+def run(cfg, hooks: PreferenceHooks, run_dir, label: str = "preference") -> dict:
     dist = setup_dist()
     if cfg.train.batch_size % dist.world:
         raise UserError(f"train.batch_size={cfg.train.batch_size} must be divisible by the {dist.world} processes")
@@ -80,35 +79,35 @@ def run(cfg, algo, run_dir, label: str = "preference") -> dict:
     chosen = tokenizer([r["extra"]["chosen"] for r in rows], add_special_tokens=False)["input_ids"]
     rejected = tokenizer([r["extra"]["rejected"] for r in rows], add_special_tokens=False)["input_ids"]
 
-    engine = Engine(model, cfg.model, cfg.train, dist, cfg.train.steps, reference=True)
+    trainer = Trainer(model, cfg.model, cfg.train, dist, cfg.train.steps, reference=True, seed=cfg.run.seed)
     compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
-    with Loop(cfg, run_dir, label, engine, len(rows), streams=("noise",)) as loop:
-        for step in range(loop.start, loop.total):
+    with Loop(cfg, run_dir, label, trainer, len(rows), streams=("noise",)) as loop:
+        for step in loop.steps():
             tic = time.perf_counter()
             idx = loop.sampler.next(cfg.train.batch_size)
             batch = preference_batch([prompts[i] for i in idx], [chosen[i] for i in idx], [rejected[i] for i in idx],
                                      f.eos_token_id, f.pad_token_id, compute)
             batch.input_ids, batch.attention_mask, batch.response_mask = (
                 t.to(dist.device) for t in (batch.input_ids, batch.attention_mask, batch.response_mask))
-            noise = algo.sample_noise(batch, cfg.algo, loop.generators["noise"])  # the whole step's draws, every rank
+            noise = hooks.sample_noise(batch, loop.generators["noise"], cfg)  # the whole step's draws, every rank
             n = batch.input_ids.shape[0]
             local, local_noise = take(batch, dist.shard(n), n), take(noise, dist.shard(n), n)
             m = local.input_ids.shape[0]
             sums: dict[str, float] = {}
             for rows_ in micro_slices(m, cfg.train.micro_batch_size):
                 micro, z = take(local, rows_, m), take(local_noise, rows_, m)
-                with torch.no_grad(), engine.reference() as ref_model:
-                    ref = algo.logps(ref_model, micro, z)
-                engine.model.train()
-                with engine.autocast():
-                    loss, metrics = algo.loss(algo.logps(engine.model, micro, z), ref, micro, cfg.algo)
-                engine.backward(loss)
+                with torch.no_grad(), trainer.reference() as ref_model:
+                    ref = hooks.logps(ref_model, micro, z, cfg)
+                trainer.model.train()
+                with trainer.autocast():
+                    loss, metrics = hooks.loss(hooks.logps(trainer.model, micro, z, cfg), ref, micro, z, cfg)
+                trainer.backward(loss)
                 for k, v in {"loss/total": loss.item(), **metrics}.items():
                     sums[k] = sums.get(k, 0.0) + v
             sums = dist.sum(sums)
-            sums["optim/grad_norm"] = engine.step()
+            sums["optim/grad_norm"] = trainer.step()
             elapsed = time.perf_counter() - tic
             loop.end_step(step + 1, tokenizer, lambda: {
-                **sums, "optim/lr": engine.lr, "data/epoch": loop.sampler.epoch,
+                **sums, "optim/lr": trainer.lr, "data/epoch": loop.sampler.epoch,
                 "perf/tokens_per_s": int(batch.attention_mask.sum()) / elapsed, "time/step_s": elapsed})
     return loop.outcome(tokenizer, model_name, init)

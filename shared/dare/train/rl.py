@@ -1,14 +1,14 @@
 """The RL recipe (GRPO family). One step:
 
     prompts -> rollout (G completions each, `dare.rollout`) -> rewards (the task's reward)
-      -> advantages                                   algorithm.advantages(rewards (P, G), cfg)
-      -> mu noise draws                               algorithm.sample_noise(batch, cfg, generator)
-      -> old and reference log-probs on those draws   algorithm.token_logps(model, batch, noise)
-      -> mu policy updates                            algorithm.loss(logps, old, ref, batch, cfg)
+      -> advantages                                   advantages(rewards (P, G), cfg)
+      -> mu noise draws                               sample_noise(batch, generator, cfg)
+      -> old and reference log-probs on those draws   token_logps(model, batch, noise, cfg)
+      -> mu policy updates                            loss(logps, old, ref, batch, noise, cfg)
 
 The loop knows nothing about any particular algorithm: what noise an estimator needs, how
-log-probs are estimated and what the loss is all come from the baseline's `algorithm.py`
-(optional hooks: `rollout_options`, `check_config`, `uses_old_logps`; see `dare.train`).
+log-probs are estimated and what the loss is all come from the baseline's `algorithm.py`, read
+into `RLHooks` (the contract and the optional hooks' defaults: `dare.train.hooks`).
 The same noise draw is used for the policy, old and reference log-probs of an update, so
 their ratio compares like with like. With one update per batch (mu = 1) the old log-probs equal the current ones by
 construction, so they are not recomputed: `old = logps.detach()` (ratio = 1).
@@ -39,12 +39,10 @@ from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.rollout import decode_responses, generate, left_pad
 from dare.train.common import Loop, build_model, micro_slices, take
-from dare.train.engine import Engine, setup_dist
+from dare.train.trainer import Trainer, setup_dist
 from dare.train.estimators import Compute
+from dare.train.hooks import RLHooks
 from dare.utils import UserError, make_generator
-
-REQUIRED = ("advantages", "sample_noise", "token_logps", "loss", "uses_reference")
-
 
 @dataclass
 class RLBatch:
@@ -83,9 +81,10 @@ def group_advantages(rewards: torch.Tensor, baseline: str = "mean", std: str = "
                      eps: float = 1e-4) -> torch.Tensor:
     """(P, G) rewards -> (P, G) advantages. baseline: "mean" (r - mean of the group) or "loo"
     (r - mean of the other G - 1); std: "none", "sample" (unbiased) or "population" scaling,
-    A / (std + eps)."""
+    A / (std + eps). The leave-one-out baseline and std scaling need G >= 2."""
     G = rewards.shape[1]
-    check_group(G, baseline, std)
+    if baseline not in ("mean", "loo") or std not in ("none", "sample", "population"):
+        raise ValueError(f"unknown advantage settings baseline={baseline!r} std={std!r}")
     if baseline == "mean":
         adv = rewards - rewards.mean(dim=1, keepdim=True)
     else:
@@ -95,22 +94,13 @@ def group_advantages(rewards: torch.Tensor, baseline: str = "mean", std: str = "
     return adv
 
 
-def check_group(group_size: int, baseline: str, std: str) -> None:
-    """Raise ValueError for advantage settings that cannot work with this group size."""
-    if baseline not in ("mean", "loo") or std not in ("none", "sample", "population"):
-        raise ValueError(f"unknown advantage settings baseline={baseline!r} std={std!r}")
-    if group_size < 2 and (baseline == "loo" or std != "none"):
-        raise ValueError(f"rl.group_size={group_size}: the leave-one-out baseline and std scaling need at least "
-                         "2 completions per prompt")
-
-
 def per_micro(fn, batch: RLBatch, noise, size: int) -> list:
     """fn(micro_batch, micro_noise) for each micro-batch of `batch`."""
     n = batch.sequences.shape[0]
     return [fn(take(batch, rows, n), take(noise, rows, n)) for rows in micro_slices(n, size)]
 
 
-def run(cfg, algo, run_dir, label: str = "rl") -> dict:
+def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     if not cfg.model.path:
         raise UserError("RL starts from a trained checkpoint: set model.path=<folder>")
     dist = setup_dist()
@@ -125,18 +115,17 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
         torch.set_num_threads(cfg.run.threads)
     f = facts(model)
     prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
-    rollout_cfg = replace(cfg.rl.rollout, **(algo.rollout_options(cfg.algo) if hasattr(algo, "rollout_options")
-                                             else {}))
+    rollout_cfg = replace(cfg.rl.rollout, **hooks.rollout_options(cfg))
     compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
     micro = cfg.train.micro_batch_size
 
-    use_ref = algo.uses_reference(cfg.algo)
-    engine = Engine(model, cfg.model, cfg.train, dist, cfg.train.steps * mu, reference=use_ref)
-    uses_old = getattr(algo, "uses_old_logps", lambda c: True)(cfg.algo)  # objectives without a ratio skip them
-    policy = engine.model
+    use_ref = hooks.uses_reference(cfg)
+    trainer = Trainer(model, cfg.model, cfg.train, dist, cfg.train.steps * mu, reference=use_ref, seed=cfg.run.seed)
+    uses_old = hooks.uses_old_logps(cfg)  # objectives without a ratio skip them
+    policy = trainer.model
 
-    with Loop(cfg, run_dir, label, engine, len(rows)) as loop:
-        for step in range(loop.start, loop.total):
+    with Loop(cfg, run_dir, label, trainer, len(rows)) as loop:
+        for step in loop.steps():
             rollout_gen = make_generator(cfg.run.seed, f"rollout/{step}/{dist.rank}")
             noise_gen = make_generator(cfg.run.seed, f"noise/{step}/{dist.rank}")
             # --- rollout: G completions per prompt, sampled by the current policy
@@ -145,12 +134,12 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
             row_of = [i for i in mine for _ in range(G)]  # each prompt G times, grouped
             ids, mask = left_pad([prompts[i] for i in row_of], f.pad_token_id)
             policy.eval()
-            with engine.autocast():
+            with trainer.autocast():
                 out = generate(policy, ids.to(dist.device), mask.to(dist.device), rollout_cfg, rollout_gen)
             texts = decode_responses(tokenizer, out.responses, f.stop_ids)
             rewards = torch.tensor(task.rewards(texts, [rows[i] for i in row_of], style=cfg.data.reward),
                                    dtype=torch.float32, device=out.sequences.device)
-            advantages = algo.advantages(rewards.view(-1, G), cfg.algo).reshape(-1)
+            advantages = hooks.advantages(rewards.view(-1, G), cfg).reshape(-1)
             totals = dist.sum({"tokens": float(out.response_mask.sum()), "rows": float(len(row_of))})
             trajectory = out.trajectory.transpose(0, 1) if out.trajectory is not None else None
             batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
@@ -159,15 +148,15 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
 
             # --- old and reference log-probs, on the same noise draws the updates will use
             tic = time.perf_counter()
-            noises = [algo.sample_noise(batch, cfg.algo, noise_gen) for _ in range(mu)]
+            noises = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(mu)]
             with torch.no_grad():
                 old = ref = None
                 if (mu > 1 or cfg.rl.recompute_old_logps) and uses_old:
-                    with engine.autocast():
-                        old = [per_micro(lambda b, z: algo.token_logps(policy, b, z), batch, z, micro) for z in noises]
+                    with trainer.autocast():
+                        old = [per_micro(lambda b, z: hooks.token_logps(policy, b, z, cfg), batch, z, micro) for z in noises]
                 if use_ref:
-                    with engine.reference() as ref_model:
-                        ref = [per_micro(lambda b, z: algo.token_logps(ref_model, b, z), batch, z, micro)
+                    with trainer.reference() as ref_model:
+                        ref = [per_micro(lambda b, z: hooks.token_logps(ref_model, b, z, cfg), batch, z, micro)
                                for z in noises]
             t_logp = time.perf_counter() - tic
 
@@ -180,25 +169,25 @@ def run(cfg, algo, run_dir, label: str = "rl") -> dict:
                 step_sums: dict[str, float] = {}
                 for j, rows_ in enumerate(micro_slices(n, micro)):
                     mb, z = take(batch, rows_, n), take(noises[it], rows_, n)
-                    with engine.autocast():
-                        logps = algo.token_logps(policy, mb, z)
-                        loss, metrics = algo.loss(logps, old[it][j] if old else logps.detach(),
-                                                  ref[it][j] if ref else None, mb, cfg.algo)
-                    engine.backward(loss)
+                    with trainer.autocast():
+                        logps = hooks.token_logps(policy, mb, z, cfg)
+                        loss, metrics = hooks.loss(logps, old[it][j] if old else logps.detach(),
+                                                   ref[it][j] if ref else None, mb, z, cfg)
+                    trainer.backward(loss)
                     for k, v in {"loss/total": loss.item(), **metrics}.items():
                         step_sums[k] = step_sums.get(k, 0.0) + v
                 step_sums = dist.sum(step_sums)
-                step_sums["optim/grad_norm"] = engine.step()
+                step_sums["optim/grad_norm"] = trainer.step()
                 for k, v in step_sums.items():
                     sums[k] = sums.get(k, 0.0) + v / mu
             t_update = time.perf_counter() - tic
             times = {"time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update}
             val = {}
             if val_rows is not None and ((step + 1) % cfg.rl.eval_every == 0 or step + 1 == loop.total):
-                val = validate(policy, engine, tokenizer, task, val_rows, replace(cfg.rl.rollout, temperature=0.0),
+                val = validate(policy, trainer, tokenizer, task, val_rows, replace(cfg.rl.rollout, temperature=0.0),
                                make_generator(cfg.run.seed, f"val/{step}/{dist.rank}"))
             loop.end_step(step + 1, tokenizer,
-                          lambda: {**step_metrics(dist, batch, out, mu, sums, engine.lr, times), **val}, bool(val))
+                          lambda: {**step_metrics(dist, batch, out, mu, sums, trainer.lr, times), **val}, bool(val))
     return loop.outcome(tokenizer, model_name, init)
 
 
@@ -214,14 +203,14 @@ def validation_rows(cfg, task, world: int) -> list[dict]:
     return rows
 
 
-def validate(policy, engine, tokenizer, task, rows: list[dict], decoding, generator) -> dict:
+def validate(policy, trainer, tokenizer, task, rows: list[dict], decoding, generator) -> dict:
     """The embedded evaluator's metrics on this rank's share of the validation rows, averaged over
     all ranks (collective): {"val/<metric>": mean}."""
-    dist, f = engine.dist, facts(policy)
+    dist, f = trainer.dist, facts(policy)
     mine = rows[dist.shard(len(rows))]
     ids, mask = left_pad(encode_chat(tokenizer, [r["prompt"] for r in mine]), f.pad_token_id)
     policy.eval()
-    with torch.no_grad(), engine.autocast():
+    with torch.no_grad(), trainer.autocast():
         out = generate(policy, ids.to(dist.device), mask.to(dist.device), decoding, generator)
     sums: dict[str, float] = {"count": float(len(mine))}
     for scores in task.scores(decode_responses(tokenizer, out.responses, f.stop_ids), mine):

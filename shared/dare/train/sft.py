@@ -8,8 +8,8 @@ right, as a tokenizer's `truncation=True, max_length=...` does (d1's SFT: 4096):
 no EOS after it, and the rest of its row is hidden padding (not attended, not trained).
 
 One step: every process draws the same rows and the same noise for the whole batch
-(`algorithm.sample_noise(batch, cfg, generator)`), then takes its own contiguous rows and
-splits them into micro-batches; `algorithm.loss(model, micro, noise, cfg)` returns a loss
+(`sample_noise(batch, generator, cfg)`, see `dare.train.hooks`), then takes its own contiguous rows and
+splits them into micro-batches; `loss(model, micro, noise, cfg)` returns a loss
 normalized by the step's totals (`batch.num_sequences`), so the accumulated gradient does not
 depend on the number of processes or micro-batches. Metrics follow the same rule (they add up).
 """
@@ -24,12 +24,10 @@ import torch
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.train.common import Loop, build_model, micro_slices, take
-from dare.train.engine import Engine, setup_dist
+from dare.train.trainer import Trainer, setup_dist
 from dare.train.estimators import Compute
+from dare.train.hooks import SFTHooks
 from dare.utils import UserError
-
-REQUIRED = ("sample_noise", "loss")
-
 
 @dataclass
 class SFTBatch:
@@ -76,28 +74,28 @@ def truncate(prompts: list[list[int]], responses: list[list[int]], max_length: i
     return kept, [len(k) < len(r) for k, r in zip(kept, responses)]
 
 
-def train_step(engine: Engine, algo, batch: SFTBatch, noise, cfg) -> dict[str, float]:
+def train_step(trainer: Trainer, hooks: SFTHooks, batch: SFTBatch, noise, cfg) -> dict[str, float]:
     """This process's rows of `batch`, in micro-batches: accumulate gradients, then one optimizer
     step. Returns the step's metrics summed over micro-batches and processes."""
-    n, dist = batch.input_ids.shape[0], engine.dist
+    n, dist = batch.input_ids.shape[0], trainer.dist
     mine = dist.shard(n)
     local, local_noise = take(batch, mine, n), take(noise, mine, n)
     m = local.input_ids.shape[0]
     sums: dict[str, float] = {}
-    engine.model.train()
+    trainer.model.train()
     for rows in micro_slices(m, cfg.train.micro_batch_size):
         micro = take(local, rows, m)
-        with engine.autocast():
-            loss, metrics = algo.loss(engine.model, micro, take(local_noise, rows, m), cfg.algo)
-        engine.backward(loss)
+        with trainer.autocast():
+            loss, metrics = hooks.loss(trainer.model, micro, take(local_noise, rows, m), cfg)
+        trainer.backward(loss)
         for k, v in {"loss/total": loss.item(), **metrics}.items():
             sums[k] = sums.get(k, 0.0) + v
     sums = dist.sum(sums)
-    sums["optim/grad_norm"] = engine.step()
+    sums["optim/grad_norm"] = trainer.step()
     return sums
 
 
-def run(cfg, algo, run_dir, label: str = "sft") -> dict:
+def run(cfg, hooks: SFTHooks, run_dir, label: str = "sft") -> dict:
     dist = setup_dist()
     task = TASKS[cfg.data.task]
     rows = load_split(cfg.data.task, cfg.data.split)
@@ -118,20 +116,20 @@ def run(cfg, algo, run_dir, label: str = "sft") -> dict:
             raise UserError(f"{cfg.data.task}/{cfg.data.split} row {i}: response of {len(responses[i])} tokens plus "
                              f"EOS exceeds algo.response_length={R} ({len(too_long)} rows do)")
 
-    engine = Engine(model, cfg.model, cfg.train, dist, cfg.train.steps)
+    trainer = Trainer(model, cfg.model, cfg.train, dist, cfg.train.steps, seed=cfg.run.seed)
     compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
-    with Loop(cfg, run_dir, label, engine, len(rows), streams=("noise",)) as loop:
-        for step in range(loop.start, loop.total):
+    with Loop(cfg, run_dir, label, trainer, len(rows), streams=("noise",)) as loop:
+        for step in loop.steps():
             tic = time.perf_counter()
             idx = loop.sampler.next(cfg.train.batch_size)
             batch = sft_batch([prompts[i] for i in idx], [responses[i] for i in idx], f.eos_token_id, f.pad_token_id,
                               R, compute, [cut[i] for i in idx])
             batch.input_ids, batch.attention_mask, batch.response_mask = (
                 t.to(dist.device) for t in (batch.input_ids, batch.attention_mask, batch.response_mask))
-            noise = algo.sample_noise(batch, cfg.algo, loop.generators["noise"])
-            metrics = train_step(engine, algo, batch, noise, cfg)
+            noise = hooks.sample_noise(batch, loop.generators["noise"], cfg)
+            metrics = train_step(trainer, hooks, batch, noise, cfg)
             elapsed = time.perf_counter() - tic
             loop.end_step(step + 1, tokenizer, lambda: {
-                **metrics, "optim/lr": engine.lr, "data/epoch": loop.sampler.epoch,
+                **metrics, "optim/lr": trainer.lr, "data/epoch": loop.sampler.epoch,
                 "perf/tokens_per_s": int(batch.attention_mask.sum()) / elapsed, "time/step_s": elapsed})
     return loop.outcome(tokenizer, model_name, init)

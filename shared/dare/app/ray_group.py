@@ -1,9 +1,9 @@
-"""A Ray worker group for the training engine.
+"""A Ray worker group for the trainer.
 
 `train_with_workers(name, config, overrides, n)` starts n Ray actors (one GPU each when the
 cluster has GPUs, else CPU workers), gives them the environment a torch launcher would
 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT of rank 0's node), and runs the same
-`dare.train.train` in each; `dare.train.engine.setup_dist` then forms the process group (NCCL
+`dare.train.train` in each; `dare.train.trainer.setup_dist` then forms the process group (NCCL
 or gloo) and shards the model with FSDP2. This is verl's worker-group layout without its
 framework: Ray places the workers (on one machine, or across a cluster started with
 `ray start`), torch does the communication.
@@ -35,7 +35,7 @@ class _Worker:
 
     def run(self, env: dict, name: str, config_path, overrides: list[str], force: bool) -> str:
         os.environ.update(env)
-        from dare.train import train
+        from dare.app.runs import train
 
         try:
             return str(train(name, config_path, overrides, force=force))

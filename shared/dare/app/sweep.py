@@ -16,7 +16,7 @@ Every run has a deterministic id (a hash of the baseline, the base config's cont
 overrides) and folder `<sweep out>/<id>/` (`train/` holds the run, `eval/` its results). A launch
 skips runs whose results exist and validate and runs that are queued or running, and (re)submits
 the rest as one job array. A failing run fails alone. A preempted run (SIGTERM/SIGUSR1: the training
-engine checkpoints and exits 128+signal) requeues itself under SLURM and resumes from its
+trainer checkpoints and exits 128+signal) requeues itself under SLURM and resumes from its
 checkpoint; submitit's own timeout signal takes the same path (`Job.checkpoint`).
 """
 
@@ -87,9 +87,9 @@ def _fail(path, msg):
 
 def load_sweep(path: str | Path) -> Sweep:
     """Parse and validate a sweep file, and every run's config (before anything is submitted)."""
-    from dare import baselines
+    from dare.app import baselines
     from dare.config import ConfigError
-    from dare.train import resolve
+    from dare.app.runs import resolve
 
     path = Path(path)
     if not path.is_file():
@@ -179,7 +179,7 @@ def results_of(run: Run) -> list[Path]:
 def execute(sweep_path: str, run_id: str) -> list[str]:
     """Train (resuming if a checkpoint exists) and evaluate one run; returns its result files.
     Exit code 128+signal after a preemption, after asking SLURM to requeue the job."""
-    from dare.train import train
+    from dare.app.runs import train
 
     sweep = load_sweep(sweep_path)
     run = next(r for r in sweep.runs if r.id == run_id)
@@ -302,7 +302,7 @@ def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False) -> list[
             log = r.dir / "local.log"
             atomic_write_json(r.dir / "job.json", {"cluster": "local", "job_id": "local", "log": str(log)})
             with open(log, "w") as out:
-                code = subprocess.run([sys.executable, "-m", "dare.launch.sweep", str(sweep.path), r.id],
+                code = subprocess.run([sys.executable, "-m", "dare.app.sweep", str(sweep.path), r.id],
                                       stdout=out, stderr=subprocess.STDOUT).returncode
             print(f"  {r.id} {r.name}: {'done' if code == 0 else f'failed (exit {code}), log {log}'}")
         return todo
@@ -362,5 +362,5 @@ def collect(sweep: Sweep, dest: str | Path) -> list[Path]:
     return copied
 
 
-if __name__ == "__main__":  # `python -m dare.launch.sweep <sweep.yaml> <run id>`: one run, for local launches
+if __name__ == "__main__":  # `python -m dare.app.sweep <sweep.yaml> <run id>`: one run, for local launches
     execute(sys.argv[1], sys.argv[2])

@@ -48,7 +48,8 @@ def main(smoke: bool = False, seeds: int = 3) -> int:
 
     from dare.data import TASKS, load_split
     from dare.eval import evaluate_checkpoint
-    from dare.train import runs_dir, train
+    from dare.app.runs import train
+    from dare.utils import runs_dir
 
     t0 = time.perf_counter()
     extra = SMOKE if smoke else {"sft": [], "d1": [], "eval": []}
@@ -108,7 +109,8 @@ def compare(seeds: int = 3, methods: list[str] | None = None, smoke: bool = Fals
     runs/tiny/<method>/s<seed> and are reused when finished."""
     from dare.eval import evaluate_checkpoint
     from dare.results import publish
-    from dare.train import runs_dir, train
+    from dare.app.runs import train
+    from dare.utils import runs_dir
 
     extra = SMOKE if smoke else {"sft": [], "eval": []}
     sft_run = train("sft", DEMO / "sft.yaml", extra["sft"])

@@ -1,4 +1,4 @@
-"""The execution engine: FSDP2 over several processes (torchrun, Ray), gradient accumulation,
+"""The execution trainer: FSDP2 over several processes (torchrun, Ray), gradient accumulation,
 gradient checkpointing, LoRA through peft, and early errors for bad configs.
 
 Multi-process tests launch the real launchers (torchrun, a local Ray cluster) with gloo on CPU."""
@@ -16,8 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import run_config
+from dare.app.runs import resolve, train
 from dare.config import ConfigError
-from dare.train import resolve, train
 from dare.utils import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def _close(a: dict, b: dict, atol=1e-6):
 
 def _torchrun(n: int, *args: str, timeout=300):
     exe = Path(sys.executable).parent / "torchrun"
-    r = subprocess.run([str(exe), "--nproc-per-node", str(n), "-m", "dare.cli", *args], capture_output=True,
+    r = subprocess.run([str(exe), "--nproc-per-node", str(n), "-m", "dare.app.cli", *args], capture_output=True,
                        text=True, timeout=timeout, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
@@ -201,9 +202,9 @@ def test_rollout_options_hook_records_trajectories(tmp_path, monkeypatch):
     seen = []
     real = d1.token_logps
 
-    def spy(model, batch, noise):
+    def spy(model, batch, noise, cfg):
         seen.append(batch)
-        return real(model, batch, noise)
+        return real(model, batch, noise, cfg)
 
     monkeypatch.setattr(d1, "rollout_options", lambda cfg: {"record_trajectory": True}, raising=False)
     monkeypatch.setattr(d1, "token_logps", spy)
@@ -300,22 +301,21 @@ def test_vrpo_loss_hand_computed():
     from types import SimpleNamespace
 
     from baselines.vrpo import algorithm as vrpo
-    from baselines.vrpo.config import VRPO
 
-    cfg = VRPO(beta=0.5, sft_weight=0.1)
+    cfg = run_config("vrpo", beta=0.5, sft_weight=0.1)
     policy = torch.tensor([[-3.0, -5.0], [-2.0, -1.0]])
     ref = torch.tensor([[-4.0, -4.0], [-2.0, -2.0]])
     resp = torch.zeros(2, 2, 6, dtype=torch.bool)
     resp[0, 0, :3] = True
     resp[1, 0, :2] = True
     batch = SimpleNamespace(response_mask=resp, num_pairs=2)
-    loss, m = vrpo.loss(policy, ref, batch, cfg)
+    loss, m = vrpo.loss(policy, ref, batch, None, cfg)
     margins = [0.5 * ((-3 + 4) - (-5 + 4)), 0.5 * ((-2 + 2) - (-1 + 2))]  # 1.0 and -0.5
     dpo = [math.log1p(math.exp(-x)) for x in margins]
     sft = [3.0 / 3, 2.0 / 2]
     assert loss.item() == pytest.approx((dpo[0] + 0.1 * sft[0] + dpo[1] + 0.1 * sft[1]) / 2, rel=1e-6)
     assert m["rewards/accuracy"] == 0.5
-    same, _ = vrpo.loss(ref, ref, batch, VRPO(sft_weight=0.0))
+    same, _ = vrpo.loss(ref, ref, batch, None, run_config("vrpo", sft_weight=0.0))
     assert same.item() == pytest.approx(math.log(2))  # policy == reference
 
 
@@ -323,17 +323,16 @@ def test_vrpo_noise_is_stratified_and_never_masks_the_prompt():
     from types import SimpleNamespace
 
     from baselines.vrpo import algorithm as vrpo
-    from baselines.vrpo.config import VRPO
 
     resp = torch.zeros(64, 2, 12, dtype=torch.bool)
     resp[..., 5:] = True
     batch = SimpleNamespace(input_ids=torch.zeros(64, 2, 12, dtype=torch.long), response_mask=resp)
-    z = vrpo.sample_noise(batch, VRPO(n_t=4), torch.Generator().manual_seed(0))
-    t = z["t"]
+    z = vrpo.sample_noise(batch, torch.Generator().manual_seed(0), run_config("vrpo", n_t=4))
+    t = z.t
     for j in range(4):  # one timestep in each stratum [j/4, (j+1)/4)
         assert ((t[..., j] >= j / 4) & (t[..., j] < (j + 1) / 4 + 1e-9)).all()
-    assert not z["masked"][..., :5].any()
-    rate = z["masked"][..., 5:].float().mean(dim=(0, 1, 3))
+    assert not z.masked[..., :5].any()
+    rate = z.masked[..., 5:].float().mean(dim=(0, 1, 3))
     assert torch.allclose(rate, torch.tensor([0.125, 0.375, 0.625, 0.875]), atol=0.05)
 
 
@@ -343,30 +342,30 @@ def test_reference_sync_mixes_the_policy_into_the_reference_every_n_steps():
     from dare.config import ModelConfig, ScratchModelConfig, TrainConfig
     from dare.models import new_model
     from dare.models.tokenizer import char_tokenizer
-    from dare.train.engine import Dist, Engine
+    from dare.train.trainer import Dist, Trainer
 
     tok = char_tokenizer("0123456789+=", "llada")
     model = new_model("llada", tok, ScratchModelConfig(d_model=16, n_heads=2, n_layers=1, mlp_hidden_size=32), 0)
     cfg = TrainConfig(steps=4, lr=0.1, max_grad_norm=0, reference_sync_every=2, reference_mix=0.6)
-    engine = Engine(model, ModelConfig(), cfg, Dist(), total_steps=4, reference=True)
-    start = {n: p.detach().clone() for n, p in engine.ref.named_parameters()}
+    trainer = Trainer(model, ModelConfig(), cfg, Dist(), total_steps=4, reference=True)
+    start = {n: p.detach().clone() for n, p in trainer.ref.named_parameters()}
 
     def step():
-        loss = sum((p ** 2).sum() for p in engine.model.parameters())
-        engine.backward(loss)
-        engine.step()
-        return {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+        loss = sum((p ** 2).sum() for p in trainer.model.parameters())
+        trainer.backward(loss)
+        trainer.step()
+        return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
     step()
-    for n, p in engine.ref.named_parameters():
+    for n, p in trainer.ref.named_parameters():
         assert torch.equal(p, start[n])  # step 1: untouched
     policy2 = step()
     expected = {n: 0.4 * start[n] + 0.6 * policy2[n] for n in start}
-    for n, p in engine.ref.named_parameters():
+    for n, p in trainer.ref.named_parameters():
         torch.testing.assert_close(p, expected[n], rtol=0, atol=1e-7)
     step()
     policy4 = step()
-    for n, p in engine.ref.named_parameters():
+    for n, p in trainer.ref.named_parameters():
         torch.testing.assert_close(p, 0.4 * expected[n] + 0.6 * policy4[n], rtol=0, atol=1e-7)
     with pytest.raises(ConfigError, match=r"train.reference_sync_every=2 \(from command line\) with "
                                           r"model.lora.rank=4: under LoRA"):

@@ -3,8 +3,8 @@
 import time; `dare train <name>` imports `baselines.<name>.algorithm` and `.config` on demand.
 
 `algorithm.py` names the training recipe it plugs into (`RECIPE = "sft"`, `"preference"` or
-`"rl"`, see `dare.train.RECIPES`) and defines the functions that recipe calls; `config.py` defines `Config`,
-the run's dataclass config with the paper's defaults.
+`"rl"`) and defines the hooks that recipe calls (the contract: `dare.train.hooks`); `config.py`
+defines `Config`, the run's dataclass config with the paper's defaults.
 """
 
 from __future__ import annotations
@@ -120,17 +120,11 @@ def checklist(name: str, repo: Path | None = None) -> list[str]:
         problems.append(f"baselines/{name}/algorithm.py: {n_lines} lines (at most {MAX_ALGORITHM_LINES}: move "
                         "general capabilities into dare)")
     try:
-        b = load(name)
-        from dare.train import RECIPES
+        from dare.train.hooks import bind
 
-        recipe = getattr(b.algorithm, "RECIPE", None)
-        if recipe not in RECIPES:
-            problems.append(f"baselines/{name}/algorithm.py: RECIPE = {recipe!r}; expected one of {sorted(RECIPES)}")
-        else:
-            required = importlib.import_module(RECIPES[recipe]).REQUIRED
-            absent = [fn for fn in required if not callable(getattr(b.algorithm, fn, None))]
-            if absent:
-                problems.append(f"baselines/{name}/algorithm.py: the {recipe!r} recipe needs {', '.join(absent)}")
+        bind(load(name).algorithm, f"baselines/{name}/algorithm.py")
+    except ValueError as e:
+        problems.append(str(e))
     except Exception as e:  # an import error is a finding, not a crash of the checklist
         problems.append(f"baselines/{name}: cannot be loaded: {e}")
     mention = re.compile(rf"baselines\.{name}\b|[\"']{name}[\"']")

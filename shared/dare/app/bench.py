@@ -33,8 +33,8 @@ BLOCK_STRATEGIES = {  # SDAR: denoising steps = block size (one token per step) 
 
 def _demo_checkpoint(family: str) -> Path:
     """The demo's SFT checkpoint for `family` (trained on first use, then reused by run key)."""
-    from dare.demo import DEMO
-    from dare.train import train
+    from dare.app.demo import DEMO
+    from dare.app.runs import train
 
     overrides = [] if family == "llada" else [f"model.family={family}", f"model.name=tiny-{family}-addition"]
     return Path(train("sft", DEMO / "sft.yaml", overrides)) / "final"
@@ -49,7 +49,7 @@ def rollout_benchmark(checkpoint: str | None, overrides: list[str], repeats: int
     from dare.eval import evaluate_model
     from dare.models import facts, load_pretrained, load_tokenizer
     from dare.models.api import checkpoint_meta
-    from dare.train import now, runs_dir
+    from dare.utils import now, runs_dir
 
     base = load_config(DecodingConfig, None, ["gen_length=256", "block_length=32", *overrides])
     targets = [Path(checkpoint)] if checkpoint else [_demo_checkpoint("llada"), _demo_checkpoint("sdar")]
@@ -187,7 +187,7 @@ def rewards_benchmark(n: int = 1000, workers: int | None = None, out: str | None
     from pathlib import Path
 
     from dare.data import TASKS
-    from dare.train import now, runs_dir
+    from dare.utils import now, runs_dir
     from dare.utils import atomic_write_json, git_state, hardware, package_versions
 
     workers = workers or os.cpu_count() or 1
@@ -284,7 +284,7 @@ def rl_step_benchmark(checkpoint: str | None = None, steps: int = 2, gen_length:
     import json
     import tempfile
 
-    from dare.train import train
+    from dare.app.runs import train
 
     ckpt = Path(checkpoint) if checkpoint else _demo_checkpoint("llada")
     # d1's step on 8 GPUs: 16 prompts x 6 completions, gen 256, block 32, 128 steps, one update
@@ -319,7 +319,7 @@ def train_benchmark(out: str | None = None, repeats: int = 3, vocab: int = 12646
     import torch
 
     from dare.models.llada import LLaDAConfig, LLaDAModelLM
-    from dare.train import now, runs_dir
+    from dare.utils import now, runs_dir
     from dare.train.estimators import masked_logps
     from dare.train.packing import pack, pad
     from dare.utils import atomic_write_json, git_state, hardware, package_versions

@@ -46,7 +46,7 @@ def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 def cmd_train(ns) -> int:
     from dare import config as config_mod
-    from dare.train import resolve, train
+    from dare.app.runs import resolve, train
 
     path, overrides = _split_config_args(ns.args)
     if ns.dry_run:
@@ -55,7 +55,7 @@ def cmd_train(ns) -> int:
         print(f"# config_hash: sha256:{config_mod.config_hash(cfg)}")
         return 0
     if ns.workers > 1:
-        from dare.launch.ray_group import train_with_workers
+        from dare.app.ray_group import train_with_workers
 
         run_dir = train_with_workers(ns.baseline, path, overrides, ns.workers, force=ns.force)
     else:
@@ -179,10 +179,10 @@ def cmd_models(ns) -> int:
 
 
 def cmd_bench(ns) -> int:
-    from dare.bench import rewards_benchmark, rollout_benchmark
+    from dare.app.bench import rewards_benchmark, rollout_benchmark
 
     if ns.what == "train":
-        from dare.bench import train_benchmark
+        from dare.app.bench import train_benchmark
 
         train_benchmark(out=ns.out, repeats=ns.repeats if ns.repeats > 1 else 3, checkpoint=ns.checkpoint)
         return 0
@@ -214,7 +214,7 @@ def cmd_results(ns) -> int:
 
 
 def cmd_sweep(ns) -> int:
-    from dare.launch.sweep import collect, launch, load_sweep, state
+    from dare.app.sweep import collect, launch, load_sweep, state
 
     action, path = (ns.args[0], ns.args[1]) if ns.args[0] in ("status", "collect") and len(ns.args) > 1 \
         else ("launch", ns.args[0])
@@ -234,7 +234,7 @@ def cmd_sweep(ns) -> int:
 
 
 def cmd_demo(ns) -> int:
-    from dare.demo import compare, main as demo_main
+    from dare.app.demo import compare, main as demo_main
 
     if ns.compare:
         compare(seeds=ns.seeds, methods=ns.methods.split(",") if ns.methods else None, smoke=ns.smoke,

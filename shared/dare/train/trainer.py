@@ -1,9 +1,9 @@
-"""The execution engine every recipe trains through: processes, the wrapped model, the optimizer,
+"""The execution trainer every recipe trains through: processes, the wrapped model, the optimizer,
 the reference model and the checkpoint format.
 
 One code path from a laptop to a cluster; only the launch differs:
 
-- one process (`dare train ...`), or several (`torchrun --nproc-per-node N -m dare.cli train ...`,
+- one process (`dare train ...`), or several (`torchrun --nproc-per-node N -m dare.app.cli train ...`,
   `dare train ... --workers N` for a Ray worker group, or SLURM). Several processes form a torch
   process group (NCCL on GPU, gloo on CPU) and the model is sharded with FSDP2 (`fully_shard`
   on every decoder layer, the output head, then the root), which also makes them data parallel:
@@ -18,7 +18,7 @@ Checkpoints hold full (unsharded) tensors written by rank 0: the model (`save_pr
 the peft adapter under LoRA), the optimizer and schedule, so a run can resume on another number
 of processes. Losses are normalized by batch totals (see `dare.train.sft`/`rl`), and FSDP
 averages gradients over ranks, so each rank's loss is multiplied by the world size before
-backward (`Engine.backward`).
+backward (`Trainer.backward`).
 """
 
 from __future__ import annotations
@@ -89,14 +89,15 @@ def setup_dist() -> Dist:
 
 
 # ---------------------------------------------------------------------------------------------
-# The engine
+# The trainer
 # ---------------------------------------------------------------------------------------------
 
 
-class Engine:
+class Trainer:
     """`model` as trained (peft / FSDP wrapped), its optimizer and schedule, and its reference."""
 
-    def __init__(self, model, model_cfg, train_cfg, dist: Dist, total_steps: int, reference: bool = False):
+    def __init__(self, model, model_cfg, train_cfg, dist: Dist, total_steps: int, reference: bool = False,
+                 seed: int = 0):
         from dare.train.common import lr_factor, make_optimizer
 
         self.dist, self.cfg = dist, train_cfg
@@ -115,7 +116,7 @@ class Engine:
             if train_cfg.reference_offload and dist.world == 1:
                 ref.to("cpu")
         if self.lora:
-            model = add_lora(model, model_cfg.lora)
+            model = add_lora(model, model_cfg.lora, seed)
         if dist.world > 1:
             shard(model, self.bf16)
             if ref is not None:
@@ -280,11 +281,14 @@ def shard(model, bf16: bool, offload: bool = False) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def add_lora(model, lora_cfg):
-    """Wrap `model` in a peft LoRA model on the family's declared targets (or `lora.targets`)."""
+def add_lora(model, lora_cfg, seed: int = 0):
+    """Wrap `model` in a peft LoRA model on the family's declared targets (or `lora.targets`). The
+    adapters' random initialisation draws from the global RNG, forked and seeded from the run seed
+    (the same run starts from the same adapters; the caller's RNG is left as it was)."""
     from peft import LoraConfig, get_peft_model
 
     from dare.models import facts
+    from dare.utils import derive_seed
 
     targets = lora_cfg.targets or facts(model).lora_targets
     if not targets:
@@ -292,7 +296,10 @@ def add_lora(model, lora_cfg):
                         "set model.lora.targets")
     config = LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
                         target_modules=targets, bias="none")
-    peft_model = get_peft_model(model, config)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(derive_seed(seed, "lora-init"))
+        peft_model = get_peft_model(model, config)
     if not any(p.requires_grad for p in peft_model.parameters()):
         raise UserError(f"model.lora.targets={targets!r} matched no module of {model.config.model_type}")
     return peft_model

@@ -1,0 +1,24 @@
+"""The task registry: name -> task object (see `dare.data` for the task interface)."""
+
+from __future__ import annotations
+
+from dare.data.code import MBPP, HumanEval
+from dare.data.mathtasks import GSM8K, MATH, MATH500, S1K
+from dare.data.preference import UltraFeedback
+from dare.data.puzzles import Countdown, Sudoku
+from dare.data.synthetic import Addition, AdditionPreference
+
+TASKS = {
+    "addition": Addition(digits=2, n_test=500),
+    "addition_pairs": AdditionPreference(digits=2, n_test=500),
+    "gsm8k": GSM8K(),
+    "math": MATH(),
+    "math500": MATH500(),
+    "countdown": Countdown(n_numbers=3),
+    "countdown4": Countdown(n_numbers=4),
+    "sudoku": Sudoku(),
+    "humaneval": HumanEval(),
+    "mbpp": MBPP(),
+    "ultrafeedback": UltraFeedback(),
+    "s1k": S1K(),
+}

@@ -1,0 +1,115 @@
+"""`fit`: run one algorithm in one run folder, from start or from its last checkpoint.
+
+The caller (`dare.app.runs.train`, or any script) hands over the algorithm module (its hooks),
+the loaded config and the run folder; `fit` knows no baseline names and no repository folders.
+A finished run with the same config and starting checkpoint is reused; an interrupted one resumes
+from its last checkpoint; `force` starts over. The folder holds `run.json` (status), the resolved
+config, checkpoints, metrics and, at the end, `final/` (the exported model with `dare.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+from dare.config import ConfigError, config_hash
+from dare.config import save as save_config
+from dare.models.api import checkpoint_fingerprint
+from dare.train import preference, rl, sft
+from dare.train.common import Preempted, check_sinks, save_final
+from dare.train.hooks import bind
+from dare.utils import UserError, atomic_write_json, git_state, now
+
+RECIPES = {"sft": sft.run, "preference": preference.run, "rl": rl.run}
+"""The loop of each recipe a baseline can name in `RECIPE` (hooks: `dare.train.hooks.HOOKS`)."""
+
+
+def hooks_of(algorithm: ModuleType, cfg, where: str):
+    """The algorithm's hooks, with its `check_config` applied to `cfg` (before any model is built)."""
+    try:
+        hooks = bind(algorithm, where)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    try:
+        hooks.check_config(cfg)
+    except (ValueError, AssertionError) as e:
+        raise ConfigError(f"{where}: invalid config: {e}") from None
+    return hooks
+
+
+def run_key(cfg) -> tuple[str, str | None, str]:
+    """(config hash, fingerprint of the starting checkpoint or None, the run's key): a run is
+    identified by its config and by the contents of the checkpoint it starts from (the same
+    model.path can hold a different checkpoint later)."""
+    import hashlib
+
+    digest = config_hash(cfg)
+    init = checkpoint_fingerprint(cfg.model.path) if cfg.model.path else None
+    return digest, init, hashlib.sha256(f"{digest}:{init}".encode()).hexdigest() if init else digest
+
+
+def fit(algorithm: ModuleType, cfg, run_dir: str | Path, *, name: str, force: bool = False,
+        command: str = "", config_path: str = "", method: dict | None = None) -> Path:
+    """Train `algorithm` (a module with the hooks of its recipe) with `cfg` in `run_dir`; returns
+    `run_dir`. `name` labels logs and results; `method` (e.g. {"arxiv": ...}) is recorded in the
+    exported checkpoint's `dare.json` for the results to cite."""
+    hooks = hooks_of(algorithm, cfg, name)
+    check_sinks(cfg.run.report_to)
+    digest, init, key = run_key(cfg)
+    run_dir = Path(run_dir)
+    status_path = run_dir / "run.json"
+    status = json.loads(status_path.read_text()) if status_path.is_file() else {}
+    if status and (status.get("config_hash"), status.get("init_fingerprint")) != (digest, init):
+        raise ConfigError(f"{run_dir}: holds a run with another config or starting checkpoint (config hash "
+                          f"{status.get('config_hash', '?')[:12]}, this one {digest[:12]}); choose another "
+                          f"run.out_dir or delete it")
+    if status.get("status") == "done" and (run_dir / "final" / "dare.json").is_file() and not force:
+        print(f"[{name}] reusing finished run {run_dir}", flush=True)
+        return run_dir
+    if force:  # start over: no resuming from the old checkpoints
+        for old in ("checkpoints", "final", "metrics.jsonl", "eval"):  # evaluations of the old final model too
+            target = run_dir / old
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        status = {}
+
+    main = int(os.environ.get("RANK", "0")) == 0  # under torchrun/Ray only rank 0 writes run files
+    run_dir.mkdir(parents=True, exist_ok=True)
+    status = {"baseline": name, "config_hash": digest, "init_fingerprint": init, "status": "running",
+              "started_at": status.get("started_at", now()), "config_path": config_path,
+              "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+    if main:
+        save_config(cfg, run_dir, header=command or f"dare train {name}")
+        atomic_write_json(status_path, status)
+
+    t0 = time.perf_counter()
+    try:
+        outcome = RECIPES[algorithm.RECIPE](cfg, hooks, run_dir, label=name)
+    except Preempted as stop:  # checkpointed; a relaunch (SLURM requeue) resumes from it
+        if main:
+            atomic_write_json(status_path, {**status, "status": "preempted", "preempted_at": now(),
+                                            "step": stop.step})
+            print(f"[{name}] {stop}; rerun the same command to resume", file=sys.stderr, flush=True)
+        raise SystemExit(128 + stop.signum) from None
+    commit, dirty = git_state()
+    meta = {
+        "baseline": name, "config_hash": digest, "run_key": key, "seed": cfg.run.seed, "steps": outcome["steps"],
+        "model_name": outcome["model_name"], "family": cfg.model.family,
+        "data": outcome["data"], "init": outcome["init"], "method": method or {},
+        "wall_time_s": round(outcome["elapsed_s"], 2), "git_commit": commit, "git_dirty": dirty,
+        "created_at": now(), "config_path": config_path,
+    }
+    save_final(outcome["trainer"], outcome["tokenizer"], run_dir, meta)
+    if main:
+        status.update(status="done", finished_at=now(), wall_time_s=meta["wall_time_s"],
+                      session_time_s=round(time.perf_counter() - t0, 2))
+        atomic_write_json(status_path, status)
+        print(f"[{name}] done in {meta['wall_time_s']:.0f}s -> {run_dir / 'final'}", flush=True)
+    return run_dir

@@ -1,0 +1,115 @@
+"""The hook contract: what a baseline's `algorithm.py` defines, per recipe, in one place.
+
+A baseline names its recipe (`RECIPE = "sft" | "preference" | "rl"`) and defines that recipe's
+hooks as plain module-level functions. `bind(module)` reads them into the recipe's typed record
+below (`SFTHooks`, `PreferenceHooks`, `RLHooks`), filling the optional ones with the defaults
+written here, so a recipe calls `hooks.loss(...)` and go-to-definition lands on this file.
+
+Three rules hold for every hook:
+
+- `cfg` is always the whole run config (`cfg.algo` is the algorithm's own section, next to
+  `cfg.rl`, `cfg.train`, `cfg.model`, ...), and it is always the last argument.
+- `noise` is exactly what the algorithm's `sample_noise` returned (restricted to the micro-batch's
+  rows by `dare.train.common.take`), and every hook that computes on noised inputs receives the
+  draw it was computed with: `token_logps`/`logps` build the noised input from it, and `loss`
+  gets it too, so an objective can average over the masked positions or weight by t.
+  `dare.train.noise.Draw` (masked positions, ratio t, weight) is the usual shape of a draw.
+- A draw comes from the `generator` handed to `sample_noise`, never from the global RNG, so the
+  policy, old and reference log-probs of an update see the same noise.
+
+    recipe       hook                                                 returns
+    all          check_config(cfg)                       optional     None; raise ValueError for a forbidden combination
+    sft          sample_noise(batch, generator, cfg)                  noise (drawn once per step)
+                 loss(model, batch, noise, cfg)                       (loss, metrics)
+    preference   sample_noise(batch, generator, cfg)                  noise (drawn once per step)
+                 logps(model, batch, noise, cfg)                      (B, 2) chosen/rejected log-likelihoods
+                 loss(policy, reference, batch, noise, cfg)           (loss, metrics)
+    rl           advantages(rewards, cfg)                             (P, G) from (P, G) rewards
+                 sample_noise(batch, generator, cfg)                  noise (once per inner iteration)
+                 token_logps(model, batch, noise, cfg)                (B, G) per-token log-probs of the completions
+                 loss(logps, old_logps, ref_logps, batch, noise, cfg) (loss, metrics)
+                 uses_reference(cfg)                     optional     False: no reference model is kept
+                 uses_old_logps(cfg)                     optional     True: False skips the old log-probs
+                 rollout_options(cfg)                    optional     {}: decoding settings the algorithm needs
+
+Losses and metrics are normalized by the step's totals carried in the batch (`num_tokens`,
+`num_sequences`, `num_pairs`), so they add up over micro-batches and processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
+
+def _no_check(cfg) -> None:
+    return None
+
+
+def _no_reference(cfg) -> bool:
+    return False
+
+
+def _old_logps(cfg) -> bool:
+    return True
+
+
+def _no_rollout_options(cfg) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class SFTHooks:
+    sample_noise: Callable[..., Any]
+    loss: Callable[..., Any]
+    check_config: Callable[[Any], None] = _no_check
+
+
+@dataclass(frozen=True)
+class PreferenceHooks:
+    sample_noise: Callable[..., Any]
+    logps: Callable[..., Any]
+    loss: Callable[..., Any]
+    check_config: Callable[[Any], None] = _no_check
+
+
+@dataclass(frozen=True)
+class RLHooks:
+    advantages: Callable[..., Any]
+    sample_noise: Callable[..., Any]
+    token_logps: Callable[..., Any]
+    loss: Callable[..., Any]
+    check_config: Callable[[Any], None] = _no_check
+    uses_reference: Callable[[Any], bool] = _no_reference
+    uses_old_logps: Callable[[Any], bool] = _old_logps
+    rollout_options: Callable[[Any], dict] = _no_rollout_options
+
+
+HOOKS: dict[str, type] = {"sft": SFTHooks, "preference": PreferenceHooks, "rl": RLHooks}
+"""The recipes, by the name a baseline gives in `RECIPE`."""
+
+
+def required(recipe: str) -> list[str]:
+    return [f.name for f in dataclasses.fields(HOOKS[recipe]) if f.default is dataclasses.MISSING]
+
+
+def optional(recipe: str) -> list[str]:
+    return [f.name for f in dataclasses.fields(HOOKS[recipe]) if f.default is not dataclasses.MISSING]
+
+
+def bind(module: ModuleType, where: str | None = None):
+    """The module's hooks as its recipe's record; a ValueError names what is missing or wrong."""
+    where = where or getattr(module, "__file__", None) or module.__name__
+    recipe = getattr(module, "RECIPE", None)
+    if recipe not in HOOKS:
+        raise ValueError(f"{where}: RECIPE = {recipe!r}; expected one of {sorted(HOOKS)}")
+    absent = [name for name in required(recipe) if not callable(getattr(module, name, None))]
+    if absent:
+        raise ValueError(f"{where}: the {recipe!r} recipe needs {', '.join(absent)} (see dare.train.hooks)")
+    not_callable = [name for name in optional(recipe) if hasattr(module, name) and not callable(getattr(module, name))]
+    if not_callable:
+        raise ValueError(f"{where}: {', '.join(not_callable)} must be functions (see dare.train.hooks)")
+    fields = [f.name for f in dataclasses.fields(HOOKS[recipe])]
+    return HOOKS[recipe](**{name: getattr(module, name) for name in fields if hasattr(module, name)})

@@ -1,0 +1,105 @@
+"""The house's structure, read from the code's imports (no module is run): the library's arrows
+point only down, into the library; nothing imports in a circle; only the application wing
+(`dare.app`) knows the repository's folders (baselines/, reproductions/, leaderboard/, tests/)."""
+
+import ast
+import re
+from pathlib import Path
+
+SHARED = Path(__file__).resolve().parent.parent / "shared"
+FILES = {".".join(p.relative_to(SHARED).with_suffix("").parts).removesuffix(".__init__"): p
+         for p in sorted((SHARED / "dare").rglob("*.py"))}
+APP = "dare.app"
+REPO_FOLDERS = re.compile(r"^(baselines|reproductions|leaderboard|tests)(/|$)")
+
+
+def is_app(module: str) -> bool:
+    return module == APP or module.startswith(APP + ".")
+
+
+def imports(module: str) -> set[str]:
+    """Every project module `module` imports, at any level (function-level imports too)."""
+    path = FILES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in FILES else base for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n in FILES or n.split(".")[0] == "baselines"}
+    return out - {module}
+
+
+GRAPH = {m: imports(m) for m in FILES}
+
+
+def test_the_graph_was_read():
+    assert len(FILES) > 50 and "dare.train.rl" in GRAPH["dare.train.fit"]
+    assert "dare.app.baselines" in GRAPH["dare.app.runs"]
+
+
+def test_the_library_never_imports_the_application_or_the_baselines():
+    wrong = [f"{m} -> {t}" for m, targets in GRAPH.items() if not is_app(m)
+             for t in targets if is_app(t) or t.split(".")[0] == "baselines"]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_circle():
+    """Tarjan's strongly connected components of the module graph: every one is a single module.
+    A package's __init__ that only re-exports its submodules counts like any module."""
+    index, low, stack, on, circles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in GRAPH.get(v, ()):
+            if w not in FILES:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                circles.append(sorted(scc))
+
+    for v in FILES:
+        if v not in index:
+            visit(v)
+    assert not circles, circles
+
+
+def _strings(path: Path):
+    """String constants of the code, docstrings left out."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.value
+
+
+def test_only_the_application_names_the_repository_folders():
+    found = [f"{m}: {s!r}" for m, path in FILES.items() if not is_app(m)
+             for s in _strings(path) if REPO_FOLDERS.match(s)]
+    assert not found, "\n".join(found)
+    # the checkout itself is reached only through dare.utils' workspace locations (runs/, data/, .venv/)
+    users = [m for m, path in FILES.items() if not is_app(m) and m != "dare.utils" and "REPO_ROOT" in path.read_text()]
+    assert not users, users
