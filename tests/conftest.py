@@ -56,6 +56,34 @@ def tiny_model(char_tok):
     return new_model("llada", char_tok, scratch, seed=0).eval()
 
 
+# Overrides for two-step runs of any baseline on a tiny model (CPU, seconds): the model size and
+# optimizer for supervised runs, and the rollout settings for RL runs from `sft_checkpoint`.
+TINY = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=1",
+        "model.scratch.mlp_hidden_size=64", "train.batch_size=16", "train.lr=1e-3", "train.warmup_steps=0",
+        "run.log_every=1", "run.threads=1"]
+RL = ["train.lr=1e-3", "rl.prompts_per_step=4", "rl.group_size=4", "rl.num_iterations=2",
+      "rl.decoding.sampler=auto", "rl.decoding.gen_length=4", "rl.decoding.block_length=4", "rl.decoding.steps=4",
+      "rl.decoding.temperature=0.9", "run.log_every=1", "run.threads=1", "train.steps=2"]
+
+
+@pytest.fixture(scope="session")
+def sft_checkpoint(tmp_path_factory):
+    """`sft_checkpoint(family)`: the final checkpoint of a 2-step sft run of a tiny model of that
+    family (made once per session): the starting point of the RL and preference baselines' runs."""
+    from dare.app.runs import train
+
+    made = {}
+
+    def make(family: str):
+        if family not in made:
+            out = tmp_path_factory.mktemp(f"sft-{family}")
+            made[family] = train("sft", None, [*TINY, f"model.family={family}", "train.steps=2",
+                                               "algo.response_length=4", f"run.out_dir={out}"]) / "final"
+        return made[family]
+
+    return make
+
+
 def run_config(name: str, /, **algo):
     """The baseline's whole run config with its `algo` section changed: every hook takes the whole
     config (`dare.train.hooks`)."""

@@ -14,7 +14,7 @@ from baselines.coupled_grpo import algorithm as cg
 from baselines.peft import algorithm as peft_algo
 from baselines.sft import algorithm as sft
 from baselines.wd1 import algorithm as wd1
-from conftest import run_config
+from conftest import RL, TINY, run_config
 from dare.config import ConfigError, ScratchModelConfig
 from dare.models import facts, new_model, token_logits
 from dare.models.tokenizer import char_tokenizer
@@ -23,14 +23,6 @@ from dare.train.estimators import Compute
 from dare.train.hooks import bind
 from dare.train.noise import Draw
 from dare.train.sft import sft_batch
-
-TINY = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=1",
-        "model.scratch.mlp_hidden_size=64", "train.batch_size=16", "train.lr=1e-3", "train.warmup_steps=0",
-        "run.log_every=1", "run.threads=1"]
-RL = ["train.lr=1e-3", "rl.prompts_per_step=4", "rl.group_size=4", "rl.num_iterations=2",
-      "rl.rollout.sampler=auto", "rl.rollout.gen_length=4", "rl.rollout.block_length=4", "rl.rollout.steps=4",
-      "rl.rollout.temperature=0.9", "run.log_every=1", "run.threads=1", "train.steps=2"]
-
 
 def rl_batch(adv, mask, group_size=2):
     mask = torch.tensor(mask)
@@ -200,20 +192,6 @@ def test_peft_follows_d1s_collator_truncation_and_schedule(tiny_model):
 # ---------------------------------------------------------------------------------------------
 # Two steps on a tiny model of every family each baseline applies to
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def sft_checkpoint(tmp_path_factory):
-    made = {}
-
-    def make(family: str):
-        if family not in made:
-            out = tmp_path_factory.mktemp(f"sft-{family}")
-            made[family] = train("sft", None, [*TINY, f"model.family={family}", "train.steps=2",
-                                               "algo.response_length=4", f"run.out_dir={out}"]) / "final"
-        return made[family]
-
-    return make
 
 
 def _changed(before: str, after) -> bool:

@@ -70,7 +70,7 @@ def test_config_typo_fails_before_any_compute():
     with pytest.raises(ConfigError, match=r"unknown key 'train.lrr' \(did you mean 'train.lr'\?\)"):
         resolve("sft", None, ["train.lrr=1"])
     with pytest.raises(ConfigError, match="gen_length"):
-        resolve("d1", None, ["rl.rollout.gen_length=100"])
+        resolve("d1", None, ["rl.decoding.gen_length=100"])
 
 
 def test_baseline_key_in_yaml_must_match(tmp_path):
@@ -123,7 +123,7 @@ def test_d1_two_steps_change_parameters_and_stay_finite(tmp_path):
     sft_run = train("sft", None, [*SFT_TINY, "train.steps=3", f"run.out_dir={tmp_path / 'sft'}"])
     d1_run = train("d1", None, [f"model.path={sft_run / 'final'}", "train.steps=2", "train.lr=1e-3",
                                 "rl.prompts_per_step=4", "rl.group_size=4", "rl.num_iterations=2",
-                                "rl.rollout.gen_length=4", "rl.rollout.block_length=4", "rl.rollout.steps=4",
+                                "rl.decoding.gen_length=4", "rl.decoding.block_length=4", "rl.decoding.steps=4",
                                 "run.log_every=1", f"run.out_dir={tmp_path / 'd1'}"])
     before, after = _weights(sft_run), _weights(d1_run)
     assert any(not torch.equal(before[k], after[k]) for k in before)
@@ -144,8 +144,8 @@ def test_rl_validation_logs_what_dare_eval_measures_on_the_same_rows(tmp_path):
 
     sft_run = train("sft", None, [*SFT_TINY, "train.steps=3", f"run.out_dir={tmp_path / 'sft'}"])
     d1_run = train("d1", None, [f"model.path={sft_run / 'final'}", "train.steps=3", "train.lr=1e-3",
-                                "rl.prompts_per_step=4", "rl.group_size=4", "rl.rollout.gen_length=4",
-                                "rl.rollout.block_length=4", "rl.rollout.steps=4", "rl.eval_every=2",
+                                "rl.prompts_per_step=4", "rl.group_size=4", "rl.decoding.gen_length=4",
+                                "rl.decoding.block_length=4", "rl.decoding.steps=4", "rl.eval_every=2",
                                 "rl.eval_samples=64", "run.log_every=10", "run.seed=1", f"run.out_dir={tmp_path / 'd1'}"])
     records = [json.loads(line) for line in (d1_run / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in records if "val/accuracy" in r]
@@ -180,7 +180,7 @@ def test_rl_loop_uses_shared_noise_and_skips_recompute_when_mu_is_one(tmp_path, 
 
     monkeypatch.setattr(d1, "token_logps", spy)
     common = [f"model.path={sft_run / 'final'}", "train.steps=1", "rl.prompts_per_step=2", "rl.group_size=2",
-              "rl.rollout.gen_length=4", "rl.rollout.block_length=4", "rl.rollout.steps=4"]
+              "rl.decoding.gen_length=4", "rl.decoding.block_length=4", "rl.decoding.steps=4"]
     train("d1", None, [*common, "rl.num_iterations=1", "algo.beta=0", f"run.out_dir={tmp_path / 'mu1'}"])
     assert [grad for grad, _ in calls] == [True]  # one forward: the update itself
     calls.clear()
@@ -199,8 +199,8 @@ def test_rl_resume_reaches_identical_weights(tmp_path, sync):
     must carry the moved reference."""
     sft_run = train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
     args = [f"model.path={sft_run / 'final'}", "train.steps=4", "train.lr=1e-3", "rl.prompts_per_step=2",
-            "rl.group_size=3", "rl.num_iterations=2", "rl.rollout.gen_length=4", "rl.rollout.block_length=4",
-            "rl.rollout.steps=4", "run.save_every=2", *sync]
+            "rl.group_size=3", "rl.num_iterations=2", "rl.decoding.gen_length=4", "rl.decoding.block_length=4",
+            "rl.decoding.steps=4", "run.save_every=2", *sync]
     a = train("d1", None, [*args, f"run.out_dir={tmp_path / 'a'}"])
     b = tmp_path / "b"
     shutil.copytree(a / "checkpoints", b / "checkpoints")
@@ -228,7 +228,7 @@ def test_a_changed_starting_checkpoint_is_not_reused(tmp_path, capsys):
     sft_dir = tmp_path / "sft"
     train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={sft_dir}"])
     d1 = [f"model.path={sft_dir / 'final'}", "train.steps=1", "rl.prompts_per_step=2", "rl.group_size=2",
-          "rl.rollout.gen_length=4", "rl.rollout.block_length=4", "rl.rollout.steps=4"]
+          "rl.decoding.gen_length=4", "rl.decoding.block_length=4", "rl.decoding.steps=4"]
     first = train("d1", None, d1)
     assert train("d1", None, d1) == first  # same checkpoint: reused
     train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={sft_dir}"], force=True)  # rewritten in place

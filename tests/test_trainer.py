@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=2",
         "model.scratch.mlp_hidden_size=64", "train.batch_size=16", "train.lr=1e-3", "train.warmup_steps=2",
         "algo.response_length=4", "run.log_every=1", "run.threads=1"]
-D1_TINY = ["train.lr=1e-3", "rl.prompts_per_step=4", "rl.group_size=4", "rl.rollout.gen_length=4",
-           "rl.rollout.block_length=4", "rl.rollout.steps=4", "run.log_every=1", "run.threads=1"]
+D1_TINY = ["train.lr=1e-3", "rl.prompts_per_step=4", "rl.group_size=4", "rl.decoding.gen_length=4",
+           "rl.decoding.block_length=4", "rl.decoding.steps=4", "run.log_every=1", "run.threads=1"]
 
 
 def _weights(run_dir: Path, sub="final"):
@@ -229,10 +229,10 @@ def test_group_size_one_is_refused_by_a_group_baseline():
 
 
 def test_std_scaling_needs_two_completions():
-    from dare.train.rl import check_group, group_advantages
+    from dare.train.rl import group_advantages
 
     with pytest.raises(ValueError, match="std scaling need at least 2"):
-        check_group(1, "mean", "sample")
+        group_advantages(torch.tensor([[1.0], [0.0]]), "mean", "sample")
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
     assert group_advantages(r, "loo")[0].tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
     assert group_advantages(r, "mean", "population", eps=0).tolist() == [[1.0, -1.0, -1.0, 1.0]]
@@ -277,9 +277,9 @@ def test_preference_recipe_shares_noise_between_policy_and_reference(tmp_path, m
     calls = []
     real = vrpo.logps
 
-    def spy(model, batch, noise):
+    def spy(model, batch, noise, cfg):
         calls.append((torch.is_grad_enabled(), noise, batch.input_ids.shape))
-        return real(model, batch, noise)
+        return real(model, batch, noise, cfg)
 
     monkeypatch.setattr(vrpo, "logps", spy)
     out = train("vrpo", None, [f"model.path={sft / 'final'}", "data.task=addition_pairs", "train.steps=2",
@@ -289,7 +289,7 @@ def test_preference_recipe_shares_noise_between_policy_and_reference(tmp_path, m
     assert [grad for grad, _, _ in calls] == [False, True, False, True] * 2  # ref then policy, 2 micro x 2 steps
     for (_, ref_noise, shape), (_, pol_noise, _) in zip(calls[::2], calls[1::2]):
         assert shape[1] == 2  # (pairs, [chosen, rejected], L)
-        assert torch.equal(ref_noise["masked"], pol_noise["masked"]) and torch.equal(ref_noise["t"], pol_noise["t"])
+        assert torch.equal(ref_noise.masked, pol_noise.masked) and torch.equal(ref_noise.t, pol_noise.t)
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     # step 1: policy == reference, so the DPO term is exactly log 2 per pair
     assert records[0]["loss/dpo"] == pytest.approx(0.6931471805599453, abs=1e-6)

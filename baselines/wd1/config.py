@@ -32,5 +32,5 @@ class Config:
     # 256 tokens, block 32, 128 steps, temperature 0.9.
     rl: RLConfig = field(default_factory=lambda: RLConfig(
         prompts_per_step=8, group_size=6, num_iterations=12,
-        rollout=DecodingConfig(gen_length=256, block_length=32, steps=128, temperature=0.9)))
+        decoding=DecodingConfig(gen_length=256, block_length=32, steps=128, temperature=0.9)))
     algo: WD1 = field(default_factory=WD1)

@@ -154,7 +154,8 @@ class DataConfig:
 
 @dataclass
 class DecodingConfig:
-    """How the rollout engine decodes (`dare.rollout`); defaults = d1's protocol on LLaDA.
+    """How the sampler decodes (`dare.rollout`): `rl.decoding` for RL rollouts, `eval.decoding` for
+evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's protocol on LLaDA.
 
     `sampler` picks the algorithm ("auto": from the model's facts: block-causal models get the
     block sampler, others the masked-diffusion one); the rest are its options. Fields a sampler
@@ -295,7 +296,7 @@ class RLConfig:
     recompute_old_logps: bool = False
     """Compute the old log-probs even when mu = 1 (the ratio is then 1 by construction); only the
     benchmark's naive pipeline sets it."""
-    rollout: DecodingConfig = field(default_factory=lambda: DecodingConfig(temperature=0.9))
+    decoding: DecodingConfig = field(default_factory=lambda: DecodingConfig(temperature=0.9))
     eval_every: int = field(default=0, metadata=NOHASH)
     """Validate every N rollout batches (and after the last) with the embedded evaluator: the first
     `eval_samples` prompts of `eval_split`, greedy with the rollout's lengths, the task's metrics
@@ -419,7 +420,17 @@ def _hints(obj) -> dict[str, Any]:
     return typing.get_type_hints(type(obj))
 
 
+RENAMED = {"rl.rollout": "rl.decoding"}
+"""Keys that were renamed: old dotted prefix -> new. A config with an old key fails with the new name
+(one name per concept: the decoding settings are `decoding` in training, evaluation and rollout)."""
+
+
 def _unknown(key: str, candidates: typing.Iterable[str], source: str) -> ConfigError:
+    for old, new in RENAMED.items():
+        if key == old or key.startswith(old + "."):
+            return ConfigError(f"{source}: '{key}' was renamed to '{new + key[len(old):]}'; rename it in the "
+                               f"config (YAML `{old.split('.')[-1]}:` under `{old.rsplit('.', 1)[0]}:` -> "
+                               f"`{new.split('.')[-1]}:`)")
     close = difflib.get_close_matches(key, list(candidates), n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return ConfigError(f"{source}: unknown key '{key}'{hint}")

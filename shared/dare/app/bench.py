@@ -268,11 +268,11 @@ print(json.dumps({"peak_kib": after - before, "loss": loss.item()}))
 # the accelerations on, and with none (DARE's comparison: verl's default pipeline). The demo LLaDA
 # decodes with the dual cache at the reference's fixed quota: threshold decoding commits fewer
 # tokens per forward on this out-of-distribution length (see `dare bench rollout`), so it is
-# not used; on a model trained for long responses add rl.rollout.threshold=0.9.
+# not used; on a model trained for long responses add rl.decoding.threshold=0.9.
 RL_PIPELINES = {
-    "naive": ["rl.rollout.cache=none", "rl.rollout.threshold=0", "train.packing=false", "train.logit_chunk=0",
+    "naive": ["rl.decoding.cache=none", "rl.decoding.threshold=0", "train.packing=false", "train.logit_chunk=0",
               "rl.recompute_old_logps=true"],
-    "accelerated": ["rl.rollout.cache=dual", "rl.rollout.threshold=0", "train.packing=true",
+    "accelerated": ["rl.decoding.cache=dual", "rl.decoding.threshold=0", "train.packing=true",
                     "train.logit_chunk=1024", "rl.recompute_old_logps=false"],
 }
 
@@ -290,8 +290,8 @@ def rl_step_benchmark(checkpoint: str | None = None, steps: int = 2, gen_length:
     # d1's step on 8 GPUs: 16 prompts x 6 completions, gen 256, block 32, 128 steps, one update
     common = [f"model.path={ckpt}", f"train.steps={steps}", f"rl.prompts_per_step={prompts}",
               f"rl.group_size={group_size}",
-              "rl.num_iterations=1", "algo.beta=0.04", f"rl.rollout.gen_length={gen_length}",
-              "rl.rollout.block_length=32", f"rl.rollout.steps={gen_length // 2}", "run.log_every=1"]
+              "rl.num_iterations=1", "algo.beta=0.04", f"rl.decoding.gen_length={gen_length}",
+              "rl.decoding.block_length=32", f"rl.decoding.steps={gen_length // 2}", "run.log_every=1"]
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, overrides in RL_PIPELINES.items():

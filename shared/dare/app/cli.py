@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("train", help="train a baseline", description=(
         "Train baselines/<baseline>. Config precedence: the baseline's defaults, then config.yaml, "
-        "then key=value overrides (dotted keys, e.g. train.lr=3e-6 rl.rollout.steps=64). A finished run with "
+        "then key=value overrides (dotted keys, e.g. train.lr=3e-6 rl.decoding.steps=64). A finished run with "
         "the same config hash is reused; an interrupted one resumes."))
     s.add_argument("baseline", help="a folder name under baselines/ (e.g. sft, d1)")
     s.add_argument("args", nargs="*", metavar="[config.yaml] [key=value]")

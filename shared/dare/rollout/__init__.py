@@ -1,10 +1,10 @@
 """Rollout: one sampling interface that RL, evaluation and benchmarks all share.
 
-    out = generate(model, prompt_ids, prompt_mask, params, generator)
+    out = generate(model, prompt_ids, prompt_mask, decoding, generator)
 
 `prompt_ids` are left-padded (B, P) with `prompt_mask` marking real tokens; padded positions are
 never attended, so a row decodes exactly as it would alone at temperature 0 (sampled decoding
-draws the batch's noise from one generator). `params` is a `DecodingConfig`; its `sampler`
+draws the batch's noise from one generator). `decoding` is a `DecodingConfig`; its `sampler`
 chooses the algorithm ("auto": the block sampler for block-causal models, the masked-diffusion
 sampler otherwise):
 
@@ -23,7 +23,7 @@ import torch
 from dare.rollout import block, dream, llada
 from dare.rollout.core import RolloutOutput, decode_responses, left_pad, response_mask
 
-def _lmdeploy(model, prompt_ids, prompt_mask, params, generator=None):
+def _lmdeploy(model, prompt_ids, prompt_mask, decoding, generator=None):
     """The lmdeploy engine for SDAR on GPU is not in this checkout: lmdeploy needs CUDA and
     torch<=2.12.1 (the project pins 2.13), so it can neither be installed nor tested here."""
     from dare.utils import UserError
@@ -39,10 +39,10 @@ def _lmdeploy(model, prompt_ids, prompt_mask, params, generator=None):
 SAMPLERS = {"masked": llada.generate, "dream": dream.generate, "block": block.generate, "lmdeploy": _lmdeploy}
 
 
-def sampler_name(model, params) -> str:
-    """The sampler `generate` runs for this model and these params."""
-    if params.sampler != "auto":
-        return params.sampler
+def sampler_name(model, decoding) -> str:
+    """The sampler `generate` runs for this model and these decoding settings."""
+    if decoding.sampler != "auto":
+        return decoding.sampler
     from dare.models import facts
 
     return "block" if facts(model).attention == "block_causal" else "masked"
@@ -57,9 +57,9 @@ def on_device(generator, device) -> torch.Generator | None:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def generate(model, prompt_ids, prompt_mask, params, generator=None) -> RolloutOutput:
+def generate(model, prompt_ids, prompt_mask, decoding, generator=None) -> RolloutOutput:
     generator = on_device(generator, next(model.parameters()).device)
-    return SAMPLERS[sampler_name(model, params)](model, prompt_ids, prompt_mask, params, generator)
+    return SAMPLERS[sampler_name(model, decoding)](model, prompt_ids, prompt_mask, decoding, generator)
 
 
 def replay(out: RolloutOutput) -> torch.Tensor:

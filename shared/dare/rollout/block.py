@@ -66,35 +66,35 @@ def schedule(block_size: int, steps: int) -> list[int]:
     return [block_size // steps + (1 if i < block_size % steps else 0) for i in range(steps)]
 
 
-def choose(logits: torch.Tensor, params, mask_id: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
+def choose(logits: torch.Tensor, decoding, mask_id: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, V) logits -> (token, p): the argmax and its unfiltered probability at T = 0, else a
     sample after temperature, top-k and top-p with its probability under that distribution.
     The mask token is never chosen."""
     logits = logits.float()
     allowed = logits.clone()
     allowed[:, mask_id] = -torch.inf
-    if params.temperature == 0:
+    if decoding.temperature == 0:
         token = allowed.argmax(dim=-1)
         return token, F.softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
-    allowed = allowed / params.temperature
-    if params.top_k > 0:
-        allowed = top_k_logits(allowed, params.top_k)
-    if params.top_p < 1:
-        allowed = top_p_logits(allowed, params.top_p)
+    allowed = allowed / decoding.temperature
+    if decoding.top_k > 0:
+        allowed = top_k_logits(allowed, decoding.top_k)
+    if decoding.top_p < 1:
+        allowed = top_p_logits(allowed, decoding.top_p)
     probs = F.softmax(allowed, dim=-1)
     token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
     return token, probs.gather(1, token[:, None]).squeeze(1)
 
 
 @torch.no_grad()
-def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
+def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decoding,
              generator: torch.Generator | None = None) -> RolloutOutput:
     f = facts(model)
     if f.block_size is None:
         raise ValueError("the block sampler needs a block-causal model (SDAR, LLaDA2); use sampler=masked")
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device).bool()
-    bs, G, mask_id = f.block_size, params.gen_length, f.mask_token_id
+    bs, G, mask_id = f.block_size, decoding.gen_length, f.mask_token_id
     B, P = prompt_ids.shape
     lengths = prompt_mask.sum(dim=1)
 
@@ -115,9 +115,9 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
     decoded = x == mask_id  # every position the sampler writes (the generated part and the last block's tail)
     gen_cols = gen_start[:, None] + torch.arange(G, device=device)[None, :]  # (B, G) canvas columns
     step_canvas = torch.full((B, W), -1, dtype=torch.long, device=device)
-    quota = schedule(bs, params.steps)
-    editing = params.editing_threshold > 0
-    cached = params.cache != "none"
+    quota = schedule(bs, decoding.steps)
+    editing = decoding.editing_threshold > 0
+    cached = decoding.cache != "none"
 
     cache, nfe, step, done_cols = KVCache(), 0, 0, 0
     trajectory = []
@@ -136,7 +136,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
             unmasked = ~masked.any(dim=1)
             if editing:  # LLaDA2.1: count the steps after unmasking, per row
                 post += (unmasked & ~done).long()
-                done |= post > params.max_post_steps
+                done |= post > decoding.max_post_steps
             else:
                 done |= unmasked
             if done.all():
@@ -146,15 +146,15 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
             else:  # recompute everything up to the end of the block (LLaDA2's HF `generate`)
                 logits = model(x[:, :cols.stop], valid[:, :cols.stop]).logits[:, cols]
             nfe += 1
-            x0, conf = choose(logits.reshape(B * bs, -1), params, mask_id, generator)
+            x0, conf = choose(logits.reshape(B * bs, -1), decoding, mask_id, generator)
             x0, conf = x0.view(B, bs), conf.view(B, bs).double()
-            k = masked.sum(dim=1).clamp(max=quota[min(i, params.steps - 1)])
+            k = masked.sum(dim=1).clamp(max=quota[min(i, decoding.steps - 1)])
             commit = commit_quota(torch.where(masked, conf, -torch.inf), k)
-            if params.threshold > 0:
-                above = masked & (conf > params.threshold)
+            if decoding.threshold > 0:
+                above = masked & (conf > decoding.threshold)
                 commit = torch.where((above.sum(dim=1) >= k)[:, None], above, commit)
             if editing:
-                edit = decoded[:, cols] & ~masked & (conf > params.editing_threshold) & (x0 != x[:, cols])
+                edit = decoded[:, cols] & ~masked & (conf > decoding.editing_threshold) & (x0 != x[:, cols])
                 commit |= edit
                 finished = unmasked & ~edit.any(dim=1)  # nothing left to unmask or edit: this row stops
             commit &= ~done[:, None]
@@ -164,13 +164,13 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
                 done |= finished
             step += 1
             i += 1
-            if params.record_trajectory:
+            if decoding.record_trajectory:
                 trajectory.append(x.gather(1, gen_cols).clone())
         if cached:
             model(x[:, cols], valid[:, cols], past_key_values=cache, use_cache=True)  # commit the block's keys
             nfe += 1
         done_cols = (c + 1) * bs
-        if params.eos_early_stop and _all_finished(x.gather(1, gen_cols), mask_id, f.stop_ids):
+        if decoding.eos_early_stop and _all_finished(x.gather(1, gen_cols), mask_id, f.stop_ids):
             response = x.gather(1, gen_cols)
             x.scatter_(1, gen_cols, torch.where(response == mask_id, f.eos_token_id, response))
             break

@@ -98,7 +98,7 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Gen
     return (logits.to(torch.float64) - temperature * torch.log(-torch.log(u))).argmax(dim=-1)
 
 
-def predict(logits, masked, params, generator, eos_id=None, eot_id=None,
+def predict(logits, masked, decoding, generator, eos_id=None, eot_id=None,
             forbid: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """LLaDA's prediction and confidence on a span: x0 (Gumbel-max sample) and the untempered
     probability of x0 ("low_confidence") or U(0,1) ("random"); -inf where not masked.
@@ -114,13 +114,13 @@ def predict(logits, masked, params, generator, eos_id=None, eot_id=None,
     if forbid is not None:
         logits = logits.clone()
         logits[..., forbid] = -torch.inf
-    if params.logits_eos_inf and eos_id is not None:
+    if decoding.logits_eos_inf and eos_id is not None:
         logits = logits.clone()
         logits[..., eos_id] = -torch.inf
-    x0 = gumbel_argmax(logits, params.temperature, generator)
-    if params.remasking == "low_confidence":
-        if params.confidence_eos_eot_inf:
-            removed = [t for t in ([eot_id] + ([eos_id] if params.temperature == 0 else [])) if t is not None]
+    x0 = gumbel_argmax(logits, decoding.temperature, generator)
+    if decoding.remasking == "low_confidence":
+        if decoding.confidence_eos_eot_inf:
+            removed = [t for t in ([eot_id] + ([eos_id] if decoding.temperature == 0 else [])) if t is not None]
             logits = logits.clone()
             logits[..., removed] = -torch.inf
         probs = F.softmax(logits.to(torch.float64), dim=-1)
@@ -177,9 +177,9 @@ def commit_factor(conf: torch.Tensor, factor: float) -> torch.Tensor:
     return commit
 
 
-def commit_rule(conf: torch.Tensor, params, quota: torch.Tensor) -> torch.Tensor:
-    if params.threshold > 0:
-        return commit_threshold(conf, params.threshold)
-    if params.factor > 0:
-        return commit_factor(conf, params.factor)
+def commit_rule(conf: torch.Tensor, decoding, quota: torch.Tensor) -> torch.Tensor:
+    if decoding.threshold > 0:
+        return commit_threshold(conf, decoding.threshold)
+    if decoding.factor > 0:
+        return commit_factor(conf, decoding.factor)
     return commit_quota(conf, quota)

@@ -55,17 +55,17 @@ def _guided_logits(model, x, attention_mask, prompt_positions, mask_id: int, cfg
 
 
 @torch.no_grad()
-def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
+def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decoding,
              generator: torch.Generator | None = None) -> RolloutOutput:
     f = facts(model)
-    G, BL = params.gen_length, params.block_length
+    G, BL = decoding.gen_length, decoding.block_length
     n_blocks = G // BL
-    if G % BL or params.steps % n_blocks:
+    if G % BL or decoding.steps % n_blocks:
         from dare.utils import UserError
 
         raise UserError(f"decoding: gen_length ({G}) must be a multiple of block_length ({BL}) and steps "
-                        f"({params.steps}) a multiple of the number of blocks ({n_blocks}) for the masked sampler")
-    steps_per_block = params.steps // n_blocks
+                        f"({decoding.steps}) a multiple of the number of blocks ({n_blocks}) for the masked sampler")
+    steps_per_block = decoding.steps // n_blocks
     mask_id, shift = f.mask_token_id, f.logits_shift
 
     x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
@@ -82,26 +82,26 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
         nonlocal step
         block = x[:, lo:hi]
         masked = block == mask_id
-        until_clean = params.cache in ("prefix", "dual") or params.threshold > 0 or params.factor > 0
-        x0, conf = predict(logits, masked, params, generator, f.eos_token_id, f.eot_token_id,
+        until_clean = decoding.cache in ("prefix", "dual") or decoding.threshold > 0 or decoding.factor > 0
+        x0, conf = predict(logits, masked, decoding, generator, f.eos_token_id, f.eot_token_id,
                            forbid=mask_id if until_clean else None)
         row = torch.full((B, span[1] - span[0]), -torch.inf, dtype=conf.dtype, device=device)
         row[:, lo - span[0]:hi - span[0]] = conf
-        chosen = commit_rule(row, params, quota)[:, lo - span[0]:hi - span[0]]
+        chosen = commit_rule(row, decoding, quota)[:, lo - span[0]:hi - span[0]]
         x[:, lo:hi] = torch.where(chosen, x0, block)
         step_map[:, lo - P:hi - P][chosen] = step
         step += 1
-        if params.record_trajectory:
+        if decoding.record_trajectory:
             trajectory.append(x[:, P:].clone())
 
     for b in range(n_blocks):
         lo, hi = P + b * BL, P + (b + 1) * BL
         quota = num_transfer_tokens((x[:, lo:hi] == mask_id).sum(dim=1), steps_per_block)
-        parallel = params.threshold > 0 or params.factor > 0
+        parallel = decoding.threshold > 0 or decoding.factor > 0
         i = 0
-        if params.cache not in ("prefix", "dual"):  # "auto" / "none": the reference, no cache
+        if decoding.cache not in ("prefix", "dual"):  # "auto" / "none": the reference, no cache
             while (x[:, lo:hi] == mask_id).any() and (parallel or i < steps_per_block):
-                logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, params.cfg_scale)
+                logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, decoding.cfg_scale)
                 nfe += 1
                 commit(lo, hi, logits[:, lo:hi], quota[:, min(i, steps_per_block - 1)], (0, P + G))
                 i += 1
@@ -113,17 +113,17 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params,
         i = 1
         start = lo - 1 if shift else lo  # a shifted model reads position s's logit at s - 1
         cache = out.past_key_values
-        if params.cache == "prefix":
+        if decoding.cache == "prefix":
             cache.truncate(start)
         while (x[:, lo:hi] == mask_id).any():
-            if params.cache == "prefix":
+            if decoding.cache == "prefix":
                 raw = model(x[:, start:], attention_mask[:, start:], past_key_values=cache).logits
             else:
                 raw = model(x[:, start:hi], attention_mask[:, start:hi], past_key_values=cache,
                             replace_position=start).logits
             nfe += 1
             commit(lo, hi, raw[:, :BL], quota[:, min(i, steps_per_block - 1)],
-                   (lo, P + G) if params.cache == "prefix" else (lo, hi))
+                   (lo, P + G) if decoding.cache == "prefix" else (lo, hi))
             i += 1
 
     responses = x[:, P:]

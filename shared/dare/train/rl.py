@@ -85,6 +85,8 @@ def group_advantages(rewards: torch.Tensor, baseline: str = "mean", std: str = "
     G = rewards.shape[1]
     if baseline not in ("mean", "loo") or std not in ("none", "sample", "population"):
         raise ValueError(f"unknown advantage settings baseline={baseline!r} std={std!r}")
+    if G < 2 and (baseline == "loo" or std != "none"):
+        raise ValueError(f"group size {G}: the leave-one-out baseline and std scaling need at least 2 completions")
     if baseline == "mean":
         adv = rewards - rewards.mean(dim=1, keepdim=True)
     else:
@@ -115,7 +117,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
         torch.set_num_threads(cfg.run.threads)
     f = facts(model)
     prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
-    rollout_cfg = replace(cfg.rl.rollout, **hooks.rollout_options(cfg))
+    rollout_cfg = replace(cfg.rl.decoding, **hooks.rollout_options(cfg))
     compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
     micro = cfg.train.micro_batch_size
 
@@ -184,7 +186,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             times = {"time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update}
             val = {}
             if val_rows is not None and ((step + 1) % cfg.rl.eval_every == 0 or step + 1 == loop.total):
-                val = validate(policy, trainer, tokenizer, task, val_rows, replace(cfg.rl.rollout, temperature=0.0),
+                val = validate(policy, trainer, tokenizer, task, val_rows, replace(cfg.rl.decoding, temperature=0.0),
                                make_generator(cfg.run.seed, f"val/{step}/{dist.rank}"))
             loop.end_step(step + 1, tokenizer,
                           lambda: {**step_metrics(dist, batch, out, mu, sums, trainer.lr, times), **val}, bool(val))
