@@ -36,18 +36,55 @@ def test_reproduction_config_resolves(path):
         assert cfg.model.path and cfg.model.path.startswith("/ckpt/"), path
 
 
+def _leaves(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield prefix + k, v
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_reproduction_configs_state_only_what_differs_from_the_baselines_defaults(path):
+    """A value equal to the baseline's default is a second copy of it, which drifts when the default
+    is corrected: the config states what the reproduction changes, config.py the rest."""
+    from dare.app import baselines
+    from dare.config import to_dict
+
+    data = yaml.safe_load(path.read_text())
+    defaults = dict(_leaves(to_dict(baselines.load(data.pop("baseline")).Config())))
+    same = [k for k, v in _leaves(data) if k in defaults and (defaults[k] == v or (
+        isinstance(v, list) and isinstance(defaults[k], (list, tuple)) and list(defaults[k]) == v))]
+    assert not same, f"{path}: {same} repeat the baseline's defaults"
+
+
 @pytest.mark.parametrize("path", TARGETS, ids=lambda p: p.parent.name)
 def test_targets_are_complete(path):
-    spec = yaml.safe_load(path.read_text())
-    assert set(spec) >= {"paper", "base_model", "eval", "tolerance", "targets"}, path
-    assert spec["paper"]["arxiv"] and spec["paper"]["table"]
-    assert set(spec["eval"]) >= {"split", "block_length", "steps_per_token", "temperature"}
-    assert spec["targets"], f"{path}: no targets"
-    for t in spec["targets"]:
-        assert (path.parent / t["config"]).is_file(), (path, t)
-        assert t["benchmark"] in TASKS, (path, t["benchmark"])
-        assert isinstance(t["value"], (int, float)) and 0 <= t["value"] <= 100, (path, t)
-        assert t["gen_length"] in (128, 256, 512, 1024), (path, t)
+    """Parsed by the same code that writes `result.reference` (dare.app.targets)."""
+    from dare.app.targets import load_targets
+
+    t = load_targets(path)
+    assert t.rows, f"{path}: no targets"
+    for row in t.rows:
+        assert row["benchmark"] in TASKS, (path, row["benchmark"])
+        assert row["gen_length"] in (128, 256, 512, 1024), (path, row)
+
+
+def test_a_sweeps_evaluation_matches_a_target_of_its_folder():
+    """Each paper sweep evaluates a (config, benchmark, gen length) its targets.yaml names, with the
+    paper's protocol, so its results carry `reference` with same_decoding where the protocol matches."""
+    from dare.app.sweep import load_sweep
+    from dare.config import EvalRunConfig, load, to_dict
+
+    for path in SWEEPS:
+        sweep = load_sweep(path)
+        if sweep.targets is None:
+            continue
+        cfg = load(EvalRunConfig, sweep.eval_config)
+        decoding = to_dict(cfg.eval.decoding)
+        refs = [sweep.targets.reference(sweep.config, {"name": b, "split": cfg.eval.split, "n_shot": 0}, decoding)
+                for b in cfg.eval.benchmarks]
+        assert any(refs), (path, cfg.eval.benchmarks, decoding["gen_length"])
 
 
 @pytest.mark.parametrize("path", EVALS, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -73,19 +73,42 @@ def test_local_sweep_runs_each_run_and_a_failure_stays_alone(tmp_path):
     assert [r.id for r in launch(load_sweep(path), cluster="local")] == [sweep.runs[1].id]  # only the failed one
 
 
-def test_collect_publishes_results_and_compares_with_expect(tmp_path, capsys):
-    from dare.app.sweep import collect
-    from dare.results import read_result
+def test_the_papers_numbers_come_from_targets_yaml_into_every_result(tmp_path, capsys):
+    """The paper-number loop: targets.yaml (percent) beside the sweep -> the sweep's evaluation writes
+    `reference` (a fraction, with whether the protocol matches) -> collect publishes and compares ->
+    the leaderboard's reproduction view shows ours against the paper."""
+    import importlib.util
 
-    path = write_sweep(tmp_path, "c", {"run.seed": [0, 1]},
-                       expect=[{"benchmark": "addition", "value": 0.9, "source": "made up", "tolerance": 0.05}])
-    sweep = load_sweep(path)
+    from dare.app.sweep import collect
+    from dare.results import load_results, read_result
+
+    (tmp_path / "train.yaml").write_text("baseline: sft\n")
+    (tmp_path / "targets.yaml").write_text(yaml.safe_dump({
+        "paper": {"arxiv": "0000.00000", "table": "Table 9"}, "base_model": "tiny", "tolerance": 2.0,
+        "eval": {"split": "test", "block_length": 4, "steps_per_token": 1.0, "temperature": 0.0, "n_shot": 0},
+        "targets": [{"config": "train.yaml", "benchmark": "addition", "gen_length": 4, "value": 90.0}]}))
+    sweep = load_sweep(write_sweep(tmp_path, "c", {"run.seed": [0, 1]}, config="train.yaml"))
     launch(sweep, cluster="local")
+    for r in sweep.runs:  # written by the evaluation itself
+        [path] = results_of(r)
+        assert read_result(path).reference.model_dump() == {"value": 0.9, "source": "Table 9 (arXiv 0000.00000)",
+                                                            "same_decoding": True}
     copied = collect(sweep, tmp_path / "published")
-    assert len(copied) == 2 and all(read_result(p).benchmark.name == "addition" for p in copied)
+    assert len(copied) == 2 and all(read_result(p).reference.value == 0.9 for p in copied)
     values = [read_result(p).metrics[0].value for p in copied]
     out = capsys.readouterr().out
-    assert f"ours {sum(values) / 2:.4f} over 2 run(s) vs paper 0.9 (made up)" in out
+    assert f"addition (gen 4): ours {sum(values) / 2:.4f} over 2 run(s) vs paper 0.9000 (Table 9" in out
+    spec = importlib.util.spec_from_file_location("board", REPO / "leaderboard" / "load.py")
+    board = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(board)
+    [row] = board.reproduction_rows(load_results(tmp_path / "published")[0])
+    assert row["paper"] == 90.0 and row["seeds"] == 2 and row["source"] == "Table 9 (arXiv 0000.00000)"
+    # a sweep file with the old `expect:` key is told where the numbers live now
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump({**yaml.safe_load((tmp_path / "c.yaml").read_text()),
+                                   "expect": [{"benchmark": "addition", "value": 0.9}]}))
+    with pytest.raises(UserError, match="targets.yaml beside the sweep file"):
+        load_sweep(old)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,8 +9,10 @@ A sweep file (`reproductions/<name>/sweep.yaml`):
     eval: {config: ../demo/eval.yaml} # optional: evaluate every final model (embedded evaluator)
     slurm: {nodes: 1, gpus_per_node: 8, cpus_per_task: 16, mem_gb: 400, time_min: 1440,
             partition: gpu, account: null, qos: null}
-    expect:                           # optional: the paper's numbers, for `dare sweep collect`
-      - {benchmark: gsm8k, value: 0.798, source: "d1 Table 1", tolerance: 0.02}
+
+The paper's numbers are not repeated here: `targets.yaml` beside the sweep file is their one source
+(`dare.app.targets`); evaluation writes the matching target into each result's `reference`, and
+`dare sweep collect` prints ours against it.
 
 Every run has a deterministic id (a hash of the baseline, the base config's content and its
 overrides) and folder `<sweep out>/<id>/` (`train/` holds the run, `eval/` its results). A launch
@@ -34,12 +36,12 @@ from pathlib import Path
 
 import yaml
 
-from dare.utils import REPO_ROOT, UserError, atomic_write_json
+from dare.app import targets
+from dare.utils import UserError, atomic_write_json, runs_dir
 
-KEYS = {"baseline", "config", "overrides", "grid", "eval", "slurm", "expect", "out_dir"}
+KEYS = {"baseline", "config", "overrides", "grid", "eval", "slurm", "out_dir"}
 SLURM_KEYS = {"nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb", "time_min", "partition",
               "account", "qos", "signal_delay_s", "array_parallelism"}
-EXPECT_KEYS = {"benchmark", "value", "source", "tolerance"}
 
 
 @dataclass
@@ -76,7 +78,7 @@ class Sweep:
     grid: dict
     eval_config: Path | None
     slurm: Slurm
-    expect: list[dict]
+    targets: object | None  # dare.app.targets.Targets of the reproduction folder, when it has one
     out: Path
     runs: list[Run] = field(default_factory=list)
 
@@ -100,6 +102,9 @@ def load_sweep(path: str | Path) -> Sweep:
         _fail(path, f"not valid YAML: {e}")
     if not isinstance(data, dict):
         _fail(path, "must be a mapping")
+    if "expect" in data:
+        _fail(path, "expect: the paper's numbers live in targets.yaml beside the sweep file (one source, in percent); "
+                    "remove expect: from the sweep")
     unknown = sorted(set(data) - KEYS)
     if unknown:
         _fail(path, f"unknown key(s) {unknown}; known: {sorted(KEYS)}")
@@ -122,17 +127,12 @@ def load_sweep(path: str | Path) -> Sweep:
     bad = sorted(set(slurm) - SLURM_KEYS)
     if bad:
         _fail(path, f"slurm: unknown key(s) {bad}; known: {sorted(SLURM_KEYS)}")
-    expect = data.get("expect") or []
-    for i, e in enumerate(expect):
-        if not isinstance(e, dict) or set(e) - EXPECT_KEYS or not {"benchmark", "value"} <= set(e):
-            _fail(path, f"expect[{i}]: needs benchmark and value (optional source, tolerance); got {e!r}")
     eval_cfg = data.get("eval") or {}
     eval_config = (path.parent / eval_cfg["config"]).resolve() if eval_cfg.get("config") else None
     if eval_config and not eval_config.is_file():
         _fail(path, f"eval.config: {eval_config} not found")
-    runs = Path(os.environ.get("DARE_RUNS", REPO_ROOT / "runs"))
-    out = Path(data.get("out_dir") or runs / "sweeps" / path.parent.name / path.stem)
-    sweep = Sweep(path, baseline, config, overrides, grid, eval_config, Slurm(**slurm), expect, out)
+    out = Path(data.get("out_dir") or runs_dir() / "sweeps" / path.parent.name / path.stem)
+    sweep = Sweep(path, baseline, config, overrides, grid, eval_config, Slurm(**slurm), targets.beside(path), out)
     base = "" if config is None else config.read_text()
     keys = list(grid)
     for values in itertools.product(*(grid[k] for k in keys)):
@@ -202,7 +202,9 @@ def execute(sweep_path: str, run_id: str) -> list[str]:
         return []
     from dare.eval import evaluate_checkpoint
 
-    paths = evaluate_checkpoint(done / "final", sweep.eval_config, out_dir=run.dir / "eval")
+    reference = (lambda benchmark, decoding: sweep.targets.reference(sweep.config, benchmark, decoding)) \
+        if sweep.targets else None
+    paths = evaluate_checkpoint(done / "final", sweep.eval_config, out_dir=run.dir / "eval", reference=reference)
     atomic_write_json(run.dir / "status.json", {"state": "done", "finished": time.time()})
     return [str(p) for p in paths]
 
@@ -339,26 +341,33 @@ def slurm_parameters(s: Slurm) -> dict:
 
 
 def collect(sweep: Sweep, dest: str | Path) -> list[Path]:
-    """Publish the valid results of finished runs to `dest` and print ours against `expect`."""
-    from dare.results import publish, read_result
+    """Publish the valid results of finished runs to `dest`, each with the paper's number of its
+    reproduction in `reference` (targets.yaml beside the sweep file), and print ours against it."""
+    from dare.results import publish, read_result, write_result
 
-    copied, by_bench = [], {}
+    copied, by_target = [], {}
     for r in sweep.runs:
         for p in results_of(r):
-            copied.append(publish(p, dest))
-            res = read_result(p)
-            by_bench.setdefault(res.benchmark.name, []).append(res.metrics[0].value)
+            path = publish(p, dest)
+            res = read_result(path)
+            if sweep.targets:
+                ref = sweep.targets.reference(sweep.config, res.benchmark.model_dump(), res.decoding.model_dump())
+                if ref != (res.reference.model_dump() if res.reference else None):
+                    res = res.model_copy(update={"reference": ref})
+                    write_result(res, path)
+                if ref:
+                    key = (res.benchmark.name, res.decoding.gen_length, ref["value"], ref["same_decoding"])
+                    by_target.setdefault(key, []).append(res.metrics[0].value)
+            copied.append(path)
     print(f"{len(copied)} result(s) -> {dest}")
-    for e in sweep.expect:
-        values = by_bench.get(e["benchmark"], [])
-        if not values:
-            print(f"  {e['benchmark']}: no results (paper {e['value']})")
-            continue
-        mean = sum(values) / len(values)
-        tol = e.get("tolerance", 0.02)
-        verdict = "within tolerance" if mean >= e["value"] - tol else "below"
-        print(f"  {e['benchmark']}: ours {mean:.4f} over {len(values)} run(s) vs paper {e['value']} "
-              f"({e.get('source', '')}): {mean - e['value']:+.4f}, {verdict}")
+    if sweep.targets is None:
+        print("  (no targets.yaml beside the sweep file: nothing to compare with)")
+    for (bench, gen, value, same), values in sorted(by_target.items()):
+        mean, tol = sum(values) / len(values), sweep.targets.tolerance / 100
+        verdict = "within tolerance" if mean >= value - tol else "below"
+        protocol = "" if same else "; NOT the paper's decoding protocol"
+        print(f"  {bench} (gen {gen}): ours {mean:.4f} over {len(values)} run(s) vs paper {value:.4f} "
+              f"({sweep.targets.source()}): {mean - value:+.4f}, {verdict}{protocol}")
     return copied
 
 

@@ -207,11 +207,13 @@ def _model_info(checkpoint: Path, meta: dict, dtype: str) -> dict:
 
 def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None = None, overrides=(),
                         *, out_dir: str | Path | None = None, command: str | None = None,
-                        opencompass_model: dict | None = None) -> list[Path]:
+                        opencompass_model: dict | None = None, reference=None) -> list[Path]:
     """Evaluate a checkpoint folder on every benchmark in the config; returns the result files.
     Results that already exist and validate are reused (the folder is keyed by the eval config).
     `opencompass_model` replaces our OpenCompass model class (a config dict with a dotted `type`;
-    the tests' oracle)."""
+    the tests' oracle). `reference(benchmark, decoding) -> dict | None` gives the paper's number for a
+    trained model's result (a reproduction's targets, `dare.app.targets`); base models get DARE's
+    table (`dare.eval.suite.reference`)."""
     from dare.eval import suite
     from dare.models.api import checkpoint_meta
     from dare.results import read_result
@@ -246,9 +248,9 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
     embedded = [n for n in todo if n not in on_oc]
     model_info = _model_info(checkpoint, meta, cfg.dtype)
 
-    def reference(name):
-        if meta:  # a model we trained: DARE's table reports base models
-            return None
+    def reference_of(name, benchmark):
+        if meta:  # a model we trained: the reproduction's paper number, when the caller has one
+            return reference(benchmark, to_dict(plans[name][0])) if reference else None
         ref = suite.reference(family, model_info["name"], name)
         # DARE ran its table through OpenCompass: our embedded prompts are another protocol, and so
         # is a benchmark whose config differs from DARE's (`deviation`)
@@ -261,7 +263,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
         atomic_write(samples_path, "".join(json.dumps(s) + "\n" for s in samples))
         result = build_result(meta=meta, model_info=model_info, benchmark=benchmark, decoding=plans[name][0],
                               outcome=outcome, eval_hash=digest, seed=cfg.run.seed, samples_path=samples_path,
-                              command=command, reference=reference(name))
+                              command=command, reference=reference_of(name, benchmark))
         write_result(result, targets[name])
         acc = ", ".join(f"{m['name']}={m['value']:.4f}" for m in result["metrics"])
         print(f"[eval] {name}: {acc} ({outcome['n_effective']} samples) -> {targets[name]}",
