@@ -11,18 +11,25 @@ TORCH  := $(shell $(PYTHON) -c 'import tomllib; x = tomllib.load(open("pyproject
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test leaderboard setup eval-env browser slurm clean-venv help
+.PHONY: demo test checklist leaderboard setup eval-env browser slurm clean-venv help
 
 help:
 	@echo "make demo         set up the train venv and run the embedded default (tiny SFT -> d1 -> eval)"
 	@echo "make test         set up and run the test suite"
+	@echo "make checklist    the contribution checklist of every baseline folder (train venv only, seconds)"
 	@echo "make leaderboard  open the Streamlit leaderboard on 127.0.0.1 (committed results + runs/)"
 
 setup: $(TRAIN)/.installed
 
+# An editable install belongs to one checkout: installing this checkout into a venv whose editable
+# install points at another clone would silently move that clone's environment here. Refuse, and
+# say how to give this clone its own venv.
+OWNER = $(1)/bin/python -I -c 'import json, sys, importlib.metadata as m; u = json.loads(m.distribution("dare-dllm").read_text("direct_url.json") or "{}").get("url", ""); here = "file://" + sys.argv[1]; sys.exit(0 if u in ("", here) else print(f"$(1) belongs to {u[7:]} (editable install); set VENV=<another folder> for this checkout") or 1)' $(CURDIR) 2>/dev/null || test ! -x $(1)/bin/python || ! $(1)/bin/python -I -c 'import importlib.metadata as m; m.distribution("dare-dllm")' 2>/dev/null
+
 # The eval environment (transformers 4.x, numpy 1.x) from the `eval` extra; the tests use it to
 # check that checkpoints move between the two environments.
 $(EVAL)/.installed: pyproject.toml
+	@$(call OWNER,$(EVAL))
 	@test -x $(EVAL)/bin/python || $(PYTHON) -m venv $(EVAL)
 	$(EVAL)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
 	$(EVAL)/bin/pip install $(PIP_FLAGS) -e ".[eval,dev]"
@@ -31,6 +38,7 @@ $(EVAL)/.installed: pyproject.toml
 # torch first, from its exact pin, so that nothing later resolves a CUDA build; then the project
 # editable with the pinned `train` and `dev` extras.
 $(TRAIN)/.installed: pyproject.toml
+	@$(call OWNER,$(TRAIN))
 	@test -x $(TRAIN)/bin/python || $(PYTHON) -m venv $(TRAIN)
 	$(TRAIN)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
 	$(TRAIN)/bin/pip install $(PIP_FLAGS) -e ".[train,dev]"
@@ -42,7 +50,11 @@ demo: $(TRAIN)/.installed
 	$(TRAIN)/bin/dare demo
 
 test: $(TRAIN)/.installed $(EVAL)/.installed
-	DARE_EVAL_PYTHON=$(abspath $(EVAL))/bin/python $(TRAIN)/bin/python -m pytest $(PYTEST_ARGS)
+	DARE_VENV=$(abspath $(VENV)) DARE_EVAL_PYTHON=$(abspath $(EVAL))/bin/python $(TRAIN)/bin/python -m pytest $(PYTEST_ARGS)
+
+# What CONTRIBUTING.md asks of a baseline folder, without the eval environment or the suite.
+checklist: $(TRAIN)/.installed
+	$(TRAIN)/bin/dare checklist
 
 # Debian's Chromium and its WebDriver, for the leaderboard's end-to-end browser test (the test calls
 # this target itself, so `make test` works on a fresh machine). Needs root or sudo.

@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# The environments under test: the Makefile's VENV (make test passes it on), so a second checkout with
+# its own VENV=... never reaches into the first one's .venv.
+VENV = Path(os.environ.get("DARE_VENV") or REPO / ".venv")
+EVAL_PYTHON = os.environ.get("DARE_EVAL_PYTHON") or str(VENV / "eval" / "bin" / "python")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -98,8 +98,12 @@ def test_hash_ignores_nohash_fields_and_save(tmp_path):
 
 
 def test_eval_config_validates_benchmarks():
-    with pytest.raises(ConfigError, match="unknown benchmark 'gsm9k'"):
-        config.load(EvalRunConfig, None, ["eval.benchmarks=[gsm9k]"])
+    from dare.eval import load_eval_config
+
+    with pytest.raises(ConfigError, match="eval.benchmarks: unknown benchmark 'gsm9k'"):
+        load_eval_config(None, ["eval.benchmarks=[gsm9k]"])
+    with pytest.raises(ConfigError, match="eval.split: 'addition' has splits"):
+        load_eval_config(None, ["eval.split=dev"])
 
 
 def test_string_fields_take_override_text_as_written():

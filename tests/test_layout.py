@@ -1,14 +1,17 @@
 """The monorepo's promises: layout, one source of pins, baseline folder shape, house rules."""
 
 import ast
+import json
 import re
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
+from conftest import VENV
 from dare.app import baselines
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,13 +60,47 @@ def test_makefile_reads_the_torch_pin_from_pyproject():
 
 def test_setup_is_idempotent():
     """After `make test` installed the venv, the install target is up to date: a rerun skips it."""
-    r = subprocess.run(["make", "-q", ".venv/train/.installed"], cwd=REPO, capture_output=True)
-    assert r.returncode == 0, "make would reinstall the train venv"
+    r = subprocess.run(["make", "-q", f"VENV={VENV}", f"{VENV}/train/.installed"], cwd=REPO, capture_output=True)
+    assert r.returncode == 0, f"make would reinstall the train venv {VENV}"
+
+
+def test_the_environment_under_test_is_this_checkouts_own():
+    """An editable install belongs to one checkout: the `dare` the tests import, and the editable
+    install recorded in the venv, are this checkout's (a second clone sets its own VENV=...)."""
+    import dare
+
+    assert Path(dare.__file__).resolve().is_relative_to(REPO), dare.__file__
+    assert Path(_editable_url(sys.executable).removeprefix("file://")).resolve() == REPO
+
+
+def _editable_url(python) -> str:
+    """The checkout a venv's editable install points to (isolated mode: the working folder's own
+    metadata, e.g. a stray egg-info, cannot answer instead of the venv's)."""
+    code = "import importlib.metadata as m, json; print(json.loads(m.distribution('dare-dllm').read_text('direct_url.json'))['url'])"
+    return subprocess.run([python, "-I", "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_make_refuses_to_install_into_another_checkouts_venv(tmp_path):
+    """`make setup VENV=<a venv whose editable install is another clone's>` stops before pip runs and
+    says how to fix it. The venv here is a throwaway one (no pip in it) that claims to belong to
+    another checkout, so a broken guard cannot touch a real environment."""
+    other = tmp_path / "other-clone"
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv / "train")], check=True, timeout=120)
+    site = next((venv / "train" / "lib").glob("python3*/site-packages"))
+    info = site / "dare_dllm-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dare-dllm\nVersion: 0.1.0\n")
+    (info / "direct_url.json").write_text(json.dumps({"dir_info": {"editable": True}, "url": f"file://{other}"}))
+    r = subprocess.run(["make", f"VENV={venv}", "setup"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and f"belongs to {other}" in out and "set VENV=" in out, out
+    assert "pip install" not in out and not (venv / "train" / ".installed").exists()
 
 
 def test_pytest_exit_5_is_not_swallowed():
     """A run that collects no tests must fail `make test` (and therefore .ci/run)."""
-    r = subprocess.run(["make", "test", "PYTEST_ARGS=tests/test_layout.py -k no_such_test_anywhere"],
+    r = subprocess.run(["make", "test", f"VENV={VENV}", "PYTEST_ARGS=tests/test_layout.py -k no_such_test_anywhere"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "deselected" in r.stdout
 

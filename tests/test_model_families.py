@@ -440,7 +440,6 @@ def test_dare_models_show_reads_a_config_or_a_checkpoint(originals, tmp_path):
     assert r.returncode == 2 and "error:" in r.stderr
 
 
-EVAL_PYTHON = os.environ.get("DARE_EVAL_PYTHON") or str(Path(__file__).parents[1] / ".venv/eval/bin/python")
 CROSS = """
 import json, sys, torch
 from pathlib import Path
@@ -464,7 +463,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(not Path(EVAL_PYTHON).exists(), reason="no eval environment (make test builds .venv/eval)")
+@pytest.mark.skipif(not Path(EVAL_PYTHON).exists(), reason="no eval environment (make test builds $VENV/eval)")
 def test_checkpoints_move_between_train_and_eval_environments(tmp_path):
     """Saved here (transformers 5), loaded in the eval env (transformers 4.57), saved there and
     loaded here again: identical logits, identical config fields, and the tokenizers load."""

@@ -16,9 +16,8 @@ import pytest
 from dare.eval import suite
 from tests.conftest import REPO, dare_cli
 
-EVAL_PYTHON = os.environ.get("DARE_EVAL_PYTHON") or str(REPO / ".venv/eval/bin/python")
 pytestmark = pytest.mark.skipif(not Path(EVAL_PYTHON).exists(),
-                                reason="no eval environment (make test builds .venv/eval)")
+                                reason="no eval environment (make test builds $VENV/eval)")
 FAMILIES = ["llada", "dream", "sdar", "llada2"]
 TINY = ["eval.decoding.gen_length=8", "eval.decoding.block_length=4", "eval.decoding.steps=8", "eval.batch_size=16"]
 DARE_TABLE = ["mmlu", "mmlu_pro", "hellaswag", "arc_c", "gsm8k", "math", "gpqa", "aime24", "aime25",

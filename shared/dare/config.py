@@ -30,6 +30,10 @@ from typing import Any, Literal, Mapping
 import yaml
 
 from dare.utils import UserError
+from dare.data import TASKS
+from dare.models import ATTENTION
+from dare.models.registry import FAMILIES
+from dare.utils import atomic_write
 
 NOHASH = {"hash": False}  # field metadata: the value does not change results (paths, logging)
 
@@ -128,8 +132,6 @@ class ModelConfig:
     scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
 
     def validate(self):
-        from dare.models import FAMILIES  # torch-free registry of names
-
         check(self.family in FAMILIES, f"unknown family {self.family!r}; known: {sorted(FAMILIES)}", "family")
 
 
@@ -143,8 +145,6 @@ class DataConfig:
     (gsm8k, math)."""
 
     def validate(self):
-        from dare.data import TASKS
-
         check(self.task in TASKS, f"unknown task {self.task!r}; known: {sorted(TASKS)}", "task")
         check(self.split in TASKS[self.task].splits, f"task {self.task!r} has splits {TASKS[self.task].splits}",
               "split")
@@ -331,20 +331,8 @@ class EvalConfig:
     none: `decoding` as given for every benchmark. auto: dare with the opencompass engine."""
 
     def validate(self):
-        from dare.data import TASKS
-        from dare.eval.suite import benchmarks
-
-        suite = benchmarks()
+        """The benchmark names are checked by `dare.eval.load_eval_config` (it knows the suite)."""
         check(len(self.benchmarks) > 0, "at least one benchmark", "benchmarks")
-        for name in self.benchmarks:
-            embedded = TASKS.get(suite[name].embedded) if name in suite and suite[name].embedded else TASKS.get(name)
-            covered = self.engine == "opencompass" and name in suite and suite[name].opencompass
-            check(covered or embedded is not None,
-                  f"unknown benchmark {name!r} for the {self.engine} engine; embedded tasks: {sorted(TASKS)}; "
-                  f"OpenCompass (engine=opencompass): {sorted(n for n in suite if suite[n].opencompass)}",
-                  "benchmarks")
-            if not covered:
-                check(self.split in embedded.splits, f"{name!r} has splits {embedded.splits}", "split")
         check(self.n_samples is None or self.n_samples > 0, "must be positive or null", "n_samples")
         check(self.batch_size > 0, "must be positive", "batch_size")
 
@@ -578,8 +566,6 @@ def check_across_sections(cfg, origins: dict | None = None) -> None:
     - sampler=auto picks the sampler from the model: where the config names a bidirectional
       `model.family` it is the masked sampler, whose block layout is checked (block-causal families
       use their own block, so their `block_length` is not checked)."""
-    from dare.models import ATTENTION
-
     model, train = getattr(cfg, "model", None), getattr(cfg, "train", None)
     if model is not None and train is not None and getattr(train, "reference_sync_every", 0) and model.lora.rank > 0:
         raise ConfigError(
@@ -631,8 +617,6 @@ def to_yaml(cfg) -> str:
 
 def save(cfg, run_dir: str | Path, header: str = "") -> str:
     """Write the resolved config and its hash into `run_dir`; returns the hash."""
-    from dare.utils import atomic_write
-
     digest = config_hash(cfg)
     text = f"# {header}\n" if header else ""
     text += f"# config_hash: sha256:{digest}\n" + to_yaml(cfg)

@@ -18,6 +18,8 @@ from types import ModuleType
 import yaml
 
 from dare.utils import UserError
+from dare.models import FAMILIES
+from dare.results import load_results
 
 REQUIRED_FILES = ("README.md", "algorithm.py", "config.py")
 
@@ -89,8 +91,6 @@ def checklist(name: str, repo: Path | None = None) -> list[str]:
     complete. Each entry names the file and the missing piece."""
     import re
 
-    from dare.models import FAMILIES
-
     repo = repo or root().parent
     folder, problems = root() / name, []
     for f in REQUIRED_FILES:
@@ -130,7 +130,6 @@ def checklist(name: str, repo: Path | None = None) -> list[str]:
     mention = re.compile(rf"baselines\.{name}\b|[\"']{name}[\"']")
     if not any(mention.search(p.read_text()) for p in (repo / "tests").glob("test_*.py")):
         problems.append(f"baselines/{name}: no test under tests/ imports baselines.{name} or runs it by name")
-    from dare.results import load_results
 
     valid, _ = load_results(repo / "leaderboard" / "results")
     if not any(r.method.baseline == name for _, r in valid):

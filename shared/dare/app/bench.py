@@ -14,6 +14,15 @@ import statistics
 import time
 from pathlib import Path
 
+from dare.app.demo import DEMO
+from dare.config import DecodingConfig, config_hash, load as load_config, to_dict
+from dare.data import TASKS
+from dare.eval import build_result, evaluate_model, task_benchmark
+from dare.models import facts, load_pretrained, load_tokenizer
+from dare.models.api import checkpoint_meta
+from dare.results import metric_from_values, write_result
+from dare.utils import atomic_write, atomic_write_json, git_state, hardware, now, package_versions, runs_dir
+
 # strategy -> decoding overrides (on top of gen_length/block_length; vanilla: steps = gen_length / 2)
 MASKED_STRATEGIES = {
     "vanilla": {"cache": "none"},
@@ -33,7 +42,6 @@ BLOCK_STRATEGIES = {  # SDAR: denoising steps = block size (one token per step) 
 
 def _demo_checkpoint(family: str) -> Path:
     """The demo's SFT checkpoint for `family` (trained on first use, then reused by run key)."""
-    from dare.app.demo import DEMO
     from dare.app.runs import train
 
     overrides = [] if family == "llada" else [f"model.family={family}", f"model.name=tiny-{family}-addition"]
@@ -43,13 +51,6 @@ def _demo_checkpoint(family: str) -> Path:
 def rollout_benchmark(checkpoint: str | None, overrides: list[str], repeats: int = 1, batch_size: int = 8,
                       n_prompts: int = 64, device: str = "cpu", out: str | None = None) -> list[dict]:
     import torch
-
-    from dare.config import DecodingConfig
-    from dare.config import load as load_config
-    from dare.eval import evaluate_model
-    from dare.models import facts, load_pretrained, load_tokenizer
-    from dare.models.api import checkpoint_meta
-    from dare.utils import now, runs_dir
 
     base = load_config(DecodingConfig, None, ["gen_length=256", "block_length=32", *overrides])
     targets = [Path(checkpoint)] if checkpoint else [_demo_checkpoint("llada"), _demo_checkpoint("sdar")]
@@ -93,8 +94,6 @@ def rollout_benchmark(checkpoint: str | None, overrides: list[str], repeats: int
 
 
 def _changed(cfg) -> dict:
-    from dare.config import DecodingConfig, to_dict
-
     default = to_dict(DecodingConfig())
     return {k: v for k, v in to_dict(cfg).items() if v != default[k]}
 
@@ -102,13 +101,6 @@ def _changed(cfg) -> dict:
 def _write_result(ckpt: Path, model, label: str, params, outcome: dict, row: dict, folder: Path) -> Path:
     """One strategy's numbers as a result JSON (the eval result plus the speed metrics)."""
     import json
-
-    from dare.config import config_hash
-    from dare.eval import build_result, task_benchmark
-    from dare.models import facts
-    from dare.models.api import checkpoint_meta
-    from dare.results import metric_from_values, write_result
-    from dare.utils import atomic_write
 
     f = facts(model)
     folder.mkdir(parents=True, exist_ok=True)
@@ -138,8 +130,6 @@ def _reward_inputs(name: str, n: int) -> tuple[list[str], list[dict]]:
     generated rows for countdown/sudoku, HumanEval's canonical solutions (and broken ones) for
     code, and fixed answer pairs for the math tasks."""
     import random
-
-    from dare.data import TASKS
 
     rng = random.Random(0)
     task = TASKS[name]
@@ -173,7 +163,6 @@ def _reward_inputs(name: str, n: int) -> tuple[list[str], list[dict]]:
 
 def _reward_chunk(args):
     name, completions, rows = args
-    from dare.data import TASKS
 
     return TASKS[name].rewards(completions, rows)
 
@@ -185,10 +174,6 @@ def rewards_benchmark(n: int = 1000, workers: int | None = None, out: str | None
     import os
     from concurrent.futures import ProcessPoolExecutor
     from pathlib import Path
-
-    from dare.data import TASKS
-    from dare.utils import now, runs_dir
-    from dare.utils import atomic_write_json, git_state, hardware, package_versions
 
     workers = workers or os.cpu_count() or 1
     report = {"kind": "bench.rewards", "schema_version": 1, "n": n, "workers": workers, "tasks": {}}
@@ -241,6 +226,7 @@ def rewards_benchmark(n: int = 1000, workers: int | None = None, out: str | None
 
 _MEMORY_PROBE = r"""
 import json, resource, sys, torch
+
 from dare.models.llada import LLaDAConfig, LLaDAModelLM
 from dare.models import token_logits
 from dare.train.estimators import masked_logps
@@ -319,10 +305,8 @@ def train_benchmark(out: str | None = None, repeats: int = 3, vocab: int = 12646
     import torch
 
     from dare.models.llada import LLaDAConfig, LLaDAModelLM
-    from dare.utils import now, runs_dir
     from dare.train.estimators import masked_logps
     from dare.train.packing import pack, pad
-    from dare.utils import atomic_write_json, git_state, hardware, package_versions
 
     report = {"kind": "bench.train", "schema_version": 1, "created": now(), "results": {}}
     # 1. packing vs padding: 16 sequences, a 32-token prompt and a response of 16..512 tokens

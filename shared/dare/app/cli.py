@@ -10,6 +10,7 @@
     dare results publish <result.json ...> --to leaderboard/results/<name>
     dare sweep <sweep.yaml> [--cluster slurm|local|debug] [--dry-run]
     dare sweep status | collect <sweep.yaml> [--to DIR]
+    dare checklist [NAME ...]                   what a baseline folder lacks before it can be merged
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ import sys
 from pathlib import Path
 
 from dare.utils import UserError
+from dare import config as config_mod
+from dare.app.demo import compare, main as demo_main
+from dare.app.sweep import collect, launch, load_sweep, state
+from dare.data import TASKS, build, recorded_hashes, split_path
+from dare.eval import evaluate_checkpoint
+from dare.models import FAMILIES, facts, family_module, load_pretrained
+from dare.models.api import count_parameters, meta_model
+from dare.results import publish
+from dare.utils import REPO_ROOT, sha256_file
 
 
 def _command_line() -> str:
@@ -45,7 +55,6 @@ def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_train(ns) -> int:
-    from dare import config as config_mod
     from dare.app.runs import resolve, train
 
     path, overrides = _split_config_args(ns.args)
@@ -66,8 +75,6 @@ def cmd_train(ns) -> int:
 
 
 def cmd_eval(ns) -> int:
-    from dare.eval import evaluate_checkpoint
-
     path, overrides = _split_config_args(ns.args)
     if ns.benchmarks:
         overrides.append(f"eval.benchmarks=[{ns.benchmarks}]")
@@ -79,8 +86,6 @@ def cmd_eval(ns) -> int:
 
 
 def cmd_leaderboard(ns) -> int:
-    from dare.utils import REPO_ROOT
-
     app = REPO_ROOT / "leaderboard" / "app.py"
     env = dict(os.environ)
     runs = [str(Path(r).resolve()) for r in ns.runs or []]
@@ -96,9 +101,6 @@ def cmd_leaderboard(ns) -> int:
 
 
 def cmd_data(ns) -> int:
-    from dare.data import TASKS, build, recorded_hashes, split_path
-    from dare.utils import sha256_file
-
     if ns.action == "list":
         print(f"{'task':14s} {'version':16s} {'source':22s} splits")
         for name, task in TASKS.items():
@@ -129,21 +131,16 @@ def cmd_data(ns) -> int:
 
 
 def cmd_models(ns) -> int:
-    from dare.models import FAMILIES, family_module
-    from dare.models.api import count_parameters
-
     def billions(n: int) -> str:
         return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n:,}"
 
     if ns.action == "show":
         if not ns.checkpoint:
             raise UserError("dare models show <checkpoint folder or config.json>")
-        from dare.models import facts, load_pretrained
 
         target = Path(ns.checkpoint)
         if target.name == "config.json" or (target.is_dir() and not any(target.glob("*.safetensors"))):
             # a config alone: built on the meta device for its facts and size
-            from dare.models.api import meta_model
 
             model = meta_model(target)
             f = facts(model)
@@ -200,8 +197,6 @@ def cmd_bench(ns) -> int:
 
 
 def cmd_results(ns) -> int:
-    from dare.results import publish
-
     bad = [p for p in ns.files if not Path(p).is_file()]
     if bad:
         raise UserError(f"no such result file: {', '.join(bad)}")
@@ -214,8 +209,6 @@ def cmd_results(ns) -> int:
 
 
 def cmd_sweep(ns) -> int:
-    from dare.app.sweep import collect, launch, load_sweep, state
-
     action, path = (ns.args[0], ns.args[1]) if ns.args[0] in ("status", "collect") and len(ns.args) > 1 \
         else ("launch", ns.args[0])
     sweep = load_sweep(path)
@@ -233,9 +226,21 @@ def cmd_sweep(ns) -> int:
     return 0
 
 
-def cmd_demo(ns) -> int:
-    from dare.app.demo import compare, main as demo_main
+def cmd_checklist(ns) -> int:
+    from dare.app import baselines
 
+    names = ns.names or baselines.folders()
+    failed = 0
+    for name in names:
+        problems = baselines.checklist(name)
+        print(f"{name}: {'ok' if not problems else f'{len(problems)} missing'}")
+        for problem in problems:
+            print(f"  - {problem}")
+        failed += bool(problems)
+    return 1 if failed else 0
+
+
+def cmd_demo(ns) -> int:
     if ns.compare:
         compare(seeds=ns.seeds, methods=ns.methods.split(",") if ns.methods else None, smoke=ns.smoke,
                 publish_to=ns.publish)
@@ -339,12 +344,20 @@ def build_parser() -> argparse.ArgumentParser:
         "array through submitit (--cluster local: one after another on this machine, no cluster; debug: "
         "submitit's in-process executor). dare sweep status <sweep.yaml>: done/running/failed/pending with logs. "
         "dare sweep collect <sweep.yaml> [--to DIR]: copy valid results (default leaderboard/results/<folder>) "
-        "and print ours against the file's expect: targets. Format: shared/dare/launch/sweep.py."))
+        "with the paper's numbers from targets.yaml beside the sweep file in `reference`, and print ours against "
+        "them. Format: shared/dare/app/sweep.py."))
     s.add_argument("args", nargs="+", metavar="[status|collect] sweep.yaml")
     s.add_argument("--cluster", default="slurm", choices=["slurm", "local", "debug"])
     s.add_argument("--dry-run", action="store_true", help="print the runs and the sbatch parameters, submit nothing")
     s.add_argument("--to", help="collect: destination folder")
     s.set_defaults(func=cmd_sweep)
+
+    s = sub.add_parser("checklist", help="what a baseline folder still lacks before it can be merged", description=(
+        "CONTRIBUTING.md's checklist for baselines/<name>/ (all folders when no name is given): front matter, "
+        "sections, the hooks of its recipe, a test that runs it, a valid result JSON. Exit 1 when anything is "
+        "missing; needs only the train environment."))
+    s.add_argument("names", nargs="*", metavar="NAME")
+    s.set_defaults(func=cmd_checklist)
 
     s = sub.add_parser("demo", help="the embedded default: tiny SFT -> d1 -> eval -> comparison table",
                        description="Trains a tiny LLaDA on 2-digit addition with sft, continues with d1, evaluates "

@@ -17,6 +17,10 @@ import time
 from pathlib import Path
 
 from dare.utils import REPO_ROOT
+from dare.data import TASKS, load_split
+from dare.eval import evaluate_checkpoint
+from dare.results import publish, read_result
+from dare.utils import runs_dir
 
 DEMO = REPO_ROOT / "reproductions" / "demo"
 
@@ -31,8 +35,6 @@ SMOKE = {
 
 
 def _accuracy(result_path: Path) -> tuple[float, int]:
-    from dare.results import read_result
-
     m = read_result(result_path).metric("accuracy")
     return m.value, m.count
 
@@ -46,10 +48,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 def main(smoke: bool = False, seeds: int = 3) -> int:
     import json
 
-    from dare.data import TASKS, load_split
-    from dare.eval import evaluate_checkpoint
     from dare.app.runs import train
-    from dare.utils import runs_dir
 
     t0 = time.perf_counter()
     extra = SMOKE if smoke else {"sft": [], "d1": [], "eval": []}
@@ -107,10 +106,7 @@ def compare(seeds: int = 3, methods: list[str] | None = None, smoke: bool = Fals
     each, evaluated with the demo's decoding; prints mean ± std per method and returns
     {method: [accuracy per seed]} (key "sft": the starting checkpoint). Runs live under
     runs/tiny/<method>/s<seed> and are reused when finished."""
-    from dare.eval import evaluate_checkpoint
-    from dare.results import publish
     from dare.app.runs import train
-    from dare.utils import runs_dir
 
     extra = SMOKE if smoke else {"sft": [], "eval": []}
     sft_run = train("sft", DEMO / "sft.yaml", extra["sft"])

@@ -18,6 +18,8 @@ import os
 import socket
 from pathlib import Path
 
+from dare.utils import REPO_ROOT
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -53,8 +55,6 @@ def train_with_workers(name: str, config_path, overrides, workers: int, *, force
         raise ValueError("workers must be >= 1")
     started = not ray.is_initialized()
     if started:
-        from dare.utils import REPO_ROOT
-
         # the workers import `dare` and `baselines` from this checkout
         runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(
             [str(REPO_ROOT / "shared"), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}}

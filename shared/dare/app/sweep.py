@@ -38,6 +38,9 @@ import yaml
 
 from dare.app import targets
 from dare.utils import UserError, atomic_write_json, runs_dir
+from dare.config import ConfigError
+from dare.eval import evaluate_checkpoint, load_eval_config
+from dare.results import publish, read_result, write_result
 
 KEYS = {"baseline", "config", "overrides", "grid", "eval", "slurm", "out_dir"}
 SLURM_KEYS = {"nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb", "time_min", "partition",
@@ -90,7 +93,6 @@ def _fail(path, msg):
 def load_sweep(path: str | Path) -> Sweep:
     """Parse and validate a sweep file, and every run's config (before anything is submitted)."""
     from dare.app import baselines
-    from dare.config import ConfigError
     from dare.app.runs import resolve
 
     path = Path(path)
@@ -131,6 +133,8 @@ def load_sweep(path: str | Path) -> Sweep:
     eval_config = (path.parent / eval_cfg["config"]).resolve() if eval_cfg.get("config") else None
     if eval_config and not eval_config.is_file():
         _fail(path, f"eval.config: {eval_config} not found")
+    if eval_config:
+        load_eval_config(eval_config)  # benchmark names checked before anything is submitted
     out = Path(data.get("out_dir") or runs_dir() / "sweeps" / path.parent.name / path.stem)
     sweep = Sweep(path, baseline, config, overrides, grid, eval_config, Slurm(**slurm), targets.beside(path), out)
     base = "" if config is None else config.read_text()
@@ -164,8 +168,6 @@ def _fmt(v) -> str:
 
 
 def results_of(run: Run) -> list[Path]:
-    from dare.results import read_result
-
     out = []
     for p in sorted((run.dir / "eval").glob("result_*.json")) if (run.dir / "eval").is_dir() else []:
         try:
@@ -200,7 +202,6 @@ def execute(sweep_path: str, run_id: str) -> list[str]:
     if sweep.eval_config is None:
         atomic_write_json(run.dir / "status.json", {"state": "done", "finished": time.time()})
         return []
-    from dare.eval import evaluate_checkpoint
 
     reference = (lambda benchmark, decoding: sweep.targets.reference(sweep.config, benchmark, decoding)) \
         if sweep.targets else None
@@ -343,8 +344,6 @@ def slurm_parameters(s: Slurm) -> dict:
 def collect(sweep: Sweep, dest: str | Path) -> list[Path]:
     """Publish the valid results of finished runs to `dest`, each with the paper's number of its
     reproduction in `reference` (targets.yaml beside the sweep file), and print ours against it."""
-    from dare.results import publish, read_result, write_result
-
     copied, by_target = [], {}
     for r in sweep.runs:
         for p in results_of(r):

@@ -21,10 +21,16 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from dare.config import EvalRunConfig, config_hash, to_dict
+from dare.config import ConfigError, DecodingConfig, EvalRunConfig, config_hash, read_yaml, to_dict
 from dare.config import load as load_config
 from dare.config import save as save_config
-from dare.utils import atomic_write, git_state, hardware, make_generator, now, package_versions, runs_dir, sha256_file
+from dare.data import TASKS, load_split
+from dare.eval import suite
+from dare.models import encode_chat, facts, load_pretrained, load_tokenizer
+from dare.models.api import checkpoint_fingerprint, checkpoint_meta, count_parameters, meta_model
+from dare.results import SCHEMA_VERSION, metric_from_values, read_result, write_result
+from dare.utils import (UserError, atomic_write, git_state, hardware, make_generator, now, package_versions, runs_dir,
+                        sha256_file)
 
 
 def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch_size: int,
@@ -32,8 +38,6 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
     """Decode and score; returns per-sample records, per-metric values and timing."""
     import torch
 
-    from dare.data import TASKS, load_split
-    from dare.models import encode_chat, facts
     from dare.rollout import decode_responses, generate, left_pad
 
     task = TASKS[task_name]
@@ -41,8 +45,6 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
     original = len(rows)
     rows = rows[:n_samples] if n_samples else rows
     if not rows:
-        from dare.utils import UserError
-
         raise UserError(f"{task_name}/{split} has no examples to evaluate")
     f = facts(model)
     from dare.rollout import sampler_name
@@ -86,8 +88,6 @@ DECODING_MAIN = ("gen_length", "block_length", "steps", "remasking", "temperatur
 def decoding_record(decoding, sampler: str) -> dict:
     """The result's `decoding` section: the sampler that ran, the main settings, and every other
     setting that differs from its default under `extra` (so results stay comparable)."""
-    from dare.config import DecodingConfig
-
     d, default = to_dict(decoding), to_dict(DecodingConfig())
     extra = {k: v for k, v in d.items() if k not in DECODING_MAIN and k not in ("sampler", "threshold")
              and v != default[k]}
@@ -99,8 +99,6 @@ def build_result(*, meta: dict, model_info: dict, benchmark: dict, decoding, out
                  seed: int, samples_path: Path, command: str | None, reference: dict | None = None) -> dict:
     """The result JSON (as a dict) of one benchmark evaluation of one checkpoint. `benchmark`:
     name, split, version, n_shot; `outcome`: values per metric, sample counts, throughput."""
-    from dare.results import SCHEMA_VERSION, metric_from_values
-
     baseline = meta.get("baseline", "base")
     paper = (meta.get("method") or {}).get("arxiv")  # recorded at training time by whoever named the method
     init = meta.get("init")
@@ -142,8 +140,6 @@ def build_result(*, meta: dict, model_info: dict, benchmark: dict, decoding, out
 
 
 def task_benchmark(task_name: str, split: str) -> dict:
-    from dare.data import TASKS
-
     return {"name": task_name, "split": split, "version": TASKS[task_name].version, "n_shot": 0}
 
 
@@ -151,8 +147,6 @@ def default_out_dir(checkpoint: Path, digest: str) -> Path:
     """Beside our own final checkpoints (`<run>/eval/<hash>`, the run folder is content-addressed),
     else under `runs/eval/<folder>-<fingerprint>/<hash>` so two folders of the same name never share
     results."""
-    from dare.models.api import checkpoint_fingerprint
-
     if (checkpoint / "dare.json").is_file():
         return checkpoint.parent / "eval" / digest[:12]
     return runs_dir() / "eval" / f"{_slug(checkpoint.name)}-{checkpoint_fingerprint(checkpoint)[:8]}" / digest[:12]
@@ -160,8 +154,6 @@ def default_out_dir(checkpoint: Path, digest: str) -> Path:
 
 def explicit_decoding(config_path, overrides) -> set[str]:
     """The `eval.decoding` fields the user set: in the config file or as `eval.decoding.X=` overrides."""
-    from dare.config import read_yaml
-
     keys = {o.split("=", 1)[0].strip()[len("eval.decoding."):] for o in overrides
             if o.strip().startswith("eval.decoding.")}
     if config_path is not None:
@@ -173,8 +165,6 @@ def decoding_for(cfg, family: str, name: str, explicit: set[str] = frozenset()):
     """(DecodingConfig, the preset's settings or None) of one benchmark: DARE's settings for the
     family under `eval.preset` dare (auto with the opencompass engine), with the `eval.decoding`
     fields the user set (`explicit`) applied on top; otherwise `eval.decoding` as given."""
-    from dare.config import DecodingConfig
-    from dare.config import load as load_cfg
     from dare.eval import suite
 
     preset = cfg.eval.preset if cfg.eval.preset != "auto" else ("dare" if cfg.eval.engine == "opencompass" else "none")
@@ -182,27 +172,38 @@ def decoding_for(cfg, family: str, name: str, explicit: set[str] = frozenset()):
     if protocol is None:
         return cfg.eval.decoding, None
     given = to_dict(cfg.eval.decoding)
-    return load_cfg(DecodingConfig, data={**protocol, **{k: given[k] for k in explicit}}), protocol
+    return load_config(DecodingConfig, data={**protocol, **{k: given[k] for k in explicit}}), protocol
 
 
 def _same_decoding(decoding, protocol: dict | None) -> bool:
-    from dare.config import DecodingConfig
-    from dare.config import load as load_cfg
-
-    return protocol is not None and to_dict(decoding) == to_dict(load_cfg(DecodingConfig, data=protocol))
+    return protocol is not None and to_dict(decoding) == to_dict(load_config(DecodingConfig, data=protocol))
 
 
 def _model_info(checkpoint: Path, meta: dict, dtype: str) -> dict:
     """What the result says about the model, from its config alone (the OpenCompass engine never
     loads the weights in this process)."""
-    from dare.models import facts
-    from dare.models.api import count_parameters, meta_model
-
     model = meta_model(checkpoint)
     f = facts(model)
     return {"name": meta.get("model_name") or checkpoint.name, "family": f.family, "revision": meta.get("config_hash"),
             "kind": "block" if f.attention == "block_causal" else "masked", "dtype": dtype,
             "n_params": count_parameters(type(model), model.config)[0]}
+
+
+def load_eval_config(config_path=None, overrides=()) -> EvalRunConfig:
+    """An evaluation config, with every benchmark name checked against the embedded tasks and the
+    OpenCompass suite (a ConfigError naming `eval.benchmarks` or `eval.split`), before any model is loaded."""
+    cfg = load_config(EvalRunConfig, config_path, overrides)
+    known, e, where = suite.benchmarks(), cfg.eval, config_path or "command line"
+    for name in e.benchmarks:
+        embedded = TASKS.get(known[name].embedded) if name in known and known[name].embedded else TASKS.get(name)
+        covered = e.engine == "opencompass" and name in known and known[name].opencompass
+        if not covered and embedded is None:
+            raise ConfigError(f"{where}: eval.benchmarks: unknown benchmark {name!r} for the {e.engine} engine; "
+                              f"embedded tasks: {sorted(TASKS)}; OpenCompass (engine=opencompass): "
+                              f"{sorted(n for n in known if known[n].opencompass)}")
+        if not covered and e.split not in embedded.splits:
+            raise ConfigError(f"{where}: eval.split: {name!r} has splits {embedded.splits}")
+    return cfg
 
 
 def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None = None, overrides=(),
@@ -215,10 +216,8 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
     trained model's result (a reproduction's targets, `dare.app.targets`); base models get DARE's
     table (`dare.eval.suite.reference`)."""
     from dare.eval import suite
-    from dare.models.api import checkpoint_meta
-    from dare.results import read_result
 
-    cfg = load_config(EvalRunConfig, config_path, overrides)
+    cfg = load_eval_config(config_path, overrides)
     checkpoint = Path(checkpoint).resolve()  # OpenCompass runs in its own working directory
     family = suite.checkpoint_family(checkpoint)
     meta = checkpoint_meta(checkpoint)
@@ -269,13 +268,10 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
         print(f"[eval] {name}: {acc} ({outcome['n_effective']} samples) -> {targets[name]}",
               file=sys.stderr, flush=True)
 
-    from dare.results import write_result
-
     def task_of(name):
         return bench[name].embedded if name in bench and bench[name].embedded else name
 
     if on_oc:  # the embedded tasks' data too, before the long OpenCompass runs
-        from dare.data import load_split
 
         for name in embedded:
             load_split(task_of(name), cfg.eval.split)
@@ -294,8 +290,6 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
                    outcome, samples)
     if embedded:
         import torch
-
-        from dare.models import load_pretrained, load_tokenizer
 
         model = load_pretrained(checkpoint, cfg.dtype)
         tokenizer = load_tokenizer(checkpoint)

@@ -36,6 +36,10 @@ from opencompass.models.base import BaseModel, LMTemplateParser
 from opencompass.models.base_api import APITemplateParser
 from opencompass.registry import MODELS
 
+from dare.config import DecodingConfig, load
+from dare.models import facts, load_pretrained, load_tokenizer
+from dare.utils import atomic_write, make_generator
+
 ROLES = {"HUMAN": "user", "BOT": "assistant", "SYSTEM": "system"}
 # HUMAN/BOT/SYSTEM prompts are kept as separate chat turns for the tokenizer's chat template
 DEFAULT_META_TEMPLATE = dict(round=[dict(role="HUMAN", api_role="HUMAN"), dict(role="SYSTEM", api_role="SYSTEM"),
@@ -67,9 +71,6 @@ class DiffusionLM(BaseModel):
                  ppl_samples: int = 32, seed: int = 0, stats_path: str | None = None, threads: int = 0,
                  max_seq_len: int = 8192, meta_template: dict | None = None, tokenizer_only: bool = False,
                  generation_kwargs: dict | None = None, **unused):
-        from dare.config import DecodingConfig, load
-        from dare.models import load_pretrained, load_tokenizer
-
         super().__init__(path=path, max_seq_len=max_seq_len, tokenizer_only=tokenizer_only,
                          meta_template=meta_template, generation_kwargs=generation_kwargs or {})
         self.template_parser = APITemplateParser(meta_template or DEFAULT_META_TEMPLATE)
@@ -115,8 +116,6 @@ class DiffusionLM(BaseModel):
     def _generator(self, kind: str, inputs) -> torch.Generator:
         """Seeded by the inputs and this instance's call count: a run is reproducible, and the
         repeats of a repeated dataset (identical batches) still draw different samples."""
-        from dare.utils import make_generator
-
         self.calls += 1
         key = hashlib.sha256(repr(inputs).encode()).hexdigest()
         return make_generator(self.seed, f"opencompass:{kind}:{self.calls}:{key}")
@@ -124,7 +123,6 @@ class DiffusionLM(BaseModel):
     # -- generation ------------------------------------------------------------------------------
 
     def generate(self, inputs, max_out_len: int = 0, **kwargs) -> list[str]:
-        from dare.models import facts
         from dare.rollout import decode_responses, generate, left_pad
 
         f = facts(self.model)
@@ -152,8 +150,6 @@ class DiffusionLM(BaseModel):
 
     def _save_stats(self):
         if self.stats_path is not None:
-            from dare.utils import atomic_write
-
             atomic_write(self.stats_path, json.dumps(self.stats))
 
     # -- likelihood ------------------------------------------------------------------------------
@@ -163,8 +159,6 @@ class DiffusionLM(BaseModel):
         import numpy as np
 
         from dare.train.estimators import sequence_elbo
-
-        from dare.utils import make_generator
 
         device = next(self.model.parameters()).device
         out = []

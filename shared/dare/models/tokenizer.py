@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dare.models.registry import family_module
+
 # A compact chat template: one special token per role keeps tiny sequences short.
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}{% endfor %}"
@@ -23,8 +25,6 @@ def char_tokenizer(alphabet: str, family: str):
     """One token per character of `alphabet`, plus the family's special tokens and role tokens."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-
-    from dare.models.registry import family_module
 
     fam = family_module(family)
     specials = list(dict.fromkeys([*fam.SPECIAL_TOKENS.values(), fam.MASK_TOKEN, UNK_TOKEN, *ROLE_TOKENS]))

@@ -22,12 +22,12 @@ import torch
 
 from dare.rollout import block, dream, llada
 from dare.rollout.core import RolloutOutput, decode_responses, left_pad, response_mask
+from dare.models import facts
+from dare.utils import UserError
 
 def _lmdeploy(model, prompt_ids, prompt_mask, decoding, generator=None):
     """The lmdeploy engine for SDAR on GPU is not in this checkout: lmdeploy needs CUDA and
     torch<=2.12.1 (the project pins 2.13), so it can neither be installed nor tested here."""
-    from dare.utils import UserError
-
     try:
         import lmdeploy  # noqa: F401
     except Exception:
@@ -43,7 +43,6 @@ def sampler_name(model, decoding) -> str:
     """The sampler `generate` runs for this model and these decoding settings."""
     if decoding.sampler != "auto":
         return decoding.sampler
-    from dare.models import facts
 
     return "block" if facts(model).attention == "block_causal" else "masked"
 

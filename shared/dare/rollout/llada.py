@@ -42,6 +42,7 @@ import torch
 
 from dare.models import align, facts, token_logits
 from dare.rollout.core import RolloutOutput, canvas, commit_rule, num_transfer_tokens, predict, response_mask
+from dare.utils import UserError
 
 
 def _guided_logits(model, x, attention_mask, prompt_positions, mask_id: int, cfg_scale: float):
@@ -61,8 +62,6 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     G, BL = decoding.gen_length, decoding.block_length
     n_blocks = G // BL
     if G % BL or decoding.steps % n_blocks:
-        from dare.utils import UserError
-
         raise UserError(f"decoding: gen_length ({G}) must be a multiple of block_length ({BL}) and steps "
                         f"({decoding.steps}) a multiple of the number of blocks ({n_blocks}) for the masked sampler")
     steps_per_block = decoding.steps // n_blocks

@@ -16,6 +16,11 @@ from pathlib import Path
 import torch
 
 from dare.utils import UserError, atomic_write, derive_seed, replace_dir
+from dare.data import TASKS, split_path
+from dare.models import facts, load_pretrained, load_tokenizer, new_model
+from dare.models.api import checkpoint_meta
+from dare.models.tokenizer import char_tokenizer
+from dare.utils import make_generator, sha256_file
 
 
 class EpochSampler:
@@ -306,10 +311,6 @@ def save_final(trainer, tokenizer, run_dir: Path, meta: dict) -> Path:
 
 def build_model(model_cfg, task, seed: int):
     """(model, tokenizer, display name, meta of the checkpoint it starts from or None)."""
-    from dare.models import facts, load_pretrained, load_tokenizer, new_model
-    from dare.models.api import checkpoint_meta
-    from dare.models.tokenizer import char_tokenizer
-
     if model_cfg.path:
         model = load_pretrained(model_cfg.path, "float32")  # master weights; bfloat16 is a compute dtype
         tokenizer = load_tokenizer(model_cfg.path)
@@ -332,9 +333,6 @@ def build_model(model_cfg, task, seed: int):
 
 
 def data_identity(task_name: str, split: str) -> dict:
-    from dare.data import TASKS, split_path
-    from dare.utils import sha256_file
-
     return {"task": task_name, "split": split, "version": TASKS[task_name].version,
             "sha256": sha256_file(split_path(task_name, split))}
 
@@ -357,8 +355,6 @@ class Loop:
     """
 
     def __init__(self, cfg, run_dir, label: str, trainer, n_rows: int, streams=()):
-        from dare.utils import make_generator
-
         self.cfg, self.label, self.trainer, self.dist = cfg, label, trainer, trainer.dist
         self.total = cfg.train.steps
         self.sampler = EpochSampler(n_rows, make_generator(cfg.run.seed, "data"))
@@ -388,8 +384,6 @@ class Loop:
     def steps(self):
         """The steps still to run (from the resumed one), with the forked global RNG seeded from
         (run seed, step, rank) before each."""
-        from dare.utils import derive_seed
-
         for step in range(self.start, self.total):
             torch.manual_seed(derive_seed(self.cfg.run.seed, f"global/{step}/{self.dist.rank}"))
             yield step

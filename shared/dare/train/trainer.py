@@ -32,6 +32,9 @@ from pathlib import Path
 import torch
 
 from dare.utils import UserError
+from dare.models import facts
+from dare.models.tokenizer import save_tokenizer
+from dare.utils import atomic_write, derive_seed
 
 LORA_PREFIX = "base_model.model."
 
@@ -287,9 +290,6 @@ def add_lora(model, lora_cfg, seed: int = 0):
     (the same run starts from the same adapters; the caller's RNG is left as it was)."""
     from peft import LoraConfig, get_peft_model
 
-    from dare.models import facts
-    from dare.utils import derive_seed
-
     targets = lora_cfg.targets or facts(model).lora_targets
     if not targets:
         raise UserError(f"{model.config.model_type}: the family declares no LoRA target modules; "
@@ -352,9 +352,6 @@ def save_model(model, tokenizer, folder: Path, meta: dict | None = None, state_d
     import json
 
     from transformers.utils import logging as hf_logging
-
-    from dare.models.tokenizer import save_tokenizer
-    from dare.utils import atomic_write
 
     hf_logging.disable_progress_bar()
     model.save_pretrained(folder, state_dict=state_dict)
