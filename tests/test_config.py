@@ -3,7 +3,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from dare import config
-from dare.config import ConfigError, DecodingConfig, EvalRunConfig, NOHASH, check
+from dare.config import ConfigError, DecodingConfig, NOHASH, check
 
 
 @dataclass

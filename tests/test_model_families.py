@@ -2,7 +2,6 @@
 rules hold, MoE routing follows the originals, and checkpoints move between environments."""
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -15,7 +14,7 @@ from dare.models import (
     FAMILIES, align, facts, load_pretrained, output_head, register_all, token_hidden, token_logits,
 )
 from dare.models.core import KVCache, make_layout, visible
-from conftest import dare_cli
+from conftest import EVAL_PYTHON, dare_cli
 from original_checkpoints import CONFIGS, VOCAB, weight_shapes, write_original_folder
 
 register_all()

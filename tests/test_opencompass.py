@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dare.eval import suite
-from tests.conftest import REPO, dare_cli
+from tests.conftest import EVAL_PYTHON, REPO, dare_cli
 
 pytestmark = pytest.mark.skipif(not Path(EVAL_PYTHON).exists(),
                                 reason="no eval environment (make test builds $VENV/eval)")
