@@ -160,7 +160,7 @@ def test_block_length_is_validated_only_for_the_masked_sampler():
         rl: RLConfig = field(default_factory=RLConfig)
 
     load(Run, overrides=["model.family=sdar", "rl.decoding.gen_length=10"])  # SDAR decodes with its own block
-    with pytest.raises(ConfigError, match=r"rl\.rollout\.gen_length: gen_length \(10\) must be a multiple of "
+    with pytest.raises(ConfigError, match=r"rl\.decoding\.gen_length: gen_length \(10\) must be a multiple of "
                                           r"block_length \(32\).*from command line"):
         load(Run, overrides=["model.family=llada", "rl.decoding.gen_length=10"])
 

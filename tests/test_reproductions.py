@@ -82,8 +82,8 @@ def test_a_sweeps_evaluation_matches_a_target_of_its_folder():
             continue
         cfg = load(EvalRunConfig, sweep.eval_config)
         decoding = to_dict(cfg.eval.decoding)
-        refs = [sweep.targets.reference(sweep.config, {"name": b, "split": cfg.eval.split, "n_shot": 0}, decoding)
-                for b in cfg.eval.benchmarks]
+        refs = [sweep.targets.reference(config, {"name": b, "split": cfg.eval.split, "n_shot": 0}, decoding)
+                for config in sweep.methods.values() for b in cfg.eval.benchmarks]
         assert any(refs), (path, cfg.eval.benchmarks, decoding["gen_length"])
 
 

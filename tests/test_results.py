@@ -87,3 +87,39 @@ def test_every_committed_result_is_valid():
 def test_results_module_does_not_import_torch():
     code = "import sys, dare.results, dare.config; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_publishing_twice_adds_nothing(tmp_path):
+    """The same result (same run id) published again, e.g. the SFT start every method of a tiny-task
+    comparison starts from, is left as it is: one folder, one row on the leaderboard."""
+    from dare.results import load_results, publish
+
+    src = tmp_path / "run" / "result_addition.json"
+    write_result(make_result(), src)
+    first = publish(src, tmp_path / "board")
+    stamp = first.stat().st_mtime_ns
+    again = publish(src, tmp_path / "board")
+    assert again == first and first.stat().st_mtime_ns == stamp
+    valid, invalid = load_results(tmp_path / "board")
+    assert len(valid) == 1 and not invalid
+
+
+def test_the_eval_hash_changes_only_with_what_changes_the_numbers():
+    from dare.config import DecodingConfig, EvalRunConfig, load
+    from dare.eval import result_hash
+
+    base = load(EvalRunConfig, overrides=["eval.decoding.gen_length=4", "eval.decoding.block_length=4"])
+    h = result_hash(base, "addition", base.eval.decoding)
+    same = [  # other benchmarks in the call, output paths, logging, a setting spelled out at its default
+        load(EvalRunConfig, overrides=["eval.decoding.gen_length=4", "eval.decoding.block_length=4",
+                                       "eval.benchmarks=[addition,gsm8k]", "run.out_dir=/tmp/x", "run.log_every=3",
+                                       f"eval.decoding.cache={DecodingConfig().cache}"])]
+    for cfg in same:
+        assert result_hash(cfg, "addition", cfg.eval.decoding) == h
+    steps = load(EvalRunConfig, overrides=["eval.decoding.gen_length=4", "eval.decoding.block_length=4",
+                                           "eval.decoding.steps=2"])
+    assert result_hash(steps, "addition", steps.eval.decoding) != h
+    assert result_hash(base, "gsm8k", base.eval.decoding) != h
+    seeded = load(EvalRunConfig, overrides=["eval.decoding.gen_length=4", "eval.decoding.block_length=4",
+                                            "run.seed=1"])
+    assert result_hash(seeded, "addition", seeded.eval.decoding) != h

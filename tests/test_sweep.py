@@ -111,6 +111,44 @@ def test_the_papers_numbers_come_from_targets_yaml_into_every_result(tmp_path, c
         load_sweep(old)
 
 
+def test_several_methods_from_one_trained_start(tmp_path, capsys):
+    """The tiny-task comparison as a sweep: `init` is trained once and evaluated, every method's runs
+    start from its final checkpoint, `--only` selects a method, and collecting twice publishes
+    nothing twice (the start included)."""
+    from dare.app.sweep import collect, matches
+
+    tiny = {k: v for k, v in TINY.items() if not k.startswith("model.scratch")}
+    (tmp_path / "start.yaml").write_text(yaml.safe_dump({"baseline": "sft", "train": {"steps": 2, "warmup_steps": 0}, "model": {
+        "scratch": {k.split(".")[-1]: v for k, v in TINY.items() if k.startswith("model.scratch")}},
+        "algo": {"response_length": 4}}))
+    (tmp_path / "peft.yaml").write_text(yaml.safe_dump({"baseline": "peft", "model": {"lora": {"rank": 4}},
+                                                        "algo": {"response_length": 4}}))
+    path = write_sweep(tmp_path, "m", {"run.seed": [0]}, steps=2, init={"config": "start.yaml"},
+                       methods={"sft": None, "peft": "peft.yaml"})
+    spec = yaml.safe_load(path.read_text())
+    del spec["baseline"]
+    spec["overrides"] = {**tiny, "train.steps": 2}
+    path.write_text(yaml.safe_dump(spec))
+    sweep = load_sweep(path)
+    assert sorted(r.name for r in sweep.runs) == ["baseline=peft,run.seed=0", "baseline=sft,run.seed=0"]
+    launched = launch(sweep, cluster="local", only={"baseline": "peft"})
+    assert {r.baseline for r in launched} == {"peft"} and state(sweep.init)[0] == "done"
+    start = json.loads((sweep.init.dir / "status.json").read_text())["run"]
+    for r in sweep.runs:
+        meta = json.loads((r.dir / "train" / "final" / "dare.json").read_text()) if r.baseline == "peft" else None
+        assert (state(r)[0] == "done") == (r.baseline == "peft")
+        if meta:
+            assert meta["init"]["config_hash"] == json.loads((Path(start) / "run.json").read_text())["config_hash"]
+    assert [matches(r, {"baseline": "peft", "run.seed": "0"}) for r in sweep.runs].count(True) == 1
+    assert not any(matches(r, {"run.seed": "1"}) for r in sweep.runs)
+    first = collect(sweep, tmp_path / "board")
+    assert len(first) == 2  # the start and the peft run (the sft run was not launched)
+    out = capsys.readouterr().out
+    assert "sft (start)" in out and "peft" in out and "± " in out
+    again = collect(sweep, tmp_path / "board")
+    assert sorted(again) == sorted(first) and len(list((tmp_path / "board").iterdir())) == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # A real SLURM
 # ---------------------------------------------------------------------------------------------

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from dare.utils import UserError
 from dare import config as config_mod
-from dare.app.demo import compare, main as demo_main
-from dare.app.sweep import collect, launch, load_sweep, state
+from dare.app.demo import main as demo_main
+from dare.app.sweep import collect, launch, load_sweep, matches, state
 from dare.data import TASKS, build, recorded_hashes, split_path
 from dare.eval import evaluate_checkpoint
 from dare.models import FAMILIES, facts, family_module, load_pretrained
@@ -212,17 +212,23 @@ def cmd_sweep(ns) -> int:
     action, path = (ns.args[0], ns.args[1]) if ns.args[0] in ("status", "collect") and len(ns.args) > 1 \
         else ("launch", ns.args[0])
     sweep = load_sweep(path)
+    only = {}
+    for item in ns.only or []:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise UserError(f"--only {item!r}: expected KEY=VALUE (e.g. baseline=d1 or run.seed=0)")
+        only[key] = value
     if action == "launch":
-        launch(sweep, cluster=ns.cluster, dry_run=ns.dry_run)
+        launch(sweep, cluster=ns.cluster, dry_run=ns.dry_run, only=only)
     elif action == "status":
         counts: dict[str, int] = {}
-        for r in sweep.runs:
+        for r in [r for r in sweep.runs if matches(r, only)]:
             st, log = state(r)
             counts[st] = counts.get(st, 0) + 1
             print(f"  {r.id}  {st:8s} {r.name}" + (f"  log: {log}" if log and st != "done" else ""))
         print("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     else:
-        collect(sweep, ns.to or "leaderboard/results/" + sweep.path.parent.name)
+        collect(sweep, ns.to or "leaderboard/results/" + sweep.path.parent.name, only=only)
     return 0
 
 
@@ -242,9 +248,9 @@ def cmd_checklist(ns) -> int:
 
 def cmd_demo(ns) -> int:
     if ns.compare:
-        compare(seeds=ns.seeds, methods=ns.methods.split(",") if ns.methods else None, smoke=ns.smoke,
-                publish_to=ns.publish)
-        return 0
+        raise UserError("dare demo --compare is a sweep now: dare sweep reproductions/tiny/sweep.yaml --cluster local "
+                        "[--only baseline=NAME], then dare sweep collect reproductions/tiny/sweep.yaml "
+                        "--to leaderboard/results/tiny")
     return demo_main(smoke=ns.smoke, seeds=ns.seeds)
 
 
@@ -350,6 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cluster", default="slurm", choices=["slurm", "local", "debug"])
     s.add_argument("--dry-run", action="store_true", help="print the runs and the sbatch parameters, submit nothing")
     s.add_argument("--to", help="collect: destination folder")
+    s.add_argument("--only", action="append", metavar="KEY=VALUE",
+                   help="only the runs with this baseline or grid value (repeatable), e.g. --only baseline=d1")
     s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("checklist", help="what a baseline folder still lacks before it can be merged", description=(
@@ -364,11 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "both on the held-out split and prints the comparison. Finished stages are reused.")
     s.add_argument("--seeds", type=int, default=3, help="d1 seeds (default 3)")
     s.add_argument("--smoke", action="store_true", help="a seconds-long run at reduced size (for tests)")
-    s.add_argument("--compare", action="store_true", help=(
-        "run every baseline config in reproductions/tiny/ from the demo's SFT checkpoint (--seeds each) "
-        "and print the comparison table"))
-    s.add_argument("--methods", help="--compare: comma-separated subset (default: all configs)")
-    s.add_argument("--publish", help="--compare: copy the result JSONs to this folder (e.g. leaderboard/results/tiny)")
+    s.add_argument("--compare", action="store_true", help=argparse.SUPPRESS)  # moved: reproductions/tiny/sweep.yaml
     s.set_defaults(func=cmd_demo)
     return p
 

@@ -16,11 +16,10 @@ import math
 import time
 from pathlib import Path
 
-from dare.utils import REPO_ROOT
 from dare.data import TASKS, load_split
 from dare.eval import evaluate_checkpoint
-from dare.results import publish, read_result
-from dare.utils import runs_dir
+from dare.results import read_result
+from dare.utils import REPO_ROOT, runs_dir
 
 DEMO = REPO_ROOT / "reproductions" / "demo"
 
@@ -94,44 +93,3 @@ def main(smoke: bool = False, seeds: int = 3) -> int:
     print("Open the leaderboard with these results:")
     print(f"  make leaderboard        # or: .venv/train/bin/dare leaderboard --runs {runs}")
     return 0
-
-
-TINY = REPO_ROOT / "reproductions" / "tiny"
-COMPARE_SMOKE = ["train.steps=2", "run.log_every=1"]
-
-
-def compare(seeds: int = 3, methods: list[str] | None = None, smoke: bool = False,
-            publish_to: str | Path | None = None) -> dict:
-    """Every baseline config in reproductions/tiny/ from the demo's SFT checkpoint, `seeds` seeds
-    each, evaluated with the demo's decoding; prints mean ± std per method and returns
-    {method: [accuracy per seed]} (key "sft": the starting checkpoint). Runs live under
-    runs/tiny/<method>/s<seed> and are reused when finished."""
-    from dare.app.runs import train
-
-    extra = SMOKE if smoke else {"sft": [], "eval": []}
-    sft_run = train("sft", DEMO / "sft.yaml", extra["sft"])
-    start = evaluate_checkpoint(sft_run / "final", DEMO / "eval.yaml", extra["eval"])[0]
-    results = {"sft": [start]}
-    configs = sorted(TINY.glob("*.yaml"))
-    names = [c.stem for c in configs if methods is None or c.stem in methods]
-    for name in names:
-        results[name] = []
-        for seed in range(seeds):
-            out = runs_dir() / ("tiny-smoke" if smoke else "tiny") / name / f"s{seed}"
-            run = train(name, TINY / f"{name}.yaml", [f"model.path={sft_run / 'final'}", f"run.seed={seed}",
-                                                      f"run.out_dir={out}", *(COMPARE_SMOKE if smoke else [])])
-            results[name].append(evaluate_checkpoint(run / "final", DEMO / "eval.yaml", extra["eval"])[0])
-    accuracies = {name: [_accuracy(p)[0] for p in paths] for name, paths in results.items()}
-    base = accuracies["sft"][0]
-    n = _accuracy(start)[1]
-    print(f"\nHeld-out addition accuracy ({n} problems, identical decoding), from the SFT checkpoint ({base:.3f}):")
-    for name, accs in accuracies.items():
-        mean, std = _mean_std(accs)
-        print(f"  {name:14s} {len(accs)} seed(s)  {mean:.3f} ± {std:.3f}  ({mean - base:+.3f} vs sft)  "
-              f"per seed: {', '.join(f'{a:.3f}' for a in accs)}")
-    if publish_to:
-        for paths in results.values():
-            for p in paths:
-                publish(p, publish_to)
-        print(f"published to {publish_to}")
-    return accuracies

@@ -10,14 +10,21 @@ A sweep file (`reproductions/<name>/sweep.yaml`):
     slurm: {nodes: 1, gpus_per_node: 8, cpus_per_task: 16, mem_gb: 400, time_min: 1440,
             partition: gpu, account: null, qos: null}
 
+Several methods side by side (`reproductions/tiny/sweep.yaml`) name each with its config instead of
+`baseline`/`config`, and may start every run from one checkpoint trained first:
+
+    methods: {d1: d1.yaml, wd1: wd1.yaml}   # baseline -> config (null: its defaults); the grid runs per method
+    init: {config: ../demo/sft.yaml}       # trained (or reused) before the runs; each run starts from its
+                                           # final checkpoint (model.path), evaluated like the runs
+
 The paper's numbers are not repeated here: `targets.yaml` beside the sweep file is their one source
 (`dare.app.targets`); evaluation writes the matching target into each result's `reference`, and
 `dare sweep collect` prints ours against it.
 
-Every run has a deterministic id (a hash of the baseline, the base config's content and its
-overrides) and folder `<sweep out>/<id>/` (`train/` holds the run, `eval/` its results). A launch
+Every run has a deterministic id (a hash of the baseline, the base config's content, the init
+config's content and its overrides) and folder `<sweep out>/<id>/` (`train/` holds the run, `eval/` its results). A launch
 skips runs whose results exist and validate and runs that are queued or running, and (re)submits
-the rest as one job array. A failing run fails alone. A preempted run (SIGTERM/SIGUSR1: the training
+the rest as one job array (after the init job, which it depends on). A failing run fails alone. A preempted run (SIGTERM/SIGUSR1: the training
 trainer checkpoints and exits 128+signal) requeues itself under SLURM and resumes from its
 checkpoint; submitit's own timeout signal takes the same path (`Job.checkpoint`).
 """
@@ -37,12 +44,12 @@ from pathlib import Path
 import yaml
 
 from dare.app import targets
-from dare.utils import UserError, atomic_write_json, runs_dir
-from dare.config import ConfigError
+from dare.config import ConfigError, read_yaml
 from dare.eval import evaluate_checkpoint, load_eval_config
 from dare.results import publish, read_result, write_result
+from dare.utils import UserError, atomic_write_json, runs_dir
 
-KEYS = {"baseline", "config", "overrides", "grid", "eval", "slurm", "out_dir"}
+KEYS = {"baseline", "config", "methods", "init", "overrides", "grid", "eval", "slurm", "out_dir"}
 SLURM_KEYS = {"nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb", "time_min", "partition",
               "account", "qos", "signal_delay_s", "array_parallelism"}
 
@@ -70,13 +77,24 @@ class Run:
     name: str
     overrides: list[str]
     dir: Path
+    baseline: str = ""
+    config: Path | None = None
+
+
+@dataclass
+class Init:
+    """The run every sweep run starts from: its baseline (the config's `baseline:` key) and config."""
+    baseline: str
+    config: Path
+    dir: Path
+    """Where its evaluation and status are kept (the run itself is content-addressed under runs/)."""
 
 
 @dataclass
 class Sweep:
     path: Path
-    baseline: str
-    config: Path | None
+    methods: dict  # baseline -> config path or None
+    init: Init | None
     overrides: dict
     grid: dict
     eval_config: Path | None
@@ -110,12 +128,17 @@ def load_sweep(path: str | Path) -> Sweep:
     unknown = sorted(set(data) - KEYS)
     if unknown:
         _fail(path, f"unknown key(s) {unknown}; known: {sorted(KEYS)}")
-    baseline = data.get("baseline")
-    if baseline not in baselines.names():
-        _fail(path, f"baseline: unknown baseline {baseline!r}; available: {', '.join(baselines.names())}")
-    config = (path.parent / data["config"]).resolve() if data.get("config") else None
-    if config and not config.is_file():
-        _fail(path, f"config: {config} not found")
+    if ("methods" in data) == ("baseline" in data) or ("methods" in data and "config" in data):
+        _fail(path, "give either baseline (+ optional config) or methods: {baseline: config, ...}")
+    methods = data["methods"] if "methods" in data else {data["baseline"]: data.get("config")}
+    if not isinstance(methods, dict) or not methods:
+        _fail(path, "methods: a mapping of baseline name -> config file (or null)")
+    for baseline, config in list(methods.items()):
+        if baseline not in baselines.names():
+            _fail(path, f"baseline: unknown baseline {baseline!r}; available: {', '.join(baselines.names())}")
+        methods[baseline] = (path.parent / config).resolve() if config else None
+        if methods[baseline] and not methods[baseline].is_file():
+            _fail(path, f"config: {methods[baseline]} not found")
     grid = data.get("grid") or {}
     if not isinstance(grid, dict) or not grid:
         _fail(path, "grid: empty (give at least one key with a list of values, e.g. run.seed: [0, 1, 2])")
@@ -136,19 +159,36 @@ def load_sweep(path: str | Path) -> Sweep:
     if eval_config:
         load_eval_config(eval_config)  # benchmark names checked before anything is submitted
     out = Path(data.get("out_dir") or runs_dir() / "sweeps" / path.parent.name / path.stem)
-    sweep = Sweep(path, baseline, config, overrides, grid, eval_config, Slurm(**slurm), targets.beside(path), out)
-    base = "" if config is None else config.read_text()
-    keys = list(grid)
-    for values in itertools.product(*(grid[k] for k in keys)):
-        chosen = dict(zip(keys, values))
-        ov = [f"{k}={_fmt(v)}" for k, v in {**overrides, **chosen}.items()]
-        run_id = hashlib.sha256(json.dumps([baseline, base, sorted(ov)]).encode()).hexdigest()[:12]
-        name = ",".join(f"{k}={_fmt(v)}" for k, v in chosen.items())
+    init = None
+    if data.get("init"):
+        init_config = (path.parent / (data["init"].get("config") or "")).resolve()
+        if not data["init"].get("config") or not init_config.is_file():
+            _fail(path, f"init.config: {init_config} not found")
+        init_baseline = read_yaml(init_config).get("baseline")
+        if init_baseline not in baselines.names():
+            _fail(path, f"init.config: {init_config} names no known baseline (baseline: {init_baseline!r})")
         try:
-            resolve(baseline, config, ov)
+            resolve(init_baseline, init_config)
         except ConfigError as e:
-            _fail(path, f"run {name}: {e}")
-        sweep.runs.append(Run(run_id, name, ov, out / run_id))
+            _fail(path, f"init: {e}")
+        init = Init(init_baseline, init_config, out / "init")
+    sweep = Sweep(path, methods, init, overrides, grid, eval_config, Slurm(**slurm), targets.beside(path), out)
+    start = "" if init is None else init.config.read_text()
+    keys = list(grid)
+    for baseline, config in methods.items():
+        base = "" if config is None else config.read_text()
+        for values in itertools.product(*(grid[k] for k in keys)):
+            chosen = dict(zip(keys, values))
+            ov = [f"{k}={_fmt(v)}" for k, v in {**overrides, **chosen}.items()]
+            key = [baseline, base, sorted(ov)] + ([start] if init else [])
+            run_id = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
+            shown = ({"baseline": baseline} if len(methods) > 1 else {}) | chosen
+            name = ",".join(f"{k}={_fmt(v)}" for k, v in shown.items())
+            try:
+                resolve(baseline, config, ov)
+            except ConfigError as e:
+                _fail(path, f"run {name}: {e}")
+            sweep.runs.append(Run(run_id, name, ov, out / run_id, baseline, config))
     return sweep
 
 
@@ -184,13 +224,16 @@ def execute(sweep_path: str, run_id: str) -> list[str]:
     from dare.app.runs import train
 
     sweep = load_sweep(sweep_path)
+    if run_id == "init":
+        return execute_init(sweep)
     run = next(r for r in sweep.runs if r.id == run_id)
     main = dist_env_from_slurm()
     if main:
         atomic_write_json(run.dir / "status.json", {"state": "running", "started": time.time(),
                                                     "job": os.environ.get("SLURM_JOB_ID")})
     try:
-        done = train(sweep.baseline, sweep.config, [*run.overrides, f"run.out_dir={run.dir / 'train'}"])
+        start = [f"model.path={train(sweep.init.baseline, sweep.init.config) / 'final'}"] if sweep.init else []
+        done = train(run.baseline, run.config, [*start, *run.overrides, f"run.out_dir={run.dir / 'train'}"])
     except SystemExit as stop:
         if isinstance(stop.code, int) and stop.code >= 128:  # preempted; the checkpoint is written
             if main:
@@ -203,10 +246,24 @@ def execute(sweep_path: str, run_id: str) -> list[str]:
         atomic_write_json(run.dir / "status.json", {"state": "done", "finished": time.time()})
         return []
 
-    reference = (lambda benchmark, decoding: sweep.targets.reference(sweep.config, benchmark, decoding)) \
+    reference = (lambda benchmark, decoding: sweep.targets.reference(run.config, benchmark, decoding)) \
         if sweep.targets else None
     paths = evaluate_checkpoint(done / "final", sweep.eval_config, out_dir=run.dir / "eval", reference=reference)
     atomic_write_json(run.dir / "status.json", {"state": "done", "finished": time.time()})
+    return [str(p) for p in paths]
+
+
+def execute_init(sweep: Sweep) -> list[str]:
+    """Train (or reuse) the run every sweep run starts from, and evaluate it like them."""
+    from dare.app.runs import train
+
+    init = sweep.init
+    init.dir.mkdir(parents=True, exist_ok=True)
+    done = train(init.baseline, init.config)
+    paths = []
+    if sweep.eval_config is not None and int(os.environ.get("RANK", "0")) == 0:
+        paths = evaluate_checkpoint(done / "final", sweep.eval_config, out_dir=init.dir / "eval")
+    atomic_write_json(init.dir / "status.json", {"state": "done", "finished": time.time(), "run": str(done)})
     return [str(p) for p in paths]
 
 
@@ -282,31 +339,49 @@ def state(run: Run, queued: set[str] | None = None) -> tuple[str, str]:
     return "failed", log
 
 
-def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False) -> list[Run]:
-    """Submit the runs that are not done and not queued; returns them."""
+def _local(sweep: Sweep, run) -> int:
+    """Execute one run (or the init, `run.id` "init") in a child process; its output goes to local.log."""
+    run.dir.mkdir(parents=True, exist_ok=True)
+    log = run.dir / "local.log"
+    atomic_write_json(run.dir / "job.json", {"cluster": "local", "job_id": "local", "log": str(log)})
+    with open(log, "w") as out:
+        return subprocess.run([sys.executable, "-m", "dare.app.sweep", str(sweep.path), getattr(run, "id", "init")],
+                              stdout=out, stderr=subprocess.STDOUT).returncode
+
+
+def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False, only: dict | None = None) -> list[Run]:
+    """Submit the runs that are not done and not queued (those matching `only`, {key: value} on the
+    run's baseline and grid values, when given); returns them. The init run goes first: in order
+    here, as its own job that the array depends on under SLURM."""
     queued = _queued_jobs() if cluster == "slurm" else set()
-    todo = [r for r in sweep.runs if state(r, queued)[0] in ("pending", "failed")]
+    runs = [r for r in sweep.runs if matches(r, only)]
+    todo = [r for r in runs if state(r, queued)[0] in ("pending", "failed")]
+    init_todo = sweep.init is not None and todo and state(sweep.init, queued)[0] in ("pending", "failed")
     params = slurm_parameters(sweep.slurm)
     if dry_run:
-        print(f"{sweep.path}: {len(sweep.runs)} runs, {len(todo)} to submit ({cluster})")
-        for r in sweep.runs:
+        print(f"{sweep.path}: {len(runs)} runs, {len(todo)} to submit ({cluster})")
+        if sweep.init:
+            print(f"  init      {state(sweep.init, queued)[0]:8s} {sweep.init.baseline} {sweep.init.config}")
+        for r in runs:
             print(f"  {r.id}  {state(r, queued)[0]:8s} {r.name}  ->  {r.dir}")
         shown = {("signal" if k == "signal_delay_s" else k): (f"USR2@{v}" if k == "signal_delay_s" else v)
                  for k, v in params.items()}
         print("sbatch parameters: " + " ".join(f"--{k}={v}" for k, v in shown.items()))
         return todo
     if not todo:
-        print(f"{sweep.path}: nothing to submit ({len(sweep.runs)} runs done or queued)")
+        print(f"{sweep.path}: nothing to submit ({len(runs)} runs done or queued)")
         return todo
     for r in todo:
         r.dir.mkdir(parents=True, exist_ok=True)
     if cluster == "local":  # in this process, one after another; a failing run does not stop the others
+        if init_todo:
+            code = _local(sweep, sweep.init)
+            print(f"  init {sweep.init.baseline}: {'done' if code == 0 else f'failed (exit {code})'}")
+            if code:
+                print(f"  the runs start from it: not started (log {sweep.init.dir / 'local.log'})")
+                return todo
         for r in todo:
-            log = r.dir / "local.log"
-            atomic_write_json(r.dir / "job.json", {"cluster": "local", "job_id": "local", "log": str(log)})
-            with open(log, "w") as out:
-                code = subprocess.run([sys.executable, "-m", "dare.app.sweep", str(sweep.path), r.id],
-                                      stdout=out, stderr=subprocess.STDOUT).returncode
+            code, log = _local(sweep, r), r.dir / "local.log"
             print(f"  {r.id} {r.name}: {'done' if code == 0 else f'failed (exit {code}), log {log}'}")
         return todo
     import submitit
@@ -314,6 +389,16 @@ def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False) -> list[
     executor = submitit.AutoExecutor(folder=sweep.out / "submitit" / "%j", cluster=cluster)
     if cluster == "slurm":
         executor.update_parameters(**{f"slurm_{k}": v for k, v in params.items()})
+    if init_todo:
+        sweep.init.dir.mkdir(parents=True, exist_ok=True)
+        init_job = executor.submit(Job(str(sweep.path), "init"))
+        atomic_write_json(sweep.init.dir / "job.json", {"cluster": cluster, "job_id": str(init_job.job_id),
+                                                        "log": str(init_job.paths.stderr)})
+        print(f"  init {sweep.init.baseline}: submitted as {init_job.job_id}")
+        if cluster == "debug":
+            init_job.result()
+        else:
+            executor.update_parameters(slurm_additional_parameters={"dependency": f"afterok:{init_job.job_id}"})
     with executor.batch():
         jobs = [executor.submit(Job(str(sweep.path), r.id)) for r in todo]
     for r, job in zip(todo, jobs):
@@ -329,6 +414,16 @@ def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False) -> list[
     return todo
 
 
+def matches(run: Run, only: dict | None) -> bool:
+    """`only` ({"baseline": "d1", "run.seed": "0"}, from `--only baseline=d1`) selects runs by their
+    baseline and grid values (compared as written in the run's name)."""
+    if not only:
+        return True
+    values = dict(part.split("=", 1) for part in run.name.split(",") if "=" in part)
+    values["baseline"] = run.baseline
+    return all(values.get(k) == v for k, v in only.items())
+
+
 def slurm_parameters(s: Slurm) -> dict:
     tasks = s.tasks_per_node or max(1, s.gpus_per_node)
     params = {"nodes": s.nodes, "ntasks_per_node": tasks, "cpus_per_task": s.cpus_per_task, "mem": f"{s.mem_gb}G",
@@ -341,26 +436,39 @@ def slurm_parameters(s: Slurm) -> dict:
     return params
 
 
-def collect(sweep: Sweep, dest: str | Path) -> list[Path]:
-    """Publish the valid results of finished runs to `dest`, each with the paper's number of its
-    reproduction in `reference` (targets.yaml beside the sweep file), and print ours against it."""
-    copied, by_target = [], {}
-    for r in sweep.runs:
-        for p in results_of(r):
+def collect(sweep: Sweep, dest: str | Path, only: dict | None = None) -> list[Path]:
+    """Publish the valid results of finished runs (and of the init run they start from) to `dest`,
+    each with the paper's number of its reproduction in `reference` (targets.yaml beside the sweep
+    file); print ours against the paper and, per method, the mean and spread over the grid. A result
+    already in `dest` (same run id) is left as it is."""
+    import math
+
+    copied, by_target, by_method = [], {}, {}
+    sources = ([("init", sweep.init.baseline, None, sweep.init)] if sweep.init else []) + [
+        (r.name, r.baseline, r.config, r) for r in sweep.runs if matches(r, only)]
+    for _, baseline, config, run in sources:
+        for p in results_of(run):
             path = publish(p, dest)
             res = read_result(path)
-            if sweep.targets:
-                ref = sweep.targets.reference(sweep.config, res.benchmark.model_dump(), res.decoding.model_dump())
+            if sweep.targets and run is not sweep.init:
+                ref = sweep.targets.reference(config, res.benchmark.model_dump(), res.decoding.model_dump())
                 if ref != (res.reference.model_dump() if res.reference else None):
                     res = res.model_copy(update={"reference": ref})
                     write_result(res, path)
                 if ref:
                     key = (res.benchmark.name, res.decoding.gen_length, ref["value"], ref["same_decoding"])
                     by_target.setdefault(key, []).append(res.metrics[0].value)
+            label = f"{baseline} (start)" if run is sweep.init else baseline
+            by_method.setdefault((label, res.benchmark.name, res.metrics[0].name), []).append(res.metrics[0].value)
             copied.append(path)
     print(f"{len(copied)} result(s) -> {dest}")
+    for (label, bench, metric), values in by_method.items():
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+        print(f"  {label:22s} {bench} {metric}: {mean:.4f} ± {std:.4f} over {len(values)} run(s)  "
+              f"({', '.join(f'{v:.3f}' for v in values)})")
     if sweep.targets is None:
-        print("  (no targets.yaml beside the sweep file: nothing to compare with)")
+        print("  (no targets.yaml beside the sweep file: no paper numbers to compare with)")
     for (bench, gen, value, same), values in sorted(by_target.items()):
         mean, tol = sum(values) / len(values), sweep.targets.tolerance / 100
         verdict = "within tolerance" if mean >= value - tol else "below"

@@ -143,6 +143,33 @@ def task_benchmark(task_name: str, split: str) -> dict:
     return {"name": task_name, "split": split, "version": TASKS[task_name].version, "n_shot": 0}
 
 
+def _changed(values: dict, defaults: dict) -> dict:
+    """The entries of a config dict that differ from the defaults (nested sections alike)."""
+    out = {}
+    for k, v in values.items():
+        d = defaults.get(k)
+        if isinstance(v, dict) and isinstance(d, dict):
+            if _changed(v, d):
+                out[k] = _changed(v, d)
+        elif v != d:
+            out[k] = v
+    return out
+
+
+def result_hash(cfg, benchmark: str, decoding) -> str:
+    """What one benchmark's numbers depend on: the benchmark, and every evaluation setting (split,
+    samples, batch size, engine, dtype, seed) and decoding setting that differs from its default.
+    Left out: output paths and logging, the other benchmarks evaluated in the same call, and every
+    setting at its default, so adding a setting whose default keeps the old behaviour leaves
+    existing hashes (and the results' run ids) as they were."""
+    given = _changed(to_dict(cfg, hashed_only=True), to_dict(EvalRunConfig(), hashed_only=True))
+    for key in ("benchmarks", "decoding", "preset"):  # the decoding enters resolved, per benchmark
+        given.get("eval", {}).pop(key, None)
+    resolved = _changed(to_dict(decoding), to_dict(DecodingConfig()))
+    canonical = json.dumps({"eval": given, "benchmark": benchmark, "decoding": resolved}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def default_out_dir(checkpoint: Path, digest: str) -> Path:
     """Beside our own final checkpoints (`<run>/eval/<hash>`, the run folder is content-addressed),
     else under `runs/eval/<folder>-<fingerprint>/<hash>` so two folders of the same name never share
@@ -261,7 +288,8 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
         samples_path = out / f"samples_{name}.jsonl"
         atomic_write(samples_path, "".join(json.dumps(s) + "\n" for s in samples))
         result = build_result(meta=meta, model_info=model_info, benchmark=benchmark, decoding=plans[name][0],
-                              outcome=outcome, eval_hash=digest, seed=cfg.run.seed, samples_path=samples_path,
+                              outcome=outcome, eval_hash=result_hash(cfg, name, plans[name][0]), seed=cfg.run.seed,
+                              samples_path=samples_path,
                               command=command, reference=reference_of(name, benchmark))
         write_result(result, targets[name])
         acc = ", ".join(f"{m['name']}={m['value']:.4f}" for m in result["metrics"])

@@ -221,12 +221,20 @@ def read_result(path: str | Path) -> Result:
 def publish(result_path: str | Path, dest_root: str | Path) -> Path:
     """Copy a valid result, with the samples and config beside it, to `dest_root/<run_id>/`; the
     training run's metrics.jsonl (runs/<baseline>/<key>/ for results under its eval/ folder)
-    comes along for the leaderboard's training curves."""
+    comes along for the leaderboard's training curves. A result already there (same run id: the
+    same training run and the same evaluation) is left as it is, so publishing twice adds nothing."""
     import shutil
 
     result_path = Path(result_path)
     result = read_result(result_path)
     dest = Path(dest_root) / result.run_id
+    existing = dest / result_path.name
+    if existing.is_file() and existing.resolve() != result_path.resolve():
+        try:
+            read_result(existing)
+            return existing
+        except ValueError:
+            pass  # a broken copy is replaced
     dest.mkdir(parents=True, exist_ok=True)
     for name in (result.artifacts.samples, result.artifacts.config):
         if name and (result_path.parent / name).is_file():
