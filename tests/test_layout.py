@@ -172,3 +172,13 @@ def test_no_token_ids_outside_models():
                 assert tid not in text, f"{f} hard-codes token id {tid}"
         for f in (REPO / folder).rglob("*.yaml"):
             assert "mask_token_id" not in f.read_text(), f
+
+
+def test_baselines_draw_their_noise_from_the_shared_samplers():
+    """CONTRIBUTING promises shared building blocks: every baseline draws its masks through
+    `dare.train.noise` and estimates log-probs with `dare.train.estimators`, rather than a private copy."""
+    for name in baselines.names():
+        mods = _imports(REPO / "baselines" / name / "algorithm.py")
+        text = (REPO / "baselines" / name / "algorithm.py").read_text()
+        assert "dare.train" in mods and "from dare.train import noise" in text, name
+        assert "dare.train.estimators" in mods, name
