@@ -154,12 +154,16 @@ def test_every_benchmark_config_loads_in_opencompass(checkpoints, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_dare_eval_runs_opencompass_on_gsm8k_and_humaneval(family, checkpoints, env):
-    r = dare_cli("eval", str(checkpoints[family]), "--engine", "opencompass", "--benchmarks", "gsm8k,humaneval",
+    """Every family generates through OpenCompass (gsm8k); HumanEval's 164 problems run for LLaDA
+    only: its scoring path does not depend on the family (its canonical solutions score 164/164 in
+    the oracle test), and four families x 164 programs cost ~5 min of the suite."""
+    benchmarks = ("gsm8k", "humaneval") if family == "llada" else ("gsm8k",)
+    r = dare_cli("eval", str(checkpoints[family]), "--engine", "opencompass", "--benchmarks", ",".join(benchmarks),
                  *TINY, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
     results = _results(r.stdout)
-    assert set(results) == {"gsm8k", "humaneval"}
-    for name, n in (("gsm8k", len(GSM8K_ROWS)), ("humaneval", 164)):
+    assert set(results) == set(benchmarks)
+    for name, n in (("gsm8k", len(GSM8K_ROWS)), ("humaneval", 164))[:len(benchmarks)]:
         path, res = results[name]
         assert res.benchmark.n_samples.original == n and res.benchmark.n_samples.effective == n
         assert res.benchmark.version.startswith("opencompass-0.5.4:")
@@ -191,10 +195,10 @@ def test_dare_eval_runs_opencompass_on_gsm8k_and_humaneval(family, checkpoints, 
 
     valid, bad = load_all([results["gsm8k"][0].parent])
     mine = [r for _, r in valid if r.model.family == family and r.method.baseline == "base"]
-    assert len(mine) == 2 and not bad
+    assert len(mine) == len(benchmarks) and not bad
     columns, rows, _ = table(mine)
     t = {"dream": "0.2", "sdar": "1"}.get(family, "0")  # the family presets' temperature (not overridden here)
-    assert len(rows) == 1 and columns == [f"{b} (OpenCompass) [8/4/8, T={t}]" for b in ("gsm8k", "humaneval")]
+    assert len(rows) == 1 and columns == [f"{b} (OpenCompass) [8/4/8, T={t}]" for b in benchmarks]
 
 
 def samples_of(results, name):
