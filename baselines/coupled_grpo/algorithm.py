@@ -33,9 +33,8 @@ optimizer steps (`train.reference_sync_every`, the engine's option), as the code
 
 import torch
 
-from dare.models import facts
 from dare.train import noise
-from dare.train.estimators import masked_logps
+from dare.train.estimators import completion_logps
 from dare.train.rl import group_advantages
 
 RECIPE = "rl"
@@ -58,30 +57,19 @@ def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
     """One ratio t for the batch and the mask M at ratio t over the completion (B, P + G); the
     pair's second mask is its complement within the completion."""
     t = cfg.algo.t_min + (cfg.algo.t_max - cfg.algo.t_min) * torch.rand((), generator=generator)
-    completion = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
-    completion[:, batch.prompt_length:] = True
+    completion = noise.completion(batch.attention_mask, batch.prompt_length)
     first, _ = noise.complementary(completion, t.expand(completion.shape[0]), generator)
     return noise.Draw(first, t.to(batch.sequences.device))
-
-
-def _completion_logps(model, batch, masked: torch.Tensor) -> torch.Tensor:
-    """log p(o^k | prompt, completion with the `masked` positions masked), at every completion position."""
-    x = torch.where(masked, facts(model).mask_token_id, batch.sequences)
-    scored = torch.zeros_like(masked)
-    scored[:, batch.prompt_length:] = True
-    logps = masked_logps(model, x, batch.sequences, scored, batch.attention_mask, compute=batch.compute)
-    return logps[:, batch.prompt_length:]
 
 
 def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
     """Eq. 13 with lambda = 1: the coupled pair's importance-weighted log-probs averaged with the
     fully masked pass. (B, G)"""
     P, t = batch.prompt_length, draw.t
-    completion = torch.zeros_like(draw.masked)
-    completion[:, P:] = True
-    first = _completion_logps(model, batch, draw.masked)
-    second = _completion_logps(model, batch, completion & ~draw.masked)
-    full = _completion_logps(model, batch, completion)
+    completion = noise.completion(batch.attention_mask, P)
+    first = completion_logps(model, batch, draw.masked)
+    second = completion_logps(model, batch, completion & ~draw.masked)
+    full = completion_logps(model, batch, completion)
     pair = torch.where(draw.masked[:, P:], first / t, second / (1 - t))
     return 0.5 * (pair + full)
 

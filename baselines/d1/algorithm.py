@@ -31,9 +31,8 @@ Deviations from the reference code (all listed in README.md):
 
 import torch
 
-from dare.models import facts
 from dare.train import noise
-from dare.train.estimators import masked_logps
+from dare.train.estimators import completion_logps
 from dare.train.rl import group_advantages
 
 RECIPE = "rl"
@@ -56,19 +55,14 @@ def uses_reference(cfg) -> bool:
 def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
     """q' + [MASK]^L for this inner iteration: every completion token masked, each prompt token
     with probability p_mask_prompt. masked: (B, P + G) bool"""
-    completion = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
-    completion[:, batch.prompt_length:] = True
+    completion = noise.completion(batch.attention_mask, batch.prompt_length)
     prompt = ~completion & batch.attention_mask.bool()
     return noise.Draw(noise.full_completion(completion, prompt, cfg.algo.p_mask_prompt, generator))
 
 
 def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
     """One-step per-token log-probs of the completion. (B, G)"""
-    x = torch.where(draw.masked, facts(model).mask_token_id, batch.sequences)
-    scored = torch.zeros_like(draw.masked)
-    scored[:, batch.prompt_length:] = True
-    logps = masked_logps(model, x, batch.sequences, scored, batch.attention_mask, compute=batch.compute)
-    return logps[:, batch.prompt_length:]
+    return completion_logps(model, batch, draw.masked)
 
 
 def loss(logps, old_logps, ref_logps, batch, draw, cfg):

@@ -13,7 +13,7 @@ from pathlib import Path
 from dare.app import baselines
 from dare.config import ConfigError, read_yaml
 from dare.config import load as load_config
-from dare.train.fit import hooks_of, run_key
+from dare.train.fit import fit, hooks_of, run_key
 from dare.utils import runs_dir
 
 
@@ -34,8 +34,6 @@ def run_dir_of(name: str, cfg) -> Path:
 
 def train(name: str, config_path: str | Path | None = None, overrides=(), *, force: bool = False) -> Path:
     """Run baseline `name`; returns its run directory (see `dare.train.fit.fit`)."""
-    from dare.train.fit import fit
-
     b, cfg, _ = resolve(name, config_path, overrides)
     command = f"dare train {name}" + (f" {config_path}" if config_path else "") + "".join(f" {o}" for o in overrides)
     return fit(b.algorithm, cfg, run_dir_of(name, cfg), name=name, force=force, command=command,

@@ -99,7 +99,7 @@ class Sweep:
     grid: dict
     eval_config: Path | None
     slurm: Slurm
-    targets: object | None  # dare.app.targets.Targets of the reproduction folder, when it has one
+    targets: targets.Targets | None  # the reproduction folder's targets.yaml, when it has one
     out: Path
     runs: list[Run] = field(default_factory=list)
 

@@ -5,6 +5,7 @@ materializes full-vocabulary logits.
   positions `where`, from the model's hidden states and its output head, `chunk` positions at a
   time (peak memory ~ chunk x vocab instead of B x L x vocab), optionally packing the rows
   without their padding. Shift-aligned for every family.
+- `completion_logps(model, batch, masked)`: the same at every completion position of an RL batch.
 - `block_diffusion_logps(model, x_noisy, clean, where)`: the same for block-diffusion models
   (SDAR, LLaDA2.x) through their `[noisy ; clean]` training layout, in one forward.
 - `elbo(model, ids, attention_mask, maskable, draws, normalize, compute)`: the Monte Carlo
@@ -83,6 +84,16 @@ def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: to
         logits = head(hidden[r, c]).float()  # (chunk, V)
         out[r, c] = -F.cross_entropy(logits, targets[r, c], reduction="none")
     return out
+
+
+def completion_logps(model, batch, masked: torch.Tensor) -> torch.Tensor:
+    """(B, G) log p(completion token | the sequence with the `masked` positions masked) at every
+    completion position of an RL batch (`sequences`, `attention_mask`, `prompt_length`, `compute`):
+    the one-step estimates of d1 and wd1 and the passes of coupled-GRPO's pair."""
+    x = torch.where(masked, facts(model).mask_token_id, batch.sequences)
+    scored = noise.completion(batch.attention_mask, batch.prompt_length)
+    logps = masked_logps(model, x, batch.sequences, scored, batch.attention_mask, compute=batch.compute)
+    return logps[:, batch.prompt_length:]
 
 
 def block_diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, where: torch.Tensor,

@@ -34,6 +34,13 @@ def _rand(shape, generator: torch.Generator, device) -> torch.Tensor:
     return torch.rand(shape, generator=generator).to(device)
 
 
+def completion(attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
+    """(B, P + G) bool: the completion positions of an RL batch (everything after the prompt)."""
+    out = torch.zeros_like(attention_mask, dtype=torch.bool)
+    out[:, prompt_length:] = True
+    return out
+
+
 def full_completion(maskable: torch.Tensor, prompt: torch.Tensor, p_mask_prompt: float,
                     generator: torch.Generator) -> torch.Tensor:
     """d1 / diffu-GRPO: every completion token masked, each prompt token masked with probability
@@ -49,7 +56,7 @@ def iid(maskable: torch.Tensor, t: torch.Tensor, generator: torch.Generator) -> 
     shape = (*t.shape, maskable.shape[-1])
     u = _rand(shape, generator, maskable.device)
     keep = maskable if t.dim() == 1 else maskable[:, None, :]
-    return keep & (u < t[..., None])
+    return keep & (u < t.to(maskable.device)[..., None])
 
 
 def exact_count(maskable: torch.Tensor, counts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -72,10 +72,6 @@ class RLBatch:
     def responses(self) -> torch.Tensor:
         return self.sequences[:, self.prompt_length:]
 
-    @property
-    def prompt_mask(self) -> torch.Tensor:
-        return self.attention_mask[:, :self.prompt_length].bool()
-
 
 def group_advantages(rewards: torch.Tensor, baseline: str = "mean", std: str = "none",
                      eps: float = 1e-4) -> torch.Tensor:
