@@ -11,11 +11,12 @@ TORCH  := $(shell $(PYTHON) -c 'import tomllib; x = tomllib.load(open("pyproject
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test checklist leaderboard setup eval-env browser slurm clean-venv help
+.PHONY: demo test data checklist leaderboard setup eval-env browser slurm clean-venv help
 
 help:
 	@echo "make demo         set up the train venv and run the embedded default (tiny SFT -> d1 -> eval)"
 	@echo "make test         set up and run the test suite"
+	@echo "make data         build every offline task under data/ from code (byte-identical, no remote needed)"
 	@echo "make checklist    the contribution checklist of every baseline folder (train venv only, seconds)"
 	@echo "make leaderboard  open the Streamlit leaderboard on 127.0.0.1 (committed results + runs/)"
 
@@ -51,6 +52,11 @@ demo: $(TRAIN)/.installed
 
 test: $(TRAIN)/.installed $(EVAL)/.installed
 	DARE_VENV=$(abspath $(VENV)) DARE_EVAL_PYTHON=$(abspath $(EVAL))/bin/python $(TRAIN)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The offline tasks, rebuilt from code to the hashes in shared/dare/data/hashes.json (the same bytes
+# and DVC hash as data.dvc). There is no project DVC remote: `dvc pull` needs a lab's own (README, Data).
+data: $(TRAIN)/.installed
+	$(TRAIN)/bin/dare data build
 
 # What CONTRIBUTING.md asks of a baseline folder, without the eval environment or the suite.
 checklist: $(TRAIN)/.installed

@@ -35,6 +35,16 @@ def build(task: str, split: str, root: Path | None = None, source: Path | None =
     return atomic_write(split_path(task, split, root), buf.getvalue())
 
 
+def how_to_get(task: str) -> str:
+    """The one line that says how to get a missing split (README, Data): offline tasks rebuild from
+    code; the others come from their original files, the hub, or a lab's own DVC remote (the project
+    has none)."""
+    if task in TASKS and TASKS[task].offline:
+        return f"run `dare data build {task}` (rebuilt from code, byte-identical)"
+    return (f"run `dare data build {task} --from <folder>` (or without --from where the Hugging Face hub is "
+            f"reachable), or `dvc remote add -d lab <url>` then `dvc pull` from your lab's remote (README, Data)")
+
+
 def load_split(task: str, split: str, root: Path | None = None, *, build_missing: bool = True) -> list[dict]:
     """Rows of a split as dicts (with `extra` decoded), validated against the schema."""
     import pyarrow.parquet as pq
@@ -42,7 +52,7 @@ def load_split(task: str, split: str, root: Path | None = None, *, build_missing
     path = split_path(task, split, root)
     if not path.is_file():
         if not build_missing:
-            raise DataError(f"{path}: missing; run `dare data build {task}` or `dvc pull`")
+            raise DataError(f"{path}: missing; {how_to_get(task)}")
         build(task, split, root)
     try:
         table = pq.read_table(path)
