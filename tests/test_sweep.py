@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dare.app.sweep import launch, load_sweep, results_of, state
+from dare.app.sweep import launch, load_sweep, results_of, sbatch_script, slurm_parameters, state
 from dare.utils import UserError
 from slurm_cluster import Cluster
 
@@ -44,7 +44,13 @@ def write_sweep(folder: Path, name: str, grid: dict, steps: int = 3, **extra) ->
     ({"grid": {}}, "grid: empty"),
     ({"grid": {"run.seed": []}}, "grid.run.seed: must be a non-empty list"),
     ({"colour": "red"}, "unknown key(s) ['colour']"),
-    ({"slurm": {"gpus": 8}}, "slurm: unknown key(s) ['gpus']"),
+    ({"slurm": {"gpus": 8}}, "slurm: unknown key 'gpus'"),
+    ({"slurm": {"constrant": "a100"}}, "slurm: unknown key 'constrant' (did you mean 'constraint'? known: account, "),
+    ({"slurm": {"setup": "module load cuda"}}, "slurm.setup: expected a list of str, got str 'module load cuda'"),
+    ({"slurm": {"additional_parameters": ["--hold"]}}, "slurm.additional_parameters: expected a mapping, got list"),
+    ({"slurm": {"mem_gb": "8G"}}, "slurm.mem_gb: expected float, got str '8G'"),
+    ({"slurm": {"nodes": True}}, "slurm.nodes: expected int, got bool True"),
+    ({"slurm": {"mem_gb": 8, "mem": "8G"}}, "slurm: mem and mem_gb both set submitit's mem; give one"),
     ({"grid": {"train.lrr": [1]}}, "run train.lrr=1: command line: unknown key 'train.lrr'"),
 ])
 def test_bad_sweep_files_fail_with_a_clear_message(tmp_path, change, message):
@@ -53,7 +59,48 @@ def test_bad_sweep_files_fail_with_a_clear_message(tmp_path, change, message):
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(UserError) as e:
         load_sweep(path)
-    assert message in str(e.value)
+    assert str(e.value).startswith(f"{path}: ") and message in str(e.value)
+
+
+@pytest.mark.parametrize("section,expected", [
+    ({}, {"nodes": 1, "ntasks_per_node": 1, "cpus_per_task": 2, "mem": "8GB", "time": 60, "signal_delay_s": 120,
+          "array_parallelism": 64}),
+    ({"gpus_per_node": 4, "mem_gb": 480, "time_min": 2880, "account": None},  # our names; null: not set
+     {"nodes": 1, "gpus_per_node": 4, "ntasks_per_node": 4, "cpus_per_task": 2, "mem": "480GB", "time": 2880,
+      "signal_delay_s": 120, "array_parallelism": 64}),
+    ({"tasks_per_node": 2, "timeout_min": 30, "mem_per_gpu": "40G", "cpus_per_gpu": 4},  # no --mem, --cpus-per-task
+     {"nodes": 1, "ntasks_per_node": 2, "time": 30, "mem_per_gpu": "40G", "cpus_per_gpu": 4, "signal_delay_s": 120,
+      "array_parallelism": 64}),
+])
+def test_slurm_section_becomes_submitits_parameters(section, expected):
+    assert slurm_parameters(Path("s.yaml"), section) == expected
+
+
+LAB = {"cpus_per_task": 1, "mem_gb": 2, "time_min": 10, "gpus_per_node": 2, "partition": "gpu", "account": "lab",
+       "qos": "high", "constraint": "a100|h100", "exclude": "node[01-02]",
+       "setup": ["module load cuda/12.1", "source /opt/envs/dare/bin/activate"],
+       "additional_parameters": {"reservation": "mine", "mail-type": "END"}}
+
+
+def test_dry_run_prints_the_sbatch_script_submitit_writes(tmp_path, capsys):
+    """A lab's options (partition, account, qos, constraint, exclude, setup lines, raw sbatch options)
+    reach the printed script as the real `#SBATCH` lines, not as submitit's parameter names."""
+    sweep = load_sweep(write_sweep(tmp_path, "s", {"run.seed": [0, 1]}, slurm=LAB))
+    launch(sweep, dry_run=True)
+    out = capsys.readouterr().out
+    script = out.split("sbatch script submitit writes for the runs:\n", 1)[1]
+    assert script.strip() == sbatch_script(sweep, 2).strip()
+    lines = script.splitlines()
+    for line in ["#SBATCH --mem=2GB", "#SBATCH --time=10", "#SBATCH --cpus-per-task=1", "#SBATCH --gpus-per-node=2",
+                 "#SBATCH --ntasks-per-node=2", "#SBATCH --partition=gpu", "#SBATCH --account=lab",
+                 "#SBATCH --qos=high", "#SBATCH --constraint='a100|h100'", "#SBATCH --exclude='node[01-02]'",
+                 "#SBATCH --reservation=mine", "#SBATCH --mail-type=END", "#SBATCH --signal=USR2@120",
+                 "#SBATCH --array=0-1%2"]:
+        assert line in lines, line
+    assert not [line for line in lines if "mem_gb" in line or "time_min" in line or "delay_s" in line]
+    setup = lines.index("# setup")
+    assert lines[setup + 1:setup + 3] == LAB["setup"] and lines.index("# command") > setup
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing
 
 
 def test_run_ids_are_deterministic_and_distinct(tmp_path):
@@ -198,6 +245,32 @@ def test_slurm_sweep_completes_is_idempotent_and_isolates_failures(tmp_path, on_
     assert "running" in r.stdout or "done" in r.stdout, r.stdout + r.stderr
     on_cluster.wait_empty()
     assert [state(r)[0] for r in ok.runs] == ["done", "done"]
+
+
+@pytest.mark.slow
+def test_slurm_accepts_the_lab_options_and_submits_the_dry_run_script(tmp_path, on_cluster):
+    """sbatch takes the options a lab adds (account, a comment, setup lines, a raw option: --hold, so
+    nothing runs); the runs' array waits for the init job and, but for that dependency, is the
+    script the dry run prints."""
+    (tmp_path / "start.yaml").write_text("baseline: sft\n")
+    slurm = {"cpus_per_task": 1, "mem_gb": 2, "time_min": 10, "account": "lab", "comment": "dare sweep test",
+             "setup": ["echo setup"], "additional_parameters": {"hold": True}}
+    sweep = load_sweep(write_sweep(tmp_path, "s", {"run.seed": [0, 1]}, slurm=slurm, init={"config": "start.yaml"}))
+    printed = sbatch_script(sweep, 2)
+    assert len(launch(sweep, cluster="slurm")) == 2
+    init_id = json.loads((sweep.init.dir / "job.json").read_text())["job_id"]
+    job_id = json.loads((sweep.runs[0].dir / "job.json").read_text())["job_id"].split("_")[0]
+    try:
+        [submitted] = (sweep.out / "submitit").glob(f"{job_id}*/{job_id}_submission.sh")
+        assert submitted.read_text() == printed.replace("#SBATCH --error", f"#SBATCH --dependency=afterok:{init_id}\n"
+                                                                           "#SBATCH --error")
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                               env=on_cluster.env, check=True).stdout
+        assert "Account=lab" in shown and "Comment=dare sweep test" in shown and "JobHeldUser" in shown, shown
+        assert f"Dependency=afterok:{init_id}" in shown, shown
+    finally:
+        subprocess.run(["scancel", init_id, job_id], env=on_cluster.env, check=True)
+    on_cluster.wait_empty()
 
 
 @pytest.mark.slow

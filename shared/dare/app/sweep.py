@@ -8,7 +8,18 @@ A sweep file (`reproductions/<name>/sweep.yaml`):
     grid: {run.seed: [0, 1, 2]}       # the product of these values is the set of runs
     eval: {config: ../demo/eval.yaml} # optional: evaluate every final model (embedded evaluator)
     slurm: {nodes: 1, gpus_per_node: 8, cpus_per_task: 16, mem_gb: 400, time_min: 1440,
-            partition: gpu, account: null, qos: null}
+            partition: gpu, account: mylab, qos: high, constraint: a100, exclude: "node[01-02]",
+            setup: ["module load cuda/12.1", "source ~/envs/dare/bin/activate"],
+            additional_parameters: {reservation: mine}}
+
+`slurm:` takes any parameter of submitit's SlurmExecutor (the arguments of its sbatch script writer,
+`submitit.slurm.slurm._make_sbatch_string`: partition, account, qos, constraint, exclude, nodelist,
+gres, mem_per_gpu, mail_user, setup / teardown (shell lines run before / after srun), srun_args,
+additional_parameters ({option: value}, written as `#SBATCH --option=value`), ...), its shared names
+(mem_gb, tasks_per_node, timeout_min, name) and our time_min; null leaves a key unset. An unknown
+key or a value of the wrong type is refused before anything is submitted. Unset: nodes 1,
+cpus_per_task 2, mem_gb 8, time_min 60, signal_delay_s 120, array_parallelism 64, one task per GPU
+(at least one). `dare sweep --dry-run` prints the sbatch script submitit will write.
 
 Several methods side by side (`reproductions/tiny/sweep.yaml`) name each with its config instead of
 `baseline`/`config`, and may start every run from one checkpoint trained first:
@@ -31,13 +42,17 @@ checkpoint; submitit's own timeout signal takes the same path (`Job.checkpoint`)
 
 from __future__ import annotations
 
+import collections.abc
+import difflib
 import hashlib
 import itertools
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,25 +65,11 @@ from dare.results import publish, read_result, write_result
 from dare.utils import UserError, atomic_write_json, runs_dir
 
 KEYS = {"baseline", "config", "methods", "init", "overrides", "grid", "eval", "slurm", "out_dir"}
-SLURM_KEYS = {"nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb", "time_min", "partition",
-              "account", "qos", "signal_delay_s", "array_parallelism"}
-
-
-@dataclass
-class Slurm:
-    nodes: int = 1
-    gpus_per_node: int = 0
-    tasks_per_node: int = 0
-    """Training processes per node (0: one per GPU, or 1 without GPUs). srun starts every one of
-    them; they form one torch process group (see `dist_env_from_slurm`)."""
-    cpus_per_task: int = 2
-    mem_gb: int = 8
-    time_min: int = 60
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    signal_delay_s: int = 120
-    array_parallelism: int = 64
+SLURM_DEFAULTS = {"nodes": 1, "cpus_per_task": 2, "mem": "8GB", "time": 60, "signal_delay_s": 120,
+                  "array_parallelism": 64}
+"""What a job gets unless the sweep's slurm: section says otherwise (submitit's SlurmExecutor names)."""
+SLURM_EXCLUSIVE = {"mem": {"mem_per_cpu", "mem_per_gpu"}, "cpus_per_task": {"cpus_per_gpu"}}
+"""A default left out when the section sets one of these instead (sbatch refuses both at once)."""
 
 
 @dataclass
@@ -98,7 +99,7 @@ class Sweep:
     overrides: dict
     grid: dict
     eval_config: Path | None
-    slurm: Slurm
+    slurm: dict  # submitit SlurmExecutor parameters (`slurm_parameters`)
     targets: targets.Targets | None  # the reproduction folder's targets.yaml, when it has one
     out: Path
     runs: list[Run] = field(default_factory=list)
@@ -148,10 +149,7 @@ def load_sweep(path: str | Path) -> Sweep:
     overrides = data.get("overrides") or {}
     if not isinstance(overrides, dict):
         _fail(path, "overrides: must be a mapping of dotted keys to values")
-    slurm = data.get("slurm") or {}
-    bad = sorted(set(slurm) - SLURM_KEYS)
-    if bad:
-        _fail(path, f"slurm: unknown key(s) {bad}; known: {sorted(SLURM_KEYS)}")
+    slurm = slurm_parameters(path, data.get("slurm") or {})
     eval_cfg = data.get("eval") or {}
     eval_config = (path.parent / eval_cfg["config"]).resolve() if eval_cfg.get("config") else None
     if eval_config and not eval_config.is_file():
@@ -172,7 +170,7 @@ def load_sweep(path: str | Path) -> Sweep:
         except ConfigError as e:
             _fail(path, f"init: {e}")
         init = Init(init_baseline, init_config, out / "init")
-    sweep = Sweep(path, methods, init, overrides, grid, eval_config, Slurm(**slurm), targets.beside(path), out)
+    sweep = Sweep(path, methods, init, overrides, grid, eval_config, slurm, targets.beside(path), out)
     start = "" if init is None else init.config.read_text()
     keys = list(grid)
     for baseline, config in methods.items():
@@ -200,6 +198,98 @@ def _fmt(v) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     return str(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# SLURM parameters (submitit's own, checked against its sbatch script writer)
+# ---------------------------------------------------------------------------------------------
+
+
+def slurm_options() -> dict[str, tuple[str, object]]:
+    """Every key a sweep's slurm: section accepts -> (the SlurmExecutor parameter it sets, the type it
+    takes): submitit's own parameters (the arguments of `_make_sbatch_string`, with their annotations),
+    its shared names (`AutoExecutor._typed_parameters`: mem_gb, tasks_per_node, timeout_min, ...,
+    renamed by `SlurmExecutor._equivalence_dict`) and our time_min."""
+    import submitit
+    from submitit.slurm import slurm
+
+    hints = typing.get_type_hints(slurm._make_sbatch_string)
+    renamed = slurm.SlurmExecutor._equivalence_dict()
+    options = {k: (k, hints[k]) for k in slurm._get_default_parameters()}
+    options |= {k: (renamed.get(k, k), t) for k, t in submitit.AutoExecutor._typed_parameters().items()}
+    return options | {"time_min": (renamed["timeout_min"], int)}
+
+
+def slurm_parameters(path: Path, section) -> dict:
+    """A sweep's slurm: section as submitit SlurmExecutor parameters, with our defaults; a clear error
+    for a key submitit does not know, a value of the wrong type, or one parameter given twice."""
+    from submitit.slurm import slurm
+
+    if not isinstance(section, dict):
+        _fail(path, "slurm: must be a mapping of submitit SlurmExecutor parameters")
+    options, params, given = slurm_options(), {}, {}
+    for key, value in section.items():
+        if key not in options:
+            close = difflib.get_close_matches(str(key), options, n=3)
+            guess = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+            _fail(path, f"slurm: unknown key {key!r} ({guess}known: {', '.join(sorted(options))})")
+        name, hint = options[key]
+        if value is None:
+            continue
+        if not _admits(hint, value):
+            _fail(path, f"slurm.{key}: expected {_type_name(hint)}, got {type(value).__name__} {value!r}")
+        if name in given:
+            _fail(path, f"slurm: {given[name]} and {key} both set submitit's {name}; give one")
+        given[name] = key
+        params[name] = slurm._convert_mem(value) if key == "mem_gb" else value
+    for name, value in SLURM_DEFAULTS.items():
+        if name not in params and not SLURM_EXCLUSIVE.get(name, set()) & set(params):
+            params[name] = value
+    if not params.get("ntasks_per_node"):  # one training process per GPU; they form one process group
+        params["ntasks_per_node"] = max(1, params.get("gpus_per_node") or 0)
+    return params
+
+
+def _admits(hint, value) -> bool:
+    """Whether a YAML value fits a submitit annotation (a float: any number; an iterable: a list)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return any(_admits(a, value) for a in args)
+    if origin in (list, collections.abc.Iterable):
+        return isinstance(value, list) and all(_admits(args[0], v) for v in value)
+    if hint is typing.Any:
+        return True
+    if hint in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float) if hint is float else origin or hint)
+
+
+def _type_name(hint) -> str:
+    """A submitit annotation as the error shows it: `a list of str`, `bool or str`, `int`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return " or ".join(_type_name(a) for a in args if a is not type(None))
+    if origin in (list, collections.abc.Iterable):
+        return f"a list of {_type_name(args[0])}"
+    if origin is dict:
+        return "a mapping"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _submitit_folder(sweep: Sweep) -> Path:
+    """Where submitit keeps the jobs' scripts, pickles and logs (%j: the job id)."""
+    return (sweep.out / "submitit" / "%j").absolute()
+
+
+def sbatch_script(sweep: Sweep, array_size: int) -> str:
+    """The sbatch script submitit writes for the runs' job (a job array when `array_size` > 1)."""
+    from submitit.slurm import slurm
+
+    folder = _submitit_folder(sweep)
+    # the command SlurmExecutor submits (its `_submitit_command_str`)
+    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    return slurm._make_sbatch_string(command=command, folder=folder, map_count=array_size if array_size > 1 else None,
+                                     **sweep.slurm)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,16 +447,16 @@ def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False, only: di
     runs = [r for r in sweep.runs if matches(r, only)]
     todo = [r for r in runs if state(r, queued)[0] in ("pending", "failed")]
     init_todo = sweep.init is not None and todo and state(sweep.init, queued)[0] in ("pending", "failed")
-    params = slurm_parameters(sweep.slurm)
     if dry_run:
         print(f"{sweep.path}: {len(runs)} runs, {len(todo)} to submit ({cluster})")
         if sweep.init:
             print(f"  init      {state(sweep.init, queued)[0]:8s} {sweep.init.baseline} {sweep.init.config}")
         for r in runs:
             print(f"  {r.id}  {state(r, queued)[0]:8s} {r.name}  ->  {r.dir}")
-        shown = {("signal" if k == "signal_delay_s" else k): (f"USR2@{v}" if k == "signal_delay_s" else v)
-                 for k, v in params.items()}
-        print("sbatch parameters: " + " ".join(f"--{k}={v}" for k, v in shown.items()))
+        if cluster == "slurm":
+            after = " (it waits for the init job: --dependency=afterok:<its id>)" if init_todo else ""
+            print(f"sbatch script submitit writes for the runs{after}:")
+            print(sbatch_script(sweep, len(todo)))
         return todo
     if not todo:
         print(f"{sweep.path}: nothing to submit ({len(runs)} runs done or queued)")
@@ -386,9 +476,9 @@ def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False, only: di
         return todo
     import submitit
 
-    executor = submitit.AutoExecutor(folder=sweep.out / "submitit" / "%j", cluster=cluster)
+    executor = submitit.AutoExecutor(folder=_submitit_folder(sweep), cluster=cluster)
     if cluster == "slurm":
-        executor.update_parameters(**{f"slurm_{k}": v for k, v in params.items()})
+        executor.update_parameters(**{f"slurm_{k}": v for k, v in sweep.slurm.items()})
     if init_todo:
         sweep.init.dir.mkdir(parents=True, exist_ok=True)
         init_job = executor.submit(Job(str(sweep.path), "init"))
@@ -398,7 +488,7 @@ def launch(sweep: Sweep, cluster: str = "slurm", dry_run: bool = False, only: di
         if cluster == "debug":
             init_job.result()
         else:
-            executor.update_parameters(slurm_additional_parameters={"dependency": f"afterok:{init_job.job_id}"})
+            executor.update_parameters(slurm_dependency=f"afterok:{init_job.job_id}")
     with executor.batch():
         jobs = [executor.submit(Job(str(sweep.path), r.id)) for r in todo]
     for r, job in zip(todo, jobs):
@@ -422,18 +512,6 @@ def matches(run: Run, only: dict | None) -> bool:
     values = dict(part.split("=", 1) for part in run.name.split(",") if "=" in part)
     values["baseline"] = run.baseline
     return all(values.get(k) == v for k, v in only.items())
-
-
-def slurm_parameters(s: Slurm) -> dict:
-    tasks = s.tasks_per_node or max(1, s.gpus_per_node)
-    params = {"nodes": s.nodes, "ntasks_per_node": tasks, "cpus_per_task": s.cpus_per_task, "mem": f"{s.mem_gb}G",
-              "time": s.time_min, "signal_delay_s": s.signal_delay_s, "array_parallelism": s.array_parallelism}
-    if s.gpus_per_node:
-        params["gpus_per_node"] = s.gpus_per_node
-    for k in ("partition", "account", "qos"):
-        if getattr(s, k):
-            params[k] = getattr(s, k)
-    return params
 
 
 def collect(sweep: Sweep, dest: str | Path, only: dict | None = None) -> list[Path]:
