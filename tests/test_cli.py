@@ -1,8 +1,16 @@
-"""The `dare` command through its installed entry point."""
+"""The `dare` command through its installed entry point (or its `main` in this process)."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import dare_cli
+from conftest import REPO, dare_cli
+from dare.app.cli import main
+from dare.models.registry import ATTENTION, FAMILIES
 
 SUBCOMMANDS = ["train", "eval", "sweep", "leaderboard", "data", "bench", "models", "demo", "results"]
 
@@ -55,3 +63,88 @@ def test_models_and_data_list():
     assert r.returncode == 0 and "addition" in r.stdout
 
 
+
+
+def test_version_is_the_installed_distributions():
+    import importlib.metadata
+
+    r = dare_cli("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"dare {importlib.metadata.version('dare-dllm')}"
+
+
+def test_train_takes_the_baseline_from_the_yamls_baseline_key(capsys):
+    sft_yaml = str(REPO / "reproductions" / "demo" / "sft.yaml")
+    assert main(["train", sft_yaml, "--dry-run", "train.steps=77"]) == 0
+    from_yaml = capsys.readouterr().out
+    assert main(["train", "sft", sft_yaml, "--dry-run", "train.steps=77"]) == 0
+    assert capsys.readouterr().out == from_yaml  # the same resolved config and hash
+    assert "steps: 77" in from_yaml and "name: tiny-llada-addition" in from_yaml
+
+
+def test_train_rejects_a_yaml_of_another_baseline_or_without_one(capsys, tmp_path):
+    d1_yaml = str(REPO / "reproductions" / "demo" / "d1.yaml")
+    assert main(["train", "sft", d1_yaml, "--dry-run"]) == 2
+    assert "baseline: 'd1' does not match the requested baseline 'sft'" in capsys.readouterr().err
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("train: {steps: 3}\n")
+    assert main(["train", str(bare), "--dry-run"]) == 2
+    assert f"{bare}: no `baseline:` key" in capsys.readouterr().err
+    assert main(["train", d1_yaml, str(bare)]) == 2
+    assert "unexpected argument" in capsys.readouterr().err
+
+
+def test_every_config_problem_is_reported_at_once(capsys, tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("baseline: sft\ntrain: {stepz: 3, batch_size: many, warmup_steps: -1}\ndata: {tsk: addition}\n")
+    assert main(["train", str(cfg), "--dry-run", "train.lr=0", "model.famly=llada"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "error: 6 config problems:",
+        f"  {cfg}: unknown key 'train.stepz' (did you mean 'train.steps'?)",
+        f"  {cfg}: train.batch_size: expected int, got 'many'",
+        f"  {cfg}: unknown key 'data.tsk' (did you mean 'data.task'?)",
+        "  command line: unknown key 'model.famly' (did you mean 'model.family'?)",
+        "  invalid config: train.lr: must be positive [train.lr=0.0 (from command line)]",
+        f"  invalid config: train.warmup_steps: must be within [0, train.steps] [train.warmup_steps=-1 (from {cfg})]",
+    ]
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    cfg = tmp_path / "broken.yaml"
+    cfg.write_text("baseline: sft\ntrain:\n  steps: [3\nmodel: x\n")
+    r = dare_cli("train", str(cfg))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"error: {cfg}, line 4, column 6: not valid YAML: ")
+
+
+def test_eval_benchmarks_did_you_mean(capsys, tmp_path):
+    assert main(["eval", str(tmp_path), "--benchmarks", "gsm9k,additon"]) == 2
+    err = capsys.readouterr().err
+    assert "error: 2 config problems:" in err
+    assert "unknown benchmark 'gsm9k' (did you mean 'gsm8k'?)" in err
+    assert "unknown benchmark 'additon' (did you mean 'addition'?)" in err
+
+
+def test_models_lists_every_family_without_importing_torch():
+    """`dare models` prints the torch-free registry (seconds): torch and transformers are never imported."""
+    exe = shutil.which("dare", path=str(Path(sys.executable).parent))
+    r = subprocess.run([sys.executable, "-X", "importtime", exe, "models"], capture_output=True, text=True, cwd=REPO,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+    assert "dare.app.cli" in imported
+    assert not [m for m in imported if m.split(".")[0] in ("torch", "transformers")]
+    rows = {ln.split()[0]: ln.split()[1:] for ln in r.stdout.splitlines()[1:] if ln.strip() and ln.split()[0] in FAMILIES}
+    assert rows == {f: [model_type, ATTENTION[f], module] for f, (module, model_type) in FAMILIES.items()}
+
+
+def test_make_help_lists_every_target_with_a_description():
+    text = (REPO / "Makefile").read_text()
+    targets = set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", text, flags=re.M))
+    phony = set(re.search(r"^\.PHONY:(.*)$", text, flags=re.M).group(1).split())
+    assert phony <= targets and "help" in targets
+    r = subprocess.run(["make", "--no-print-directory", "help"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 0, r.stderr
+    described = {m.group(1): m.group(2) for m in re.finditer(r"^make (\S+) +(\S.*)$", r.stdout, flags=re.M)}
+    assert set(described) == targets

@@ -82,6 +82,9 @@ def test_bad_yaml_files(tmp_path):
         config.load(Outer, tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="not valid YAML"):
         config.load(Outer, write(tmp_path, "inner: {size: [\n"))
+    with pytest.raises(ConfigError) as e:  # the file, line and column of the mistake
+        config.load(Outer, write(tmp_path, "inner:\n  size: 4\n\trate: 1\n", name="tab.yaml"))
+    assert str(e.value).startswith(f"{tmp_path / 'tab.yaml'}, line 3, column 1: not valid YAML: ")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         config.load(Outer, write(tmp_path, "- 1\n- 2\n"))
 
@@ -100,8 +103,18 @@ def test_hash_ignores_nohash_fields_and_save(tmp_path):
 def test_eval_config_validates_benchmarks():
     from dare.eval import load_eval_config
 
-    with pytest.raises(ConfigError, match="eval.benchmarks: unknown benchmark 'gsm9k'"):
+    with pytest.raises(ConfigError, match="eval.benchmarks: unknown benchmark 'gsm9k' \\(did you mean 'gsm8k'\\?\\)"):
         load_eval_config(None, ["eval.benchmarks=[gsm9k]"])
+    with pytest.raises(ConfigError) as e:  # every bad name at once, an OpenCompass one named as such
+        load_eval_config(None, ["eval.benchmarks=[additon,mmlu,addition,gsm9k]"])
+    lines = str(e.value).splitlines()
+    assert lines[:4] == [
+        "3 config problems:",
+        "  command line: eval.benchmarks: unknown benchmark 'additon' (did you mean 'addition'?) for the embedded engine",
+        "  command line: eval.benchmarks: unknown benchmark 'mmlu' (OpenCompass runs it: eval.engine=opencompass) for "
+        "the embedded engine",
+        "  command line: eval.benchmarks: unknown benchmark 'gsm9k' (did you mean 'gsm8k'?) for the embedded engine"]
+    assert lines[4].startswith("  embedded tasks: ['addition'") and "OpenCompass (engine=opencompass)" in lines[5]
     with pytest.raises(ConfigError, match="eval.split: 'addition' has splits"):
         load_eval_config(None, ["eval.split=dev"])
 
@@ -111,3 +124,36 @@ def test_string_fields_take_override_text_as_written():
     assert cfg.inner.name == "2024" and cfg.out == "yes"
     with pytest.raises(ConfigError, match="expected int"):
         config.load(Outer, None, ["inner.size=yes"])
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    """Unknown keys, wrong types and broken rules of the file and the command line: one error lists them all,
+    each naming its source and dotted key, in the order file, command line, rules."""
+    p = write(tmp_path, "inner: {sise: 6, rate: fast}\ndecoding: {top_p: 0, top_k: -1}\nflag: 3\n")
+    with pytest.raises(ConfigError) as e:
+        config.load(Outer, p, ["inner.size=3", "decoding.gen_lenght=8", "=1"])
+    assert str(e.value).splitlines() == [
+        "8 config problems:",
+        f"  {p}: unknown key 'inner.sise' (did you mean 'inner.size'?)",
+        f"  {p}: inner.rate: expected float, got 'fast'",
+        f"  {p}: flag: expected bool, got 3",
+        "  command line: unknown key 'decoding.gen_lenght' (did you mean 'decoding.gen_length'?)",
+        "  command line: override '=1' is not of the form key=value",
+        "  invalid config: inner.size: must be even [inner.size=3 (from command line)]",
+        f"  invalid config: decoding.top_p: must be in (0, 1] [decoding.top_p=0.0 (from {p})]",
+        f"  invalid config: decoding.top_k: must be >= 0 [decoding.top_k=-1 (from {p})]",
+    ]
+
+
+def test_a_rule_that_depends_on_a_rejected_value_is_not_reported():
+    """DataConfig looks up the task's splits after checking the task: an unknown task is one problem,
+    with the closest task name, not a crash."""
+    with pytest.raises(ConfigError) as e:
+        config.load(config.DataConfig, None, ["task=additon", "split=nope"])
+    assert str(e.value).startswith("invalid config: task: unknown task 'additon' (did you mean 'addition'?); known:")
+    assert "\n" not in str(e.value)
+
+
+def test_validate_outside_load_still_raises_on_the_first_broken_rule():
+    with pytest.raises(config.Invalid, match="must be in"):
+        DecodingConfig(top_p=0, top_k=-1).validate()

@@ -1,6 +1,15 @@
 """The embedded evaluator on a checkpoint folder we did not train (a "base" model)."""
 
+import fcntl
 import json
+import os
+import pty
+import shutil
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +76,37 @@ def test_an_evaluation_of_a_rewritten_checkpoint_is_not_reused(tmp_path):
     os.utime(weights, (stamp + 10, stamp + 10))  # the checkpoint is newer than its evaluation
     evaluate_checkpoint(run / "final", None, ["eval.n_samples=8"])
     assert first.stat().st_mtime > stamp  # evaluated again
+
+
+def test_progress_is_plain_lines_in_a_log(checkpoint, tmp_path, capsys):
+    """Not a terminal (a log, a pipe): one line per tenth of the samples, with the count and the rate."""
+    evaluate_checkpoint(checkpoint, None, EVAL, out_dir=tmp_path / "out")
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[eval] addition/test: ")]
+    assert [ln.split(",")[0] for ln in lines] == ["[eval] addition/test: 8/20 samples (40%)",
+                                                  "[eval] addition/test: 16/20 samples (80%)",
+                                                  "[eval] addition/test: 20/20 samples (100%)"]
+    assert all(ln.endswith(" samples/s") for ln in lines)
+
+
+def test_progress_is_a_bar_on_a_terminal(checkpoint, tmp_path):
+    """`dare eval` with its stderr on a terminal draws a tqdm bar (redrawn in place with carriage returns)."""
+    exe = shutil.which("dare", path=str(Path(sys.executable).parent))
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 rows, 100 columns
+    proc = subprocess.Popen([exe, "eval", str(checkpoint), *EVAL, "--out", str(tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=follower, text=True)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal's other side closed: the command ended
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert proc.wait(timeout=600) == 0, shown.decode(errors="replace")
+    text = shown.decode(errors="replace")
+    assert "\r" in text and "[eval] addition/test: 100%|" in text and "20/20" in text
+    assert "samples (" not in text  # no plain progress lines on a terminal

@@ -2,10 +2,11 @@
 
 A config is a tree of plain dataclasses. `load(Config, "run.yaml", ["train.lr=3e-6"])` starts
 from the defaults, merges the YAML file, applies the dotted overrides, checks every value against
-its annotated type and then runs each section's `validate()` for cross-field rules. Any problem
-(unknown key, wrong type, inconsistent values) raises `ConfigError` naming the dotted key and
-where its value came from, before any model is built. Configs hold data, never programs: no
-dotted class paths, no composition; components are chosen in code.
+its annotated type and then runs each section's `validate()` for cross-field rules. Every problem
+(unknown key, wrong type, inconsistent values) is collected, then one `ConfigError` lists them all,
+one per line, each naming the dotted key and where its value came from, before any model is built.
+Configs hold data, never programs: no dotted class paths, no composition; components are chosen
+in code.
 
 `config_hash(cfg)` is the sha256 of the canonical JSON of every field that can change a result
 (fields marked `NOHASH`, such as output paths and log intervals, are left out). Run directories
@@ -17,6 +18,7 @@ importing torch.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
 import hashlib
@@ -41,6 +43,13 @@ NOHASH = {"hash": False}  # field metadata: the value does not change results (p
 class ConfigError(UserError, ValueError):
     """A config problem, reported before any compute starts."""
 
+    @classmethod
+    def of(cls, problems: list[str]) -> ConfigError:
+        """One error for every problem: a single one as it is, several as a count and then one per line."""
+        if len(problems) == 1:
+            return cls(problems[0])
+        return cls(f"{len(problems)} config problems:\n" + "\n".join(f"  {p}" for p in problems))
+
 
 class Invalid(Exception):
     """Raised by a section's `validate()`; `keys` are field names relative to that section."""
@@ -50,9 +59,18 @@ class Invalid(Exception):
         self.message, self.keys = message, keys
 
 
+_failed: contextvars.ContextVar[list | None] = contextvars.ContextVar("_failed", default=None)
+"""While `load` runs a section's `validate()`: the failed checks so far (so all of them are reported)."""
+
+
 def check(condition: bool, message: str, *keys: str) -> None:
-    if not condition:
+    """A rule of a section's `validate()`: raise `Invalid`, or record it while `load` collects failures."""
+    if condition:
+        return
+    failed = _failed.get()
+    if failed is None:
         raise Invalid(message, *keys)
+    failed.append(Invalid(message, *keys))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +150,8 @@ class ModelConfig:
     scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
 
     def validate(self):
-        check(self.family in FAMILIES, f"unknown family {self.family!r}; known: {sorted(FAMILIES)}", "family")
+        check(self.family in FAMILIES, f"unknown family {self.family!r}{did_you_mean(self.family, FAMILIES)}; "
+              f"known: {sorted(FAMILIES)}", "family")
 
 
 @dataclass
@@ -145,7 +164,8 @@ class DataConfig:
     (gsm8k, math)."""
 
     def validate(self):
-        check(self.task in TASKS, f"unknown task {self.task!r}; known: {sorted(TASKS)}", "task")
+        check(self.task in TASKS, f"unknown task {self.task!r}{did_you_mean(self.task, TASKS)}; known: {sorted(TASKS)}",
+              "task")
         check(self.split in TASKS[self.task].splits, f"task {self.task!r} has splits {TASKS[self.task].splits}",
               "split")
         styles = TASKS[self.task].reward_styles
@@ -358,7 +378,7 @@ def read_yaml(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise _yaml_error(path, e) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -366,38 +386,60 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
+def _yaml_error(path: Path, e: yaml.YAMLError) -> ConfigError:
+    """A YAML syntax error as `<file>, line L, column C: not valid YAML: <problem>`."""
+    mark = getattr(e, "problem_mark", None)
+    if mark is None:
+        return ConfigError(f"{path}: not valid YAML: {e}")
+    context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
+    problem = e.problem + (f" ({context} at line {start.line + 1})" if context and start else "")
+    return ConfigError(f"{path}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}")
+
+
 def load(cls, path: str | Path | None = None, overrides: typing.Iterable[str] = (), *,
          data: Mapping | None = None):
-    """Defaults of `cls` <- YAML `path` (or an already-read `data` mapping) <- `key=value` overrides."""
+    """Defaults of `cls` <- YAML `path` (or an already-read `data` mapping) <- `key=value` overrides.
+    Every problem found is collected; one `ConfigError` then lists them, one per line."""
     cfg = cls()
     origins: dict[str, str] = {}
+    problems: list[str] = []
     if data is None and path is not None:
         data = read_yaml(path)
     if data:
-        _merge(cfg, data, "", str(path) if path is not None else "config", origins)
+        _merge(cfg, data, "", str(path) if path is not None else "config", origins, problems)
     for item in overrides:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"command line: override {item!r} is not of the form key=value")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
-        try:
-            _set_dotted(cfg, key, value, "command line", origins)
-        except ConfigError as first:
-            if value == raw or value is None:
-                raise
-            # YAML read `model.name=2024` as an int or `data.task=yes` as a bool: a string field
-            # takes the text as written; any other field reports the first error.
-            try:
-                _set_dotted(cfg, key, raw, "command line", origins)
-            except ConfigError:
-                raise first from None
-    _validate_tree(cfg, "", origins)
-    check_across_sections(cfg, origins)
+            _override(cfg, item, origins, problems)
+        except ConfigError as e:
+            problems.append(str(e))
+    _validate_tree(cfg, "", origins, problems)
+    problems += _across_sections(cfg, origins)
+    if problems:
+        raise ConfigError.of(problems)
     return cfg
+
+
+def _override(cfg, item: str, origins: dict, problems: list[str]) -> None:
+    """Apply one `key=value` override; raises the ConfigError of a bad one."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"command line: override {item!r} is not of the form key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    try:
+        _set_dotted(cfg, key, value, "command line", origins, problems)
+    except ConfigError as first:
+        if value == raw or value is None:
+            raise
+        # YAML read `model.name=2024` as an int or `data.task=yes` as a bool: a string field
+        # takes the text as written; any other field reports the first error.
+        try:
+            _set_dotted(cfg, key, raw, "command line", origins, problems)
+        except ConfigError:
+            raise first from None
 
 
 def _fields(obj) -> dict[str, dataclasses.Field]:
@@ -419,9 +461,13 @@ def _unknown(key: str, candidates: typing.Iterable[str], source: str) -> ConfigE
             return ConfigError(f"{source}: '{key}' was renamed to '{new + key[len(old):]}'; rename it in the "
                                f"config (YAML `{old.split('.')[-1]}:` under `{old.rsplit('.', 1)[0]}:` -> "
                                f"`{new.split('.')[-1]}:`)")
-    close = difflib.get_close_matches(key, list(candidates), n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return ConfigError(f"{source}: unknown key '{key}'{hint}")
+    return ConfigError(f"{source}: unknown key '{key}'{did_you_mean(key, candidates)}")
+
+
+def did_you_mean(name: str, known: typing.Iterable[str]) -> str:
+    """` (did you mean 'x'?)` for the closest of `known` to a mistyped `name`; "" when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _all_keys(obj, prefix: str = "") -> list[str]:
@@ -434,23 +480,33 @@ def _all_keys(obj, prefix: str = "") -> list[str]:
     return keys
 
 
-def _merge(obj, data: Mapping, prefix: str, source: str, origins: dict) -> None:
-    fields, hints = _fields(obj), _hints(obj)
+def _merge(obj, data: Mapping, prefix: str, source: str, origins: dict, problems: list[str]) -> None:
+    """Set the fields of section `obj` from `data`, appending each bad key's message to `problems`."""
     for key, value in data.items():
-        if not isinstance(key, str) or key not in fields:
-            raise _unknown(prefix + str(key), _all_keys(obj, prefix), source)
-        current = getattr(obj, key)
-        if dataclasses.is_dataclass(current):
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"{source}: {prefix}{key}: expected a mapping of "
-                                  f"{type(current).__name__} fields, got {value!r}")
-            _merge(current, value, f"{prefix}{key}.", source, origins)
-        else:
-            setattr(obj, key, _coerce(value, hints[key], prefix + key, source))
-            origins[prefix + key] = source
+        try:
+            _merge_one(obj, key, value, prefix, source, origins, problems)
+        except ConfigError as e:
+            problems.append(str(e))
 
 
-def _set_dotted(cfg, key: str, value, source: str, origins: dict) -> None:
+def _merge_one(obj, key, value, prefix: str, source: str, origins: dict, problems: list[str]) -> None:
+    """Set one field (or merge one subsection) of `obj`; raises the ConfigError of a bad key or value."""
+    if not isinstance(key, str) or key not in _fields(obj):
+        raise _unknown(prefix + str(key), _all_keys(obj, prefix), source)
+    current = getattr(obj, key)
+    if dataclasses.is_dataclass(current):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{source}: {prefix}{key}: expected a mapping of "
+                              f"{type(current).__name__} fields, got {value!r}")
+        _merge(current, value, f"{prefix}{key}.", source, origins, problems)
+    else:
+        setattr(obj, key, _coerce(value, _hints(obj)[key], prefix + key, source))
+        origins[prefix + key] = source
+
+
+def _set_dotted(cfg, key: str, value, source: str, origins: dict, problems: list[str]) -> None:
+    """Set dotted `key` to `value`; raises the ConfigError of a bad key or value (a section's
+    fields given as a mapping append theirs to `problems`)."""
     obj, parts = cfg, key.split(".")
     for i, part in enumerate(parts):
         fields = _fields(obj)
@@ -461,7 +517,7 @@ def _set_dotted(cfg, key: str, value, source: str, origins: dict) -> None:
             if dataclasses.is_dataclass(current):
                 if not isinstance(value, Mapping):
                     raise ConfigError(f"{source}: {key} is a section; set its fields ({key}.<field>=...)")
-                _merge(current, value, key + ".", source, origins)
+                _merge(current, value, key + ".", source, origins, problems)
             else:
                 setattr(obj, part, _coerce(value, _hints(obj)[part], key, source))
                 origins[key] = source
@@ -538,53 +594,78 @@ def _coerce(value, tp, key: str, source: str):
     raise ConfigError(f"{key}: unsupported annotation {tp!r} in the config class")
 
 
-def _validate_tree(obj, prefix: str, origins: dict) -> None:
+def _validate_tree(obj, prefix: str, origins: dict, problems: list[str]) -> None:
+    """Run `validate()` of every section, innermost first, appending each failed rule to `problems`."""
     for name in _fields(obj):
         value = getattr(obj, name)
         if dataclasses.is_dataclass(value):
-            _validate_tree(value, f"{prefix}{name}.", origins)
+            _validate_tree(value, f"{prefix}{name}.", origins, problems)
     validate = getattr(obj, "validate", None)
     if validate is not None:
-        _run_check(validate, obj, prefix, origins)
+        problems += _run_check(validate, obj, prefix, origins)
 
 
-def _run_check(fn, obj, prefix: str, origins: dict) -> None:
+def _run_check(fn, obj, prefix: str, origins: dict) -> list[str]:
+    """The messages of the rules that `fn` (a section's `validate`) finds broken. A later rule that
+    trips over a value an earlier one rejected (`TASKS[task]` of an unknown task) ends the section."""
+    failed: list[Invalid] = []
+    token = _failed.set(failed)
     try:
         fn()
     except Invalid as e:
-        where = ", ".join(f"{prefix}{k}={getattr(obj, k, '?')!r} (from {origins.get(prefix + k, 'defaults')})"
-                          for k in e.keys if "." not in k)
-        keys = [prefix + k for k in e.keys]
-        raise ConfigError(f"invalid config: {keys[0] if keys else prefix.rstrip('.')}: {e.message}"
-                          + (f" [{where}]" if where else "")) from None
+        failed.append(e)
+    except Exception:
+        if not failed:
+            raise
+    finally:
+        _failed.reset(token)
+    return [_invalid_message(e, obj, prefix, origins) for e in failed]
+
+
+def _invalid_message(e: Invalid, obj, prefix: str, origins: dict) -> str:
+    """`invalid config: <key>: <rule> [<key>=<value> (from <file | command line | defaults>), ...]`."""
+    where = ", ".join(f"{prefix}{k}={getattr(obj, k, '?')!r} (from {origins.get(prefix + k, 'defaults')})"
+                      for k in e.keys if "." not in k)
+    keys = [prefix + k for k in e.keys]
+    return (f"invalid config: {keys[0] if keys else prefix.rstrip('.')}: {e.message}"
+            + (f" [{where}]" if where else ""))
 
 
 def check_across_sections(cfg, origins: dict | None = None) -> None:
+    """Raise a ConfigError listing the broken rules of `_across_sections`."""
+    problems = _across_sections(cfg, origins or {})
+    if problems:
+        raise ConfigError.of(problems)
+
+
+def _across_sections(cfg, origins: dict) -> list[str]:
     """Rules that join two sections, checked before any model is built:
     - `train.reference_sync_every` needs a reference copy, which LoRA does not have (its reference
       is the base with the adapter disabled);
     - sampler=auto picks the sampler from the model: where the config names a bidirectional
       `model.family` it is the masked sampler, whose block layout is checked (block-causal families
       use their own block, so their `block_length` is not checked)."""
+    problems = []
     model, train = getattr(cfg, "model", None), getattr(cfg, "train", None)
     if model is not None and train is not None and getattr(train, "reference_sync_every", 0) and model.lora.rank > 0:
-        raise ConfigError(
+        problems.append(
             f"invalid config: train.reference_sync_every={train.reference_sync_every} (from "
-            f"{(origins or {}).get('train.reference_sync_every', 'defaults')}) with model.lora.rank={model.lora.rank}: "
+            f"{origins.get('train.reference_sync_every', 'defaults')}) with model.lora.rank={model.lora.rank}: "
             "under LoRA the reference is the base with the adapter disabled, which a TR-DPO update cannot move; "
             "train without LoRA or set train.reference_sync_every=0")
     if ATTENTION.get(getattr(model, "family", None)) != "bidirectional":
-        return
+        return problems
 
     def walk(obj, prefix):
         for name in _fields(obj):
             value = getattr(obj, name)
             if isinstance(value, DecodingConfig) and value.sampler == "auto":
-                _run_check(value.validate_blocks, value, f"{prefix}{name}.", origins or {})
+                problems.extend(_run_check(value.validate_blocks, value, f"{prefix}{name}.", origins))
             elif dataclasses.is_dataclass(value):
                 walk(value, f"{prefix}{name}.")
 
     walk(cfg, "")
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------

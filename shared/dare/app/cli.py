@@ -1,11 +1,13 @@
 """The `dare` command. Every subcommand has `--help`.
 
+    dare --version
     dare demo                                   the embedded default: tiny SFT -> d1 -> eval -> table
     dare train <baseline> [config.yaml] [key=value ...]
+    dare train <config.yaml> [key=value ...]    the YAML's `baseline:` key names the baseline
     dare eval <checkpoint> [config.yaml] [key=value ...] [--benchmarks a,b] [--engine opencompass]
     dare leaderboard [--runs DIR ...]
     dare data list | build [TASK ...]
-    dare models [list | show <checkpoint>]
+    dare models [list | released | show <checkpoint>]
     dare bench rollout [--checkpoint DIR] [key=value ...]
     dare results publish <result.json ...> --to leaderboard/results/<name>
     dare sweep <sweep.yaml> [--cluster slurm|local|debug] [--dry-run]
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import shlex
 import subprocess
@@ -28,10 +31,18 @@ from dare.app.demo import main as demo_main
 from dare.app.sweep import collect, launch, load_sweep, matches, state
 from dare.data import TASKS, build, recorded_hashes, split_path
 from dare.eval import evaluate_checkpoint
-from dare.models import FAMILIES, facts, family_module, load_pretrained
+from dare.models import ATTENTION, FAMILIES, facts, family_module, load_pretrained
 from dare.models.api import count_parameters, meta_model
 from dare.results import publish
 from dare.utils import REPO_ROOT, sha256_file
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's `name`)."""
+    try:
+        return importlib.metadata.version("dare-dllm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _command_line() -> str:
@@ -51,24 +62,44 @@ def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
     return path, overrides
 
 
+def _is_yaml(arg: str) -> bool:
+    return Path(arg).suffix in (".yaml", ".yml")
+
+
+def _train_args(ns) -> tuple[str, str | None, list[str]]:
+    """(baseline, config file, overrides) of `dare train <baseline> [config.yaml] [key=value ...]` or
+    `dare train <config.yaml> [key=value ...]`, where the YAML's `baseline:` key names the baseline
+    (`dare.app.runs.resolve` rejects a file whose `baseline:` differs from a named one)."""
+    if not _is_yaml(ns.baseline):
+        return ns.baseline, *_split_config_args(ns.args)
+    path, (extra, overrides) = ns.baseline, _split_config_args(ns.args)
+    if extra is not None:
+        raise UserError(f"unexpected argument {extra!r}: the config file is {path}; give key=value overrides after it")
+    baseline = config_mod.read_yaml(path).get("baseline")
+    if not isinstance(baseline, str) or not baseline:
+        raise UserError(f"{path}: no `baseline:` key naming the baseline; add one, or name it: "
+                        f"dare train <baseline> {path}")
+    return baseline, path, overrides
+
+
 # ---------------------------------------------------------------------------------------------
 
 
 def cmd_train(ns) -> int:
     from dare.app.runs import resolve, train
 
-    path, overrides = _split_config_args(ns.args)
+    baseline, path, overrides = _train_args(ns)
     if ns.dry_run:
-        _, cfg, _ = resolve(ns.baseline, path, overrides)
+        _, cfg, _ = resolve(baseline, path, overrides)
         print(config_mod.to_yaml(cfg), end="")
         print(f"# config_hash: sha256:{config_mod.config_hash(cfg)}")
         return 0
     if ns.workers > 1:
         from dare.app.ray_group import train_with_workers
 
-        run_dir = train_with_workers(ns.baseline, path, overrides, ns.workers, force=ns.force)
+        run_dir = train_with_workers(baseline, path, overrides, ns.workers, force=ns.force)
     else:
-        run_dir = train(ns.baseline, path, overrides, force=ns.force)
+        run_dir = train(baseline, path, overrides, force=ns.force)
     if os.environ.get("RANK", "0") == "0":
         print(run_dir / "final")
     return 0
@@ -130,31 +161,47 @@ def cmd_data(ns) -> int:
     return 0
 
 
+def _billions(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n:,}"
+
+
 def cmd_models(ns) -> int:
-    def billions(n: int) -> str:
-        return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n:,}"
-
+    """`list`: the torch-free family table (seconds); `released`: the released checkpoints' facts and
+    sizes (built on the meta device); `show`: one checkpoint's facts and size."""
     if ns.action == "show":
-        if not ns.checkpoint:
-            raise UserError("dare models show <checkpoint folder or config.json>")
+        return _models_show(ns.checkpoint)
+    if ns.action == "released":
+        return _models_released()
+    print(f"{'family':9s} {'model_type':11s} {'attention':13s} module")
+    for family, (module, model_type) in FAMILIES.items():
+        print(f"{family:9s} {model_type:11s} {ATTENTION[family]:13s} {module}")
+    print("\n`dare models released`: each family's released checkpoint, its facts (mask id, logit shift, block size)\n"
+          "and parameter counts (configs built on the meta device; imports torch, tens of seconds).\n"
+          "`dare models show <folder|config.json>`: one checkpoint's facts.")
+    return 0
 
-        target = Path(ns.checkpoint)
-        if target.name == "config.json" or (target.is_dir() and not any(target.glob("*.safetensors"))):
-            # a config alone: built on the meta device for its facts and size
 
-            model = meta_model(target)
-            f = facts(model)
-            total, active = count_parameters(type(model), model.config)
-            cfg_file = target if target.name == "config.json" else target / "config.json"
-            print(f"{cfg_file}: {type(model).__name__}, {billions(total)} parameters ({billions(active)} active)")
-        else:
-            model = load_pretrained(ns.checkpoint)
-            f = facts(model)
-            total, active = count_parameters(type(model), model.config)
-            print(f"{ns.checkpoint}: {type(model).__name__}, {billions(total)} parameters ({billions(active)} active)")
-        for k, v in vars(f).items():
-            print(f"  {k:14s} {v}")
-        return 0
+def _models_show(checkpoint: str | None) -> int:
+    """One checkpoint's (or a config.json's, built on the meta device) class, size and facts."""
+    if not checkpoint:
+        raise UserError("dare models show <checkpoint folder or config.json>")
+    target = Path(checkpoint)
+    if target.name == "config.json" or (target.is_dir() and not any(target.glob("*.safetensors"))):
+        model = meta_model(target)  # a config alone: built on the meta device for its facts and size
+        shown = target if target.name == "config.json" else target / "config.json"
+    else:
+        model, shown = load_pretrained(checkpoint), checkpoint
+    f = facts(model)
+    total, active = count_parameters(type(model), model.config)
+    print(f"{shown}: {type(model).__name__}, {_billions(total)} parameters ({_billions(active)} active)")
+    for k, v in vars(f).items():
+        print(f"  {k:14s} {v}")
+    return 0
+
+
+def _models_released() -> int:
+    """Each family's released checkpoint: its facts and parameter counts, from its config built on the meta device."""
+    import torch
 
     print(f"{'family':9s} {'model_type':11s} {'attention':13s} {'shift':5s} {'block':5s} {'mask id':>7s} "
           f"{'params':>7s} {'active':>7s}  released checkpoint")
@@ -162,13 +209,11 @@ def cmd_models(ns) -> int:
         module = family_module(family)
         name, kwargs = module.RELEASED
         config = module.MODEL_CLASS.config_class(**kwargs)
-        import torch
-
         with torch.device("meta"):
             f = module.MODEL_CLASS(config).dllm_facts()
         total, active = count_parameters(module.MODEL_CLASS, config)
         print(f"{family:9s} {model_type:11s} {f.attention:13s} {'yes' if f.logits_shift else 'no':5s} "
-              f"{str(f.block_size or '-'):5s} {f.mask_token_id:>7d} {billions(total):>7s} {billions(active):>7s}"
+              f"{str(f.block_size or '-'):5s} {f.mask_token_id:>7d} {_billions(total):>7s} {_billions(active):>7s}"
               f"  {name}")
     print("\nFacts are read from each checkpoint's config.json; `dare models show <folder|config.json>` prints them "
           "for one checkpoint. Tiny configs for tests: `scratch_config` in each family's module.")
@@ -259,13 +304,16 @@ def cmd_demo(ns) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dare", description="Post-training diffusion language models.")
+    p.add_argument("--version", action="version", version=f"dare {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("train", help="train a baseline", description=(
         "Train baselines/<baseline>. Config precedence: the baseline's defaults, then config.yaml, "
         "then key=value overrides (dotted keys, e.g. train.lr=3e-6 rl.decoding.steps=64). A finished run with "
-        "the same config hash is reused; an interrupted one resumes."))
-    s.add_argument("baseline", help="a folder name under baselines/ (e.g. sft, d1)")
+        "the same config hash is reused; an interrupted one resumes. `dare train <config.yaml>` takes the "
+        "baseline from the file's `baseline:` key."))
+    s.add_argument("baseline", metavar="baseline | config.yaml",
+                   help="a folder name under baselines/ (e.g. sft, d1), or a config file whose `baseline:` names it")
     s.add_argument("args", nargs="*", metavar="[config.yaml] [key=value]")
     s.add_argument("--dry-run", action="store_true", help="print the resolved config and its hash, then exit")
     s.add_argument("--force", action="store_true", help="retrain even if a finished run exists")
@@ -307,10 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_data)
 
     s = sub.add_parser("models", help="list model families and their facts", description=(
-        "`dare models` lists the families with the facts and parameter counts of their released checkpoints' "
-        "configs (built on the meta device); `dare models show <checkpoint folder | config.json>` prints one "
+        "`dare models` lists the families (model_type, attention kind, module) in seconds, without torch; "
+        "`dare models released` the facts and parameter counts of each family's released checkpoint (configs "
+        "built on the meta device); `dare models show <checkpoint folder | config.json>` prints one "
         "checkpoint's facts (mask id, logit shift, attention kind, block size, LoRA targets) and size."))
-    s.add_argument("action", nargs="?", default="list", choices=["list", "show"])
+    s.add_argument("action", nargs="?", default="list", choices=["list", "released", "show"])
     s.add_argument("checkpoint", nargs="?")
     s.set_defaults(func=cmd_models)
 

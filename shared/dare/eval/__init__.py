@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from dare.config import ConfigError, DecodingConfig, EvalRunConfig, config_hash, read_yaml, to_dict
+from dare.config import ConfigError, DecodingConfig, EvalRunConfig, config_hash, did_you_mean, read_yaml, to_dict
 from dare.config import load as load_config
 from dare.config import save as save_config
 from dare.data import TASKS, load_split
@@ -33,9 +33,37 @@ from dare.utils import (UserError, atomic_write, git_state, hardware, make_gener
                         sha256_file)
 
 
+class _ProgressLines:
+    """Progress as plain lines on stderr (a log, not a terminal): one at every tenth of the samples."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.done, self.tenths, self.t0 = total, desc, 0, 0, time.perf_counter()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if 10 * self.done // self.total > self.tenths or self.done == self.total:
+            self.tenths = 10 * self.done // self.total
+            seconds = time.perf_counter() - self.t0
+            print(f"[eval] {self.desc}: {self.done}/{self.total} samples ({100 * self.done // self.total}%), "
+                  f"{seconds:.0f}s, {self.done / max(seconds, 1e-9):.1f} samples/s", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str):
+    """Progress over `total` samples on stderr: a tqdm bar on a terminal, plain periodic lines otherwise."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=f"[eval] {desc}", unit="sample", file=sys.stderr, dynamic_ncols=True)
+    return _ProgressLines(total, desc)
+
+
 def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch_size: int,
-                   n_samples: int | None, seed: int) -> dict:
-    """Decode and score; returns per-sample records, per-metric values and timing."""
+                   n_samples: int | None, seed: int, progress: bool = False) -> dict:
+    """Decode and score; returns per-sample records, per-metric values and timing. `progress`: show
+    the samples decoded so far (`progress_bar`)."""
     import torch
 
     from dare.rollout import decode_responses, generate, left_pad
@@ -54,6 +82,7 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
     samples, values = [], defaultdict(list)
     nfe_total, tokens_total, committed_total = 0, 0, 0
     model.eval()
+    bar = progress_bar(len(rows), f"{task_name}/{split}") if progress else None
     t0 = time.perf_counter()
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
@@ -69,7 +98,11 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
                     values[name].append(float(v))
                 samples.append({"index": row["index"], "prompt": row["prompt"], "target": row["ground_truth"],
                                 "response": text, "scores": scores})
+            if bar is not None:
+                bar.update(len(chunk))
     seconds = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
     n = len(rows)
     return {"samples": samples, "values": dict(values), "n_original": original, "n_effective": n,
             "sampler": sampler_name(model, decoding),
@@ -218,19 +251,34 @@ def _model_info(checkpoint: Path, meta: dict, dtype: str) -> dict:
 
 def load_eval_config(config_path=None, overrides=()) -> EvalRunConfig:
     """An evaluation config, with every benchmark name checked against the embedded tasks and the
-    OpenCompass suite (a ConfigError naming `eval.benchmarks` or `eval.split`), before any model is loaded."""
+    OpenCompass suite (one ConfigError listing each bad `eval.benchmarks` name, with the closest known
+    one, and `eval.split`), before any model is loaded."""
     cfg = load_config(EvalRunConfig, config_path, overrides)
-    known, e, where = suite.benchmarks(), cfg.eval, config_path or "command line"
-    for name in e.benchmarks:
-        embedded = TASKS.get(known[name].embedded) if name in known and known[name].embedded else TASKS.get(name)
-        covered = e.engine == "opencompass" and name in known and known[name].opencompass
-        if not covered and embedded is None:
-            raise ConfigError(f"{where}: eval.benchmarks: unknown benchmark {name!r} for the {e.engine} engine; "
-                              f"embedded tasks: {sorted(TASKS)}; OpenCompass (engine=opencompass): "
-                              f"{sorted(n for n in known if known[n].opencompass)}")
-        if not covered and e.split not in embedded.splits:
-            raise ConfigError(f"{where}: eval.split: {name!r} has splits {embedded.splits}")
-    return cfg
+    where = config_path or "command line"
+    found = (_benchmark_problem(name, cfg.eval) for name in cfg.eval.benchmarks)
+    problems = [f"{where}: {p}" for p in found if p]
+    if not problems:
+        return cfg
+    if not any("unknown benchmark" in p for p in problems):
+        raise ConfigError.of(problems)
+    known = suite.benchmarks()
+    raise ConfigError(f"{ConfigError.of(problems)}\n  embedded tasks: {sorted(TASKS)}\n  OpenCompass "
+                      f"(engine=opencompass): {sorted(n for n in known if known[n].opencompass)}")
+
+
+def _benchmark_problem(name: str, e) -> str | None:
+    """What is wrong with benchmark `name` under the eval settings `e` (engine, split), if anything."""
+    known = suite.benchmarks()
+    on_opencompass = name in known and bool(known[name].opencompass)
+    embedded = TASKS.get(known[name].embedded) if name in known and known[name].embedded else TASKS.get(name)
+    covered = e.engine == "opencompass" and on_opencompass
+    if not covered and embedded is None:
+        runnable = [*TASKS, *(n for n in known if known[n].embedded or e.engine == "opencompass")]
+        hint = " (OpenCompass runs it: eval.engine=opencompass)" if on_opencompass else did_you_mean(name, runnable)
+        return f"eval.benchmarks: unknown benchmark {name!r}{hint} for the {e.engine} engine"
+    if not covered and e.split not in embedded.splits:
+        return f"eval.split: {name!r} has splits {embedded.splits}"
+    return None
 
 
 def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None = None, overrides=(),
@@ -326,6 +374,6 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
         for name in embedded:
             task_name = task_of(name)
             outcome = evaluate_model(model, tokenizer, task_name, cfg.eval.split, plans[name][0], cfg.eval.batch_size,
-                                     cfg.eval.n_samples, cfg.run.seed)
+                                     cfg.eval.n_samples, cfg.run.seed, progress=True)
             finish(name, {**task_benchmark(task_name, cfg.eval.split), "name": name}, outcome, outcome["samples"])
     return list(targets.values())
