@@ -2,12 +2,15 @@
 
 A read-only view over validated result JSONs: committed ones under leaderboard/results/ and any
 run folders given with `--runs` (or $DARE_LEADERBOARD_RUNS). Invalid files are listed with their
-reason, never fatal. Views: the leaderboard of one model, one method across models, reproductions
-against the papers' numbers, speed, and the detail of one run.
+reason, never fatal. A row is one training recipe (method, start, config without the seed): only
+the seeds of one recipe are pooled, and a mean or delta over runs made on different hardware or
+from different lock files is marked ⚠. Views: the leaderboard of one model, one method across
+models and families, reproductions against the papers' numbers, speed, and the detail of one run.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,8 +24,21 @@ import load  # noqa: E402  (leaderboard/load.py)
 st.set_page_config(page_title="dLLM post-training leaderboard", layout="wide")
 st.title("dLLM post-training leaderboard")
 
-items, invalid = load.load_all()
-bench = load.load_bench()
+
+def _stamp(roots: tuple[str, ...]) -> tuple:
+    """Changes when a JSON file under the sources is added, removed or rewritten."""
+    files = [p for root in roots if Path(root).is_dir() for p in Path(root).glob("**/*.json")]
+    return len(files), max((p.stat().st_mtime_ns for p in files), default=0)
+
+
+@st.cache_data(show_spinner="Loading results")
+def _load(roots: tuple[str, ...], stamp: tuple):
+    runs = [Path(r) for r in roots[1:]]
+    return load.load_all(runs), load.load_bench(runs)
+
+
+roots = (str(load.committed()), *map(str, load.run_dirs_from_env()))
+(items, invalid), bench = _load(roots, _stamp(roots))
 if invalid:
     with st.expander(f"⚠ {len(invalid)} invalid result file(s) skipped", expanded=True):
         st.dataframe(pd.DataFrame([{"file": str(p), "reason": why} for p, why in invalid]), hide_index=True)
@@ -38,6 +54,7 @@ selected = {key: st.sidebar.multiselect(label, opts[key], key=f"filter_{key}")
                                ("benchmark", "Benchmark"), ("gen_length", "Generation length")]}
 shown = load.apply_filters(items, **selected)
 st.sidebar.caption(f"{len(shown)} of {len(items)} results shown")
+st.sidebar.caption("⚠ marks a mean or delta over runs from different hardware or lock files.")
 
 
 def download(df: pd.DataFrame, name: str, key: str) -> None:
@@ -56,29 +73,34 @@ with main:
         model = st.selectbox("Model", models, key="model")
         results = [r for _, r in shown if r.model.family == family and r.model.name == model]
         st.subheader(f"{model} ({family})")
-        methods = list(dict.fromkeys(load.method_label(r) for r in results))
+        long = pd.DataFrame(load.long_rows(results))
+        methods = list(dict.fromkeys(long["method"]))
         base_default = load.base_method(results)
-        base = st.selectbox("Deltas against", methods, index=methods.index(base_default) if base_default in methods
-                            else 0, key="base")
+        base = st.selectbox("Deltas against (pinned first)", methods,
+                            index=methods.index(base_default) if base_default in methods else 0, key="base")
         benchmarks, rows, deltas = load.table(results, base)
         sort_by = st.selectbox("Sort rows by", ["method", *benchmarks], key="sort")
         df = pd.DataFrame(rows)
-        if sort_by != "method":
-            df = df.assign(_key=df[sort_by].str.extract(r"^(-?[\d.]+)")[0].astype(float)).sort_values(
-                "_key", ascending=False, na_position="last").drop(columns="_key")
-        st.caption("Main metric of each benchmark, in %: mean ± sample std over seeds (n seeds). Columns are "
-                   "benchmark [gen length/block/steps, temperature]: different decodings never share a column.")
+        if sort_by != "method":  # by the mean, highest first; the base row stays on top
+            means = long[long["benchmark"] == sort_by].set_index("method")["mean"]
+            df = df.assign(_pin=df["method"] != base, _key=df["method"].map(means)).sort_values(
+                ["_pin", "_key"], ascending=[True, False], na_position="last").drop(columns=["_pin", "_key"])
+        metric = load.main_metric(results[0])
+        st.caption(f"{metric}, %: mean ± sample std over seeds (n seeds); one row per training recipe (only seeds "
+                   "of one config are pooled). Columns are benchmark [gen length/block/steps, temperature]: "
+                   "different decodings never share a column.")
         st.table(df.set_index("method"))  # a static HTML table: readable, printable, its text is in the page
-        download(df, f"leaderboard_{model}.csv", "csv_main")
+        download(long, f"leaderboard_{model}.csv", "csv_main")
         if deltas:
             st.caption(f"Difference to {base}, in points:")
-            st.table(pd.DataFrame(deltas).set_index("method"))
-        chart = pd.DataFrame(load.chart_rows(results))
-        bars = alt.Chart().mark_bar().encode(x=alt.X("method:N", title=None), y=alt.Y("mean:Q", title="%"),
-                                             color=alt.Color("method:N", legend=None))
-        errors = alt.Chart().mark_errorbar().encode(x="method:N", y="low:Q", y2="high:Q")
-        st.caption("Mean over seeds with ± one sample std:")
-        st.altair_chart(alt.layer(bars, errors, data=chart).facet(column=alt.Column("benchmark:N", title=None)))
+            order = [m for m in df["method"] if m != base]
+            st.table(pd.DataFrame(deltas).set_index("method").loc[order])
+        bars = alt.Chart().mark_bar().encode(
+            x=alt.X("method:N", title=None, sort=list(df["method"]), axis=alt.Axis(labelAngle=-30, labelLimit=260)),
+            y=alt.Y("mean:Q", title=f"{metric}, % (mean ± 1 std over seeds)"),
+            color=alt.Color("method:N", legend=None), tooltip=["method", "mean", "std", "n", "hardware"])
+        errors = alt.Chart().mark_errorbar().encode(x=alt.X("method:N", sort=list(df["method"])), y="low:Q", y2="high:Q")
+        st.altair_chart(alt.layer(bars, errors, data=long).facet(column=alt.Column("benchmark:N", title=None)))
         st.subheader("Runs")
         st.dataframe(pd.DataFrame(load.run_rows([(p, r) for p, r in shown if r.model.family == family
                                                  and r.model.name == model])), hide_index=True)
@@ -88,6 +110,16 @@ with by_method:
     if not methods:
         st.info("No result matches the filters.")
     else:
+        heat = pd.DataFrame(load.family_method_rows(shown))
+        bench_names = sorted(heat["benchmark"].unique())
+        bench_pick = st.selectbox("Benchmark (family x method)", bench_names, key="heat_benchmark")
+        cells = heat[heat["benchmark"] == bench_pick]
+        st.caption(f"Mean {bench_pick} score of every method on every family, % (all models and recipes of a "
+                   "family averaged; the tables below separate them).")
+        base = alt.Chart(cells).encode(x=alt.X("method:N", title="method"), y=alt.Y("family:N", title="family"))
+        st.altair_chart(base.mark_rect().encode(color=alt.Color("mean:Q", title="%"), tooltip=["family", "method",
+                                                                                            "mean", "n"])
+                        + base.mark_text().encode(text=alt.Text("mean:Q", format=".1f")))
         method = st.selectbox("Method", methods, key="method_view")
         df = pd.DataFrame(load.method_rows(shown, method))
         st.caption(f"{method} on every model and family (mean ± std over seeds, in %).")
@@ -99,11 +131,17 @@ with repro:
     st.caption("Ours (mean over seeds) against the paper's number. ✓ reproduced only when the decoding matches the "
                "paper's protocol, the whole test split was evaluated and ours is within 2 points of the paper.")
     if not rows:
-        st.info("No result carries a paper reference yet (the 8B reproductions in reproductions/ have not been run).")
+        st.info("No result carries a paper reference (the 8B reproductions in reproductions/ need GPUs).")
     else:
         df = pd.DataFrame(rows)
         st.dataframe(df, hide_index=True, key="repro_table")
         download(df, "reproduction.csv", "csv_repro")
+        pairs = df.melt(id_vars=["method", "benchmark"], value_vars=["ours", "paper"], var_name="source",
+                        value_name="score")
+        st.altair_chart(alt.Chart(pairs).mark_bar().encode(
+            x=alt.X("source:N", title=None), y=alt.Y("score:Q", title="score, %"), color="source:N",
+            column=alt.Column("benchmark:N", title=None), row=alt.Row("method:N", title=None),
+            tooltip=["method", "benchmark", "source", "score"]))
 
 with speed:
     st.caption("Decoding throughput recorded with each evaluation (dare bench rollout writes one result per "
@@ -111,6 +149,11 @@ with speed:
     rollout = pd.DataFrame(load.rollout_speed_rows(shown))
     if len(rollout):
         st.dataframe(rollout, hide_index=True, key="rollout_speed")
+        st.caption("Accuracy against decoding speed, one point per decoding strategy:")
+        st.altair_chart(alt.Chart(rollout.dropna(subset=["tokens/s"])).mark_point(filled=True, size=80).encode(
+            x=alt.X("tokens/s:Q", scale=alt.Scale(type="log"), title="tokens/s (log)"),
+            y=alt.Y("accuracy:Q", title="accuracy, %"), color="strategy:N", shape="model:N",
+            tooltip=["model", "method", "strategy", "tokens/s", "NFE/sample", "tokens/forward", "accuracy"]))
     training = pd.DataFrame(load.training_speed_rows(bench))
     if len(training):
         st.dataframe(training, hide_index=True, key="train_speed")
@@ -128,13 +171,17 @@ with detail:
         st.write(f"**{load.method_label(r)}** on **{r.model.name}** ({r.model.family}), {r.benchmark.name} "
                  f"({r.benchmark.n_samples.effective} of {r.benchmark.n_samples.original} samples): "
                  f"{r.metrics[0].name} = {100 * r.metrics[0].value:.1f}%")
-        st.write(f"Result file: `{path}`")
+        st.write(f"Result file: `{os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path}`")
         prov = info["provenance"]
-        st.write(f"Commit `{(prov['git_commit'] or '?')[:12]}`{' (dirty)' if prov['git_dirty'] else ''}, "
-                 f"hardware: {prov['hardware']['cpu']}" + (f", {prov['hardware']['gpu']}" if prov["hardware"]["gpu"]
-                                                         else ""))
-        st.json({"decoding": info["decoding"], "training": info["training"], "packages": prov["packages"]},
-                expanded=False)
+        lock = prov.get("lock") or {}
+        st.write(f"Commit `{(prov['git_commit'] or '?')[:12]}`{' (dirty)' if prov['git_dirty'] else ''}; "
+                 f"hardware: {load.environment(r)[0]}; lock: "
+                 f"{lock.get('lock', 'none')} {lock.get('sha256', '')[:12]}")
+        if prov.get("command"):
+            st.code(prov["command"], language="bash")
+        st.caption("Fingerprint (hardware, environment, packages):")
+        st.json({"hardware": prov["hardware"], "lock": prov.get("lock"), "packages": prov["packages"]})
+        st.json({"decoding": info["decoding"], "training": info["training"]}, expanded=False)
         if info["config"]:
             st.caption(f"Resolved config: `{info['config_path']}`")
             st.code(info["config"], language="yaml")

@@ -123,17 +123,87 @@ def stats(values: list[float]) -> tuple[float, float, int]:
     return mean, std, n
 
 
-def format_cell(values: list[float]) -> str:
-    mean, std, n = stats(values)
-    return f"{100 * mean:.1f} (1 seed)" if n == 1 else f"{100 * mean:.1f} ± {100 * std:.1f} ({n} seeds)"
+def value(r: Result) -> float:
+    return r.metric(main_metric(r)).value
+
+
+def environment(r: Result) -> tuple[str, str | None]:
+    """(hardware class, lock hash): runs that differ in either can differ in float rounding."""
+    lock = r.provenance.lock
+    return r.provenance.hardware.hardware_class(), lock.sha256 if lock else None
+
+
+def mixed(results: list[Result]) -> bool:
+    """The results were made on different hardware classes or from different lock files."""
+    return len({environment(r) for r in results}) > 1
+
+
+MIXED = " ⚠"  # marks a mean or a delta over runs from different hardware or environments
+
+
+def format_cell(results: list[Result]) -> str:
+    mean, std, n = stats([value(r) for r in results])
+    text = f"{100 * mean:.1f} (1 seed)" if n == 1 else f"{100 * mean:.1f} ± {100 * std:.1f} ({n} seeds)"
+    return text + (MIXED if mixed(results) else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows: one per training recipe; only the seeds of one recipe are pooled
+# ---------------------------------------------------------------------------------------------
+
+
+def recipe(r: Result) -> tuple:
+    """What a leaderboard row pools over: the method, what it started from, and the training config
+    without its seed (`training.recipe_hash`; results of schema 1 have only the seed's config hash,
+    so each of their seeds is a row of its own)."""
+    t = r.training
+    if t is None:
+        return (method_label(r), None, None)
+    return (method_label(r), t.init_config_hash, t.recipe_hash or t.config_hash)
+
+
+def _flat(config: dict | None, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (config or {}).items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def row_labels(results: list[Result]) -> dict[tuple, str]:
+    """A readable label per recipe: the method name alone when it has one recipe here, else the
+    method with the settings that tell its recipes apart (`sft (steps=40)`)."""
+    by_method: dict[str, dict[tuple, Result]] = defaultdict(dict)
+    for r in results:
+        by_method[method_label(r)].setdefault(recipe(r), r)
+    labels = {}
+    for method, recipes in by_method.items():
+        if len(recipes) == 1:
+            labels.update({key: method for key in recipes})
+            continue
+        flats = {key: _flat(r.training.config if r.training else None) for key, r in recipes.items()}
+        keys = sorted({k for f in flats.values() for k in f} - {"run.seed"})
+        differ = [k for k in keys if len({repr(f.get(k)) for f in flats.values()}) > 1]
+        leaves = [k.rsplit(".", 1)[-1] for k in differ]
+        short = {k: (leaf if leaves.count(leaf) == 1 else k) for k, leaf in zip(differ, leaves)}
+        for key, r in recipes.items():
+            parts = [f"{short[k]}={flats[key].get(k)}" for k in differ]
+            if not parts:  # same config: they differ in their start, or are schema-1 results
+                t = r.training
+                parts = [f"from {t.init_config_hash[:8]}" if t and t.init_config_hash else
+                         f"seed {t.seed}" if t and not t.recipe_hash else f"run {r.run_id[-17:]}"]
+            labels[key] = f"{method} ({', '.join(parts)})"
+    return labels
 
 
 def _cells(results, row_key, col_key):
-    cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    cells: dict[tuple[str, str], list[Result]] = defaultdict(list)
     rows, cols = [], []
     for r in results:
         a, b = row_key(r), col_key(r)
-        cells[(a, b)].append(r.metric(main_metric(r)).value)
+        cells[(a, b)].append(r)
         rows += [a] if a not in rows else []
         cols += [b] if b not in cols else []
     return cells, rows, cols
@@ -142,47 +212,77 @@ def _cells(results, row_key, col_key):
 def base_method(results: list[Result]) -> str | None:
     """The row the others are compared with: the model before post-training (an untrained base,
     or the run trained from scratch that the others start from)."""
+    labels = row_labels(results)
     for r in results:
         if r.method.init in BASE_INITS:
-            return method_label(r)
+            return labels[recipe(r)]
     return None
 
 
+def signed(points: float) -> str:
+    return f"{points:+.1f}"
+
+
 def table(results: list[Result], base: str | None = None) -> tuple[list[str], list[dict], list[dict]]:
-    """Methods as rows, benchmarks as columns: (columns, `mean ± std (n seeds)` rows, delta rows
-    in points against the `base` method)."""
-    cells, methods, benchmarks = _cells(results, method_label, benchmark_label)
+    """Recipes as rows (the base first), benchmarks as columns: (columns, `mean ± std (n seeds)`
+    rows, signed delta rows in points against the `base` row). A cell or delta over runs from
+    different hardware classes or lock files carries ⚠."""
+    labels = row_labels(results)
+    cells, rows_, benchmarks = _cells(results, lambda r: labels[recipe(r)], benchmark_label)
+    if base in rows_:
+        rows_ = [base] + [m for m in rows_ if m != base]
     rows, deltas = [], []
-    for m in methods:
+    for m in rows_:
         rows.append({"method": m, **{b: format_cell(cells[(m, b)]) if cells.get((m, b)) else "" for b in benchmarks}})
         if base and m != base:
             d = {"method": m}
             for b in benchmarks:
-                if cells.get((m, b)) and cells.get((base, b)):
-                    d[b] = round(100 * (stats(cells[(m, b)])[0] - stats(cells[(base, b)])[0]), 1)
+                mine, theirs = cells.get((m, b)), cells.get((base, b))
+                if mine and theirs:
+                    diff = stats([value(r) for r in mine])[0] - stats([value(r) for r in theirs])[0]
+                    d[b] = signed(100 * diff) + (MIXED if mixed(mine + theirs) else "")
                 else:
-                    d[b] = None
+                    d[b] = ""
             deltas.append(d)
     return benchmarks, rows, deltas
 
 
-def chart_rows(results: list[Result]) -> list[dict]:
-    """One row per (method, benchmark): mean and std in points, for bar charts with error bars."""
-    cells, methods, benchmarks = _cells(results, method_label, benchmark_label)
+def long_rows(results: list[Result]) -> list[dict]:
+    """One row per (recipe, benchmark) with numeric columns, in points: mean, std, n, the error
+    bar's ends, and whether the runs mix machines (for CSV downloads, charts and sorting)."""
+    labels = row_labels(results)
+    cells, _, _ = _cells(results, lambda r: labels[recipe(r)], benchmark_label)
     out = []
-    for (m, b), vals in cells.items():
-        mean, std, n = stats(vals)
-        out.append({"method": m, "benchmark": b, "mean": 100 * mean, "low": 100 * (mean - std),
-                    "high": 100 * (mean + std), "seeds": n})
+    for (m, b), rs in cells.items():
+        mean, std, n = stats([value(r) for r in rs])
+        out.append({"method": m, "benchmark": b, "mean": round(100 * mean, 2), "std": round(100 * std, 2), "n": n,
+                    "low": round(100 * (mean - std), 2), "high": round(100 * (mean + std), 2),
+                    "hardware": "; ".join(sorted({environment(r)[0] for r in rs})), "mixed": mixed(rs)})
     return out
+
+
+chart_rows = long_rows
+
+
+def family_method_rows(items) -> list[dict]:
+    """Mean of each method on each (family, benchmark), in points, for the family x method heatmap
+    (a method's recipes and models of one family are averaged per benchmark)."""
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for _, r in items:
+        groups[(r.model.family, method_label(r), r.benchmark.name)].append(value(r))
+    return [{"family": f, "method": m, "benchmark": b, "mean": round(100 * stats(v)[0], 1), "n": len(v)}
+            for (f, m, b), v in sorted(groups.items())]
 
 
 def method_rows(items, method: str) -> list[dict]:
     """One method across models and families: rows (model, family), columns benchmarks."""
     results = [r for _, r in items if method_label(r) == method]
-    cells, models, benchmarks = _cells(results, lambda r: (r.model.name, r.model.family), benchmark_label)
-    return [{"model": m, "family": f, **{b: format_cell(cells[((m, f), b)]) if cells.get(((m, f), b)) else ""
-                                         for b in benchmarks}} for m, f in models]
+    labels = row_labels(results)
+    cells, rows, benchmarks = _cells(results, lambda r: (r.model.name, r.model.family, labels[recipe(r)]),
+                                     benchmark_label)
+    return [{"model": m, "family": f, "recipe": label,
+             **{b: format_cell(cells[((m, f, label), b)]) if cells.get(((m, f, label), b)) else "" for b in benchmarks}}
+            for m, f, label in rows]
 
 
 def reproduction_rows(items) -> list[dict]:
@@ -190,9 +290,10 @@ def reproduction_rows(items) -> list[dict]:
     `reproduced` only when the decoding matches the paper's protocol, the whole test split was
     evaluated, and ours is within 2 points of (or above) the paper."""
     groups: dict[tuple, list[Result]] = defaultdict(list)
-    for _, r in items:
-        if r.reference is not None:
-            groups[(method_label(r), r.model.name, benchmark_label(r))].append(r)
+    referenced = [r for _, r in items if r.reference is not None]
+    labels = row_labels(referenced)
+    for r in referenced:
+        groups[(labels[recipe(r)], r.model.name, benchmark_label(r))].append(r)
     out = []
     for (method, model, bench), rs in groups.items():
         mean, std, n = stats([r.metric(main_metric(r)).value for r in rs])
@@ -218,10 +319,18 @@ def rollout_speed_rows(items) -> list[dict]:
         out.append({"model": r.model.name, "method": method_label(r), "benchmark": r.benchmark.name,
                     "sampler": r.decoding.sampler, "gen/block/steps":
                         f"{r.decoding.gen_length}/{r.decoding.block_length}/{r.decoding.steps}",
-                    "settings": extra, "tokens/s": t.eval_tokens_per_s, "NFE/sample": t.nfe_per_sample,
-                    "tokens/forward": t.tokens_per_forward, "hardware": r.provenance.hardware.cpu
-                    if not r.provenance.hardware.gpu else r.provenance.hardware.gpu})
+                    "settings": extra, "strategy": f"{r.decoding.sampler} {extra}".strip(),
+                    "accuracy": round(100 * value(r), 1), "tokens/s": _round(t.eval_tokens_per_s),
+                    "NFE/sample": _round(t.nfe_per_sample), "tokens/forward": _round(t.tokens_per_forward, 2),
+                    "hardware": environment(r)[0]})
     return out
+
+
+def _round(x: float | None, digits: int = 1) -> float | None:
+    """Speed numbers to a sensible precision: 3 significant digits, at most `digits` decimals."""
+    if x is None:
+        return None
+    return round(x, min(digits, max(0, 2 - int(math.floor(math.log10(abs(x)))))) if x else 0.0)
 
 
 def training_speed_rows(reports) -> list[dict]:
@@ -245,7 +354,8 @@ def training_speed_rows(reports) -> list[dict]:
             out.append({"comparison": "end-to-end RL step, s", "baseline": (s.get("naive") or {}).get("step_s"),
                         "accelerated": (s.get("accelerated") or {}).get("step_s"), "gain": s.get("speedup"),
                         "hardware": hw, "report": path.name})
-    return out
+    return [{**row, **{k: _round(row[k], 2) for k in ("baseline", "accelerated", "gain")
+                       if isinstance(row[k], (int, float))}} for row in out]
 
 
 def run_rows(items) -> list[dict]:
@@ -257,6 +367,7 @@ def run_rows(items) -> list[dict]:
             "benchmark": r.benchmark.name, "metric": m.name, "value": round(100 * m.value, 2), "n": m.count,
             "seed": r.training.seed if r.training else None,
             "gen/block/steps": f"{r.decoding.gen_length}/{r.decoding.block_length}/{r.decoding.steps}",
+            "hardware": environment(r)[0], "lock": (environment(r)[1] or "")[:12],
             "commit": (r.provenance.git_commit or "")[:8] + ("+dirty" if r.provenance.git_dirty else ""),
             "created": r.created_at, "file": str(path),
         })

@@ -21,11 +21,14 @@ APP = str(REPO / "leaderboard" / "app.py")
 
 
 def _result(tmp, name, *, method, init, seed, acc, model="tiny", family="llada", gen=4, reference=None,
-            throughput=None, extra_files=False):
-    r = make_result(run_id=f"{method}__{model}__addition__s{seed}__g{gen}",
+            throughput=None, extra_files=False, steps=10, cpu=None, run_id=None):
+    r = make_result(run_id=run_id or f"{method}__{model}__addition__s{seed}__g{gen}",
                     method={"baseline": method, "init": init})
     r["model"].update(name=model, family=family)
-    r["training"]["seed"] = seed
+    r["training"].update(seed=seed, recipe_hash=f"{method}-{steps}", config={"run": {"seed": seed},
+                                                                             "train": {"steps": steps, "lr": 1e-3}})
+    if cpu:
+        r["provenance"]["hardware"].update(cpu_model=cpu, cpu_capability="AVX512")
     r["decoding"]["gen_length"] = gen
     r["metrics"] = [metric_from_values("accuracy", acc).model_dump()]
     if reference:
@@ -116,13 +119,50 @@ def test_main_view_cells_deltas_and_sorting(runs):
     assert table.loc["sft", "addition [4/4/4, T=0]"] == "75.0 (1 seed)"
     assert table.loc["d1 (from sft)", "addition [8/4/4, T=0]"] == "50.0 (1 seed)"  # another decoding, own column
     deltas = _table(at, 1)
-    assert deltas.loc["d1 (from sft)", "addition [4/4/4, T=0]"] == pytest.approx(-12.5)
-    assert deltas.loc["wd1 (from sft)", "addition [4/4/4, T=0]"] == pytest.approx(25.0)
+    assert deltas.loc["d1 (from sft)", "addition [4/4/4, T=0]"] == "-12.5"  # signed, one decimal
+    assert deltas.loc["wd1 (from sft)", "addition [4/4/4, T=0]"] == "+25.0"
+    assert list(_table(at).index)[0] == "sft"  # the base row is pinned first
     at.selectbox(key="sort").select("addition [4/4/4, T=0]").run()
-    assert list(_table(at).index) == ["wd1 (from sft)", "sft", "d1 (from sft)"]  # best first
+    assert list(_table(at).index) == ["sft", "wd1 (from sft)", "d1 (from sft)"]  # base pinned, then best first
     at.selectbox(key="base").select("wd1 (from sft)").run()
-    assert _table(at, 1).loc["sft", "addition [4/4/4, T=0]"] == pytest.approx(-25.0)
+    assert list(_table(at).index) == ["wd1 (from sft)", "sft", "d1 (from sft)"]
+    assert _table(at, 1).loc["sft", "addition [4/4/4, T=0]"] == "-25.0"
     assert len(at.get("download_button")) >= 1
+
+
+def test_two_configs_of_one_method_are_two_rows_and_only_seeds_pool(runs):
+    """A 40-step SFT beside the 10-step one: two labelled rows, never one pooled `2 seeds` row; the
+    csv keeps numeric mean/std/n per row."""
+    import load
+
+    _result(runs, "sft_short", method="sft", init="scratch", seed=0, acc=[0, 0, 0, 1], steps=40,
+            run_id="sft__tiny__addition__s0__short")
+    _result(runs, "sft_short_s1", method="sft", init="scratch", seed=1, acc=[0, 0, 1, 1], steps=40,
+            run_id="sft__tiny__addition__s1__short")
+    at = _app()
+    at.selectbox(key="family").select("llada").run()
+    at.selectbox(key="model").select("tiny").run()
+    table = _table(at)
+    assert table.loc["sft (steps=10)", "addition [4/4/4, T=0]"] == "75.0 (1 seed)"
+    assert table.loc["sft (steps=40)", "addition [4/4/4, T=0]"] == "37.5 ± 17.7 (2 seeds)"
+    items, _ = load.load_all()
+    rows = {(r["method"], r["benchmark"]): r for r in load.long_rows([r for _, r in items if r.model.name == "tiny"])}
+    short = rows[("sft (steps=40)", "addition [4/4/4, T=0]")]
+    assert (short["mean"], short["std"], short["n"]) == (37.5, 17.68, 2)
+
+
+def test_means_and_deltas_over_different_machines_are_marked(runs):
+    _result(runs, "d1_other_cpu", method="d1", init="sft", seed=2, acc=[1, 1, 1, 1], cpu="Intel Xeon",
+            run_id="d1__tiny__addition__s2__xeon")
+    at = _app()
+    at.selectbox(key="family").select("llada").run()
+    at.selectbox(key="model").select("tiny").run()
+    assert _table(at).loc["d1 (from sft)", "addition [4/4/4, T=0]"] == "75.0 ± 25.0 (3 seeds) ⚠"
+    assert _table(at).loc["sft", "addition [4/4/4, T=0]"] == "75.0 (1 seed)"  # one machine: no mark
+    assert _table(at, 1).loc["d1 (from sft)", "addition [4/4/4, T=0]"] == "+0.0 ⚠"
+    assert _table(at, 1).loc["wd1 (from sft)", "addition [4/4/4, T=0]"] == "+25.0"
+    runs_table = next(d.value for d in at.dataframe if "run_id" in d.value.columns)
+    assert "Intel Xeon (AVX512)" in set(runs_table["hardware"]) and "AMD EPYC (AVX2)" in set(runs_table["hardware"])
 
 
 ALL_RUNS = {"sft__tiny__addition__s0__g4", "d1__tiny__addition__s0__g4", "d1__tiny__addition__s1__g4",
@@ -154,6 +194,10 @@ def test_method_view_spans_models_and_families(runs):
     table = next(d.value for d in at.dataframe if "family" in d.value.columns and "model" in d.value.columns
                  and "run_id" not in d.value.columns)
     assert set(zip(table["model"], table["family"])) == {("tiny", "llada"), ("tiny-sdar", "sdar")}
+    heat = at.selectbox(key="heat_benchmark")
+    assert heat.options == ["addition"]  # the family x method heatmap's benchmark
+    specs = [c.proto.spec for c in at.get("vega_lite_chart")]
+    assert any('"rect"' in spec and '"family"' in spec for spec in specs)  # the heatmap is drawn
 
 
 def test_reproduction_view_marks_only_matching_protocols(runs):
@@ -162,13 +206,17 @@ def test_reproduction_view_marks_only_matching_protocols(runs):
     rows = {r["method"]: r for r in table.to_dict("records")}
     assert rows["d1"]["status"] == "✓ reproduced" and rows["d1"]["delta"] == 1.0
     assert rows["wd1"]["status"] == "protocol differs"  # even though ours is above the paper
+    specs = [c.proto.spec for c in at.get("vega_lite_chart")]
+    assert any('"score"' in spec and '"source"' in spec for spec in specs)  # ours vs paper per benchmark
 
 
 def test_speed_view_shows_rollout_and_training_results(runs):
     at = _app()
     frames = [d.value for d in at.dataframe]
     rollout = next(f for f in frames if "tokens/forward" in f.columns)
-    assert rollout["tokens/s"].tolist() == [2441.0]
+    assert rollout["tokens/s"].tolist() == [2441.0] and rollout["accuracy"].tolist() == [75.0]
+    specs = [c.proto.spec for c in at.get("vega_lite_chart")]
+    assert any('"tokens/s"' in spec and '"log"' in spec for spec in specs)  # accuracy against speed
     training = next(f for f in frames if "comparison" in f.columns)
     assert dict(zip(training["comparison"], training["gain"])) == {"packing vs padding (tokens/s)": 2.05,
                                                                    "end-to-end RL step, s": 4.29}
@@ -181,7 +229,8 @@ def test_run_detail_shows_config_provenance_samples_and_curves(runs):
     samples = next(d.value for d in at.dataframe if "completion" in d.value.columns)
     assert len(samples) == 3
     assert at.selectbox(key="curve").options == ["loss/total"]
-    assert any("Commit" in m.value for m in at.markdown)
+    assert any("Commit" in m.value and "AMD EPYC (AVX2)" in m.value for m in at.markdown)
+    assert any(json.loads(j.value).get("hardware", {}).get("cpu_capability") == "AVX2" for j in at.json)  # fingerprint
 
 
 def test_leaderboard_loader_is_torch_free(runs):

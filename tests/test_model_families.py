@@ -415,7 +415,7 @@ PUBLISHED = {"llada": (8.02, 8.02), "dream": (7.62, 7.62), "sdar": (8.19, 8.19),
 def test_dare_models_lists_every_family_with_its_facts_and_the_published_sizes():
     """The released configs built on the meta device have the published parameter counts: a check
     of the architectures (widths, expert counts, shared expert, dense first layer) at full size."""
-    r = dare_cli("models")
+    r = dare_cli("models", "released")
     assert r.returncode == 0, r.stderr
     for fam, (_, model_type) in FAMILIES.items():
         cols = next(ln for ln in r.stdout.splitlines() if ln.startswith(fam + " ")).split()

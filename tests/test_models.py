@@ -91,3 +91,84 @@ def test_chat_template_and_char_tokenizer(char_tok):
 
     ids = encode_chat(char_tok, [[{"role": "user", "content": "7+8="}]])[0]
     assert char_tok.convert_ids_to_tokens(ids) == ["<|user|>", "7", "+", "8", "=", "<|assistant|>"]
+
+
+LOAD_AFTER_IMPORT_DARE = """
+import sys
+import dare  # registers the families with the Auto classes (cheaply: transformers is not imported yet)
+assert "torch" not in sys.modules
+from transformers import AutoConfig, AutoModel
+assert AutoConfig.for_model("llada").model_type == "llada"
+model = AutoModel.from_pretrained(sys.argv[1])
+print(type(model).__name__)
+"""
+
+
+@pytest.mark.parametrize("env", ["train", "eval"])
+def test_an_export_loads_with_the_auto_classes_after_import_dare(sft_checkpoint, env):
+    """A fresh interpreter: `import dare`, then plain transformers loads an exported final/ (both
+    environments: transformers 5 here, 4.x in the eval environment)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import EVAL_PYTHON
+
+    python = sys.executable if env == "train" else EVAL_PYTHON
+    if not Path(python).exists():
+        pytest.skip("no eval environment (make test builds $VENV/eval)")
+    r = subprocess.run([python, "-c", LOAD_AFTER_IMPORT_DARE, str(sft_checkpoint("llada"))], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "LLaDAModelLM"
+
+
+# Stand-ins for a released checkpoint's remote code (the real modeling_llada.py cannot be downloaded
+# here): subclasses defined in the checkpoint folder, so a model loaded through them shows it.
+REMOTE_CONFIG = """from dare.models.llada import LLaDAConfig as _Ours
+
+
+class LLaDAConfig(_Ours):
+    pass
+"""
+REMOTE_MODEL = """from dare.models.llada import LLaDAModelLM as _Ours
+
+from .configuration_llada import LLaDAConfig
+
+
+class LLaDAModelLM(_Ours):
+    config_class = LLaDAConfig
+"""
+LOAD_REMOTE = """
+import sys
+from transformers import AutoModel
+model = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True)
+print(type(model).__module__)
+"""
+
+
+def test_an_export_keeps_its_bases_auto_map_and_remote_code(char_tok, tmp_path):
+    """Fine-tuned from a folder that loads through its own `auto_map` (as released checkpoints do),
+    the export carries that auto_map and the code files, and loads the same way, without `dare`."""
+    import subprocess
+    import sys
+
+    from conftest import TINY
+    from dare.app.runs import train
+
+    base = tmp_path / "base"
+    model = new_model("llada", char_tok, ScratchModelConfig(d_model=32, n_heads=2, n_layers=1, mlp_hidden_size=64), 0)
+    model.save_pretrained(base)
+    save_tokenizer(char_tok, base)
+    config = json.loads((base / "config.json").read_text())
+    auto_map = {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModel": "modeling_llada.LLaDAModelLM"}
+    (base / "config.json").write_text(json.dumps({**config, "auto_map": auto_map}))
+    (base / "configuration_llada.py").write_text(REMOTE_CONFIG)
+    (base / "modeling_llada.py").write_text(REMOTE_MODEL)
+    final = train("sft", None, [*TINY, f"model.path={base}", "train.steps=1", "algo.response_length=4",
+                                f"run.out_dir={tmp_path / 'run'}"]) / "final"
+    assert json.loads((final / "config.json").read_text())["auto_map"] == auto_map
+    assert (final / "modeling_llada.py").read_text() == REMOTE_MODEL
+    r = subprocess.run([sys.executable, "-c", LOAD_REMOTE, str(final)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1].startswith("transformers_modules.") and "modeling_llada" in r.stdout

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from dare.results import Result, load_results, metric_from_values, read_result, write_result
+from dare.results import SCHEMA_VERSION, Result, load_results, metric_from_values, read_result, write_result
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def make_result(**changes) -> dict:
     r = {
-        "schema_version": "1", "run_id": "d1__tiny__addition__s0__abcd1234", "created_at": "2026-11-21T00:00:00Z",
+        "schema_version": "2", "run_id": "d1__tiny__addition__s0__abcd1234", "created_at": "2026-11-21T00:00:00Z",
         "method": {"baseline": "d1", "paper": "2504.12216", "init": "sft"},
         "model": {"name": "tiny", "family": "llada", "kind": "masked", "dtype": "float32", "n_params": 1000},
         "benchmark": {"name": "addition", "split": "test", "version": "1",
@@ -20,10 +20,13 @@ def make_result(**changes) -> dict:
         "decoding": {"sampler": "llada", "gen_length": 4, "block_length": 4, "steps": 4,
                      "remasking": "low_confidence", "temperature": 0.0},
         "metrics": [metric_from_values("accuracy", [1, 0, 1, 1]).model_dump()],
-        "training": {"seed": 0, "steps": 10, "config_hash": "ab", "wall_time_s": 1.5},
+        "training": {"seed": 0, "steps": 10, "config_hash": "ab", "wall_time_s": 1.5, "recipe_hash": "r-ab",
+                     "config": {"run": {"seed": 0}, "train": {"steps": 10, "lr": 1e-3}}, "command": "dare train d1"},
         "throughput": {"eval_samples_per_s": 10.0},
         "provenance": {"git_commit": "abc", "git_dirty": False, "packages": {"torch": "2.13.0"},
-                       "hardware": {"cpu": "x86_64", "n_cpus": 2}},
+                       "hardware": {"cpu": "x86_64", "n_cpus": 2, "cpu_model": "AMD EPYC", "cpu_capability": "AVX2",
+                                    "threads": 2, "blas": "mkl"},
+                       "lock": {"lock": "locks/train.txt", "sha256": "0" * 64}, "command": "dare eval runs/x"},
     }
     r.update(changes)
     return r
@@ -123,3 +126,17 @@ def test_the_eval_hash_changes_only_with_what_changes_the_numbers():
     seeded = load(EvalRunConfig, overrides=["eval.decoding.gen_length=4", "eval.decoding.block_length=4",
                                             "run.seed=1"])
     assert result_hash(seeded, "addition", seeded.eval.decoding) != h
+
+
+def test_schema_1_results_still_load(tmp_path):
+    """Results written before the fingerprint (schema 1: no recipe hash, config, lock or ISA) load."""
+    old = make_result(schema_version="1")
+    for key in ("recipe_hash", "config", "command"):
+        del old["training"][key]
+    del old["provenance"]["lock"]
+    old["provenance"]["hardware"] = {"cpu": "x86_64", "n_cpus": 2}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    r = read_result(tmp_path / "old.json")
+    assert r.schema_version == "1" and r.training.recipe_hash is None
+    assert r.provenance.hardware.hardware_class() == "x86_64 (?)"
+    assert read_result(write_result(make_result(), tmp_path / "new.json")).schema_version == SCHEMA_VERSION == "2"

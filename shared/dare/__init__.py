@@ -1,7 +1,9 @@
 """dare: the shared core for post-training diffusion language models.
 
 Importing `dare` is cheap and never imports torch: the leaderboard and the result schema
-(`dare.results`) run in environments without it. Subpackages:
+(`dare.results`) run in environments without it. It registers the model families with
+transformers' Auto classes (`AutoConfig.for_model("llada")`, `AutoModel.from_pretrained(<export>)`)
+as soon as transformers is imported, before or after `import dare`. Subpackages:
 
 - `dare.models`   model families (LLaDA, ...) as transformers classes, plus their facts
 - `dare.rollout`  the sampler engine (LLaDA low-confidence remasking, ...)
@@ -13,4 +15,43 @@ Importing `dare` is cheap and never imports torch: the leaderboard and the resul
 - `dare.config`   dataclass configs: defaults -> YAML -> key=value overrides
 """
 
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
 __version__ = "0.1.0"
+
+
+def _register_families() -> None:
+    try:
+        from dare.models.registry import register_all
+
+        register_all()
+    except ImportError as e:  # an environment without torch: transformers' tokenizers still work
+        warnings.warn(f"dare: model families not registered with transformers ({e})", stacklevel=2)
+
+
+class _RegisterAfterTransformers(importlib.abc.MetaPathFinder):
+    """Runs `_register_families` right after `transformers` itself has been imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "transformers":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            load = spec.loader.exec_module
+
+            def load_then_register(module):
+                load(module)
+                _register_families()
+
+            spec.loader.exec_module = load_then_register
+        return spec
+
+
+if "transformers" in sys.modules:
+    _register_families()
+elif not any(isinstance(f, _RegisterAfterTransformers) for f in sys.meta_path):
+    sys.meta_path.insert(0, _RegisterAfterTransformers())

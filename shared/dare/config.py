@@ -137,8 +137,10 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    path: str | None = None
-    """A checkpoint folder loaded with `from_pretrained`; empty: initialise `family` from `scratch`."""
+    path: str | None = field(default=None, metadata=NOHASH)
+    """A checkpoint folder loaded with `from_pretrained`; empty: initialise `family` from `scratch`.
+    Not part of the config hash: the run key identifies the starting checkpoint by its contents
+    (`dare.train.fit.run_key`), so a path on one machine and another hash the same."""
     family: str = "llada"
     """Model family (see `dare models`); must match the checkpoint's `model_type` when `path` is set."""
     name: str | None = field(default=None, metadata=NOHASH)
@@ -690,6 +692,14 @@ def to_dict(cfg, *, hashed_only: bool = False) -> dict:
 def config_hash(cfg) -> str:
     canonical = json.dumps(to_dict(cfg, hashed_only=True), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def recipe_hash(cfg) -> str:
+    """The config hash without `run.seed`: the runs of one recipe that differ only by seed share it
+    (the leaderboard pools those, and only those)."""
+    hashed = to_dict(cfg, hashed_only=True)
+    hashed.get("run", {}).pop("seed", None)
+    return hashlib.sha256(json.dumps(hashed, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def to_yaml(cfg) -> str:

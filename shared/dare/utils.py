@@ -1,9 +1,10 @@
 """Small helpers shared by the core: atomic writes, the workspace's locations, provenance.
 
-The library reads and writes only the workspace locations named here (`runs_dir`, and
-`dare.data.data_dir` for the datasets), each overridable by an environment variable; the
-repository's source folders (baselines/, reproductions/, leaderboard/, tests/) are known only to
-the application wing, `dare.app`."""
+The library writes only to the locations named here, relative to the working directory as HF
+Trainer and torchtune do: `runs_dir` (`$DARE_RUNS`, else `./runs`) and `dare.data.data_dir`
+(`$DARE_DATA`, else `./data`). Files are written with the permissions the umask allows, so
+collaborators can read results and checkpoints. The repository's source folders (baselines/,
+reproductions/, leaderboard/, tests/) are known only to the application wing, `dare.app`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -30,14 +32,30 @@ REPO_ROOT = PACKAGE_ROOT.parent.parent
 
 
 def workspace(*parts: str) -> Path:
-    """A workspace location of the checkout (`runs`, `data`, `.venv`): where the library writes and
-    reads by default when no environment variable names another place."""
+    """A location in the checkout (the environments under `.venv`)."""
     return REPO_ROOT.joinpath(*parts)
 
 
 def runs_dir() -> Path:
-    """Where runs, evaluations and benchmarks are written: `$DARE_RUNS`, else `runs/` in the checkout."""
-    return Path(os.environ.get("DARE_RUNS", workspace("runs")))
+    """Where runs, evaluations and benchmarks are written: `$DARE_RUNS`, else `runs/` in the working
+    directory."""
+    return Path(os.environ.get("DARE_RUNS") or Path.cwd() / "runs")
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """A path as records show it: relative to the working directory or the checkout when inside one
+    of them (no machine-specific prefix in committed results), else as given."""
+    p = Path(path).absolute()
+    for root in (Path.cwd(), REPO_ROOT):
+        if p.is_relative_to(root):
+            return str(p.relative_to(root))
+    return str(path)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def now() -> str:
@@ -52,6 +70,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual permissions
         with os.fdopen(fd, mode) as f:
             f.write(data)
             f.flush()
@@ -102,9 +121,13 @@ def git_state(cwd: Path = REPO_ROOT) -> tuple[str | None, bool | None]:
     return commit, bool(status.strip())
 
 
+OPTIONAL_PACKAGES = ("flash-attn", "lmdeploy", "vllm", "opencompass", "peft")
+
+
 def package_versions(names=("dare-dllm", "torch", "transformers", "tokenizers", "numpy")) -> dict[str, str]:
+    """Versions of `names` and of the optional accelerators when installed (flash-attn, lmdeploy, ...)."""
     out = {"python": platform.python_version()}
-    for name in names:
+    for name in (*names, *OPTIONAL_PACKAGES):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -112,14 +135,77 @@ def package_versions(names=("dare-dllm", "torch", "transformers", "tokenizers", 
     return out
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else the architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def hardware() -> dict:
-    info = {"cpu": platform.processor() or platform.machine(), "n_cpus": os.cpu_count() or 0,
+    """The machine a number was measured on: CPU model, the instruction set torch dispatches its
+    kernels to, threads and BLAS; GPU name, compute capability, driver, CUDA/cuDNN/NCCL versions.
+    Two machines with the same code and seeds can differ in float rounding through any of these.
+    Torch-dependent fields are filled only when torch is already imported (never imported here)."""
+    info = {"cpu": platform.machine(), "cpu_model": cpu_model(), "n_cpus": os.cpu_count() or 0,
             "gpu": None, "n_gpus": 0, "nodes": int(os.environ.get("SLURM_NNODES", "1"))}
-    torch = sys.modules.get("torch")  # never import torch just to describe the machine
-    if torch is not None and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["n_gpus"] = torch.cuda.device_count()
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return info
+    blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    info.update(cpu_capability=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads(),
+                blas=blas and blas.group(1), deterministic=torch.are_deterministic_algorithms_enabled())
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(0)
+        info.update(gpu=torch.cuda.get_device_name(0), n_gpus=torch.cuda.device_count(),
+                    gpu_capability=f"{major}.{minor}", driver=_nvidia_driver(), cuda=torch.version.cuda,
+                    cudnn=str(torch.backends.cudnn.version()), cudnn_deterministic=torch.backends.cudnn.deterministic,
+                    cudnn_benchmark=torch.backends.cudnn.benchmark,
+                    nccl=".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available()
+                    else None)
     return info
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+LOCK_RECORD = "dare-lock.json"  # written into a venv by `make setup` / `make eval-env`: {"lock", "sha256"}
+
+
+def environment_lock() -> dict | None:
+    """The lock file this interpreter's environment was installed from ({"lock": name, "sha256": ...}),
+    as recorded in the venv by the Makefile; None for environments installed otherwise."""
+    try:
+        record = json.loads((Path(sys.prefix) / LOCK_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and {"lock", "sha256"} <= set(record) else None
+
+
+def command_line() -> str:
+    """This process's command as typed (`dare ...`, `python -m ...`), for provenance."""
+    import shlex
+
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name in ("dare", "__main__.py", "cli.py"):
+        argv[0] = "dare"
+    return shlex.join(argv)
+
+
+def fingerprint() -> dict:
+    """Everything a bug report or a result needs to say which machine and environment made it."""
+    return {"hardware": hardware(), "packages": package_versions(), "lock": environment_lock(),
+            "git": dict(zip(("commit", "dirty"), git_state())), "command": command_line()}
 
 
 def derive_seed(seed: int, stream: str) -> int:

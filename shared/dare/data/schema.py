@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from dare.utils import UserError, workspace
+from dare.utils import UserError
 
 
 class DataError(UserError, ValueError):
@@ -15,8 +15,8 @@ class DataError(UserError, ValueError):
 
 
 def data_dir() -> Path:
-    """`$DARE_DATA`, else `data/` in the checkout (tracked by `data.dvc`)."""
-    return Path(os.environ.get("DARE_DATA", workspace("data")))
+    """`$DARE_DATA`, else `data/` in the working directory (in the checkout: tracked by `data.dvc`)."""
+    return Path(os.environ.get("DARE_DATA") or Path.cwd() / "data")
 
 
 def split_path(task: str, split: str, root: Path | None = None) -> Path:

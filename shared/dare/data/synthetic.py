@@ -60,3 +60,40 @@ class AdditionPreference(Addition):
             wrong = right + rng.choice([d for d in (-10, -2, -1, 1, 2, 10) if right + d >= 0])
             rows.append({**row, "extra": {**row["extra"], "chosen": str(right), "rejected": str(wrong)}})
         return rows
+
+
+class AdditionTeacher(Addition):
+    """The addition prompts with SFT demonstrations from a flawed teacher: the teacher adds digit by
+    digit and forgets each carry with probability `forget` (drawn once per training row, fixed seed),
+    as a weaker model's distilled answers would be wrong in one systematic way. `ground_truth` stays
+    the correct sum (rewards and evaluation score against it); only the SFT target (`target`) is the
+    teacher's. With forget > 0.5 a model that imitates the teacher answers carry problems wrongly at
+    temperature 0 but correctly at temperature 1 with probability about (1 - forget) per carry: the
+    case RL with a verifiable reward is for (the demo). Same train/test split as `addition`."""
+
+    name = "addition_teacher"
+
+    def __init__(self, digits: int, n_test: int, forget: float):
+        super().__init__(digits, n_test)
+        self.forget = forget
+        self.version = f"{self.version}.t{forget}"
+
+    def generate(self, split: str) -> list[dict]:
+        rng = random.Random(self.seed + 3)
+        rows = super().generate(split)
+        if split == "train":
+            for row in rows:
+                row["extra"]["demonstration"] = str(self.teach(row["extra"]["a"], row["extra"]["b"], rng))
+        return rows
+
+    def teach(self, a: int, b: int, rng: random.Random) -> int:
+        total, carry, place = 0, 0, 1
+        for _ in range(self.digits):
+            s = a % 10 + b % 10 + carry
+            total += (s % 10) * place
+            carry = int(s >= 10 and rng.random() >= self.forget)
+            a, b, place = a // 10, b // 10, place * 10
+        return total + carry * place
+
+    def target(self, row: dict) -> str:
+        return row["extra"]["demonstration"]

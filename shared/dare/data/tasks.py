@@ -6,11 +6,12 @@ from dare.data.code import MBPP, HumanEval
 from dare.data.mathtasks import GSM8K, MATH, MATH500, S1K
 from dare.data.preference import UltraFeedback
 from dare.data.puzzles import Countdown, Sudoku
-from dare.data.synthetic import Addition, AdditionPreference
+from dare.data.synthetic import Addition, AdditionPreference, AdditionTeacher
 
 TASKS = {
     "addition": Addition(digits=2, n_test=500),
     "addition_pairs": AdditionPreference(digits=2, n_test=500),
+    "addition_teacher": AdditionTeacher(digits=2, n_test=500, forget=0.6),
     "gsm8k": GSM8K(),
     "math": MATH(),
     "math500": MATH500(),

@@ -29,8 +29,8 @@ from dare.eval import suite
 from dare.models import encode_chat, facts, load_pretrained, load_tokenizer
 from dare.models.api import checkpoint_fingerprint, checkpoint_meta, count_parameters, meta_model
 from dare.results import SCHEMA_VERSION, metric_from_values, read_result, write_result
-from dare.utils import (UserError, atomic_write, git_state, hardware, make_generator, now, package_versions, runs_dir,
-                        sha256_file)
+from dare.utils import (UserError, atomic_write, command_line, environment_lock, git_state, hardware, make_generator,
+                        now, package_versions, runs_dir, sha256_file, shown_path)
 
 
 class _ProgressLines:
@@ -146,7 +146,9 @@ def build_result(*, meta: dict, model_info: dict, benchmark: dict, decoding, out
         training = {"seed": meta["seed"], "steps": meta["steps"], "config_hash": meta["config_hash"],
                     "config_path": meta.get("config_path") or None, "data": meta.get("data"),
                     "wall_time_s": meta["wall_time_s"],
-                    "init_config_hash": init.get("config_hash") if init else None}
+                    "init_config_hash": init.get("config_hash") if init else None,
+                    "recipe_hash": meta.get("recipe_hash"), "config": meta.get("config"),
+                    "command": meta.get("command")}
     commit, dirty = git_state()
     run_seed = meta.get("seed", seed)
     train_hash = meta.get("run_key", meta.get("config_hash", "base"))[:8]  # config + starting checkpoint
@@ -166,7 +168,7 @@ def build_result(*, meta: dict, model_info: dict, benchmark: dict, decoding, out
         "training": training,
         "throughput": {k: round(v, 4) for k, v in outcome["throughput"].items() if v is not None},
         "provenance": {"git_commit": commit, "git_dirty": dirty, "packages": package_versions(),
-                       "hardware": hardware(), "command": command},
+                       "hardware": hardware(), "command": command or command_line(), "lock": environment_lock()},
         "artifacts": {"samples": samples_path.name, "samples_sha256": sha256_file(samples_path),
                       "config": "config.yaml"},
     }
@@ -351,7 +353,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
 
         for name in embedded:
             load_split(task_of(name), cfg.eval.split)
-    save_config(cfg, out, header=f"dare eval {checkpoint}")
+    save_config(cfg, out, header=f"dare eval {shown_path(checkpoint)}")
     if on_oc:
         from dare.eval import opencompass_run
 

@@ -1,4 +1,4 @@
-"""Result JSON, schema version 1: one file per (run x benchmark), validated on write and on load.
+"""Result JSON, schema version 2 (version 1 files still load): one file per (run x benchmark), validated on write and on load.
 
 Fields (all required unless marked optional):
     schema_version  "1"
@@ -15,10 +15,15 @@ Fields (all required unless marked optional):
                     must equal sum / count, so means, stderr and seed spread can be recomputed
     reference       optional: the paper's value, its source, and whether the decoding matches
     training        optional (absent for an untrained base model): seed, steps, config hash,
-                    data identity (task, split, version, sha256), wall time, the run it started from
+                    recipe hash (the config hash without the seed: seeds of one recipe share it),
+                    the hashed config itself, data identity (task, split, version, sha256), wall
+                    time, the run it started from, the training command
     throughput      evaluation samples/s; tokens/s of responses (up to and including EOS);
                     forward passes (NFE) per sample; positions committed per forward pass
-    provenance      git commit and dirty flag, package versions, hardware, command line
+    provenance      git commit and dirty flag, package versions, hardware fingerprint (CPU model,
+                    the ISA torch dispatches to, threads, BLAS; GPU, capability, driver, CUDA,
+                    cuDNN, NCCL; deterministic flags), the environment's lock file and its hash,
+                    the command line
     artifacts       optional: per-sample outputs file and its sha256, resolved config path
 
 The writer is atomic; `load_results` never raises on a bad file, it reports (file, reason).
@@ -36,7 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dare.utils import atomic_write
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+READABLE_VERSIONS = ("1", "2")
 
 
 class _Strict(BaseModel):
@@ -124,6 +130,12 @@ class Training(_Strict):
     wall_time_s: float = Field(ge=0)
     init_config_hash: str | None = None
     """Config hash of the run whose checkpoint this one started from (e.g. the SFT run for d1)."""
+    recipe_hash: str | None = None
+    """Config hash without `run.seed`: runs that differ only by seed share it (v2)."""
+    config: dict | None = None
+    """The hashed fields of the resolved training config (v2), to say how two recipes differ."""
+    command: str | None = None
+    """The training command (v2)."""
 
 
 class Throughput(_Strict):
@@ -139,6 +151,31 @@ class Hardware(_Strict):
     gpu: str | None = None
     n_gpus: int = Field(default=0, ge=0)
     nodes: int = Field(default=1, ge=1)
+    cpu_model: str | None = None
+    cpu_capability: str | None = None
+    """The instruction set torch dispatches its CPU kernels to (AVX2, AVX512, ...)."""
+    threads: int | None = None
+    blas: str | None = None
+    deterministic: bool | None = None
+    gpu_capability: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    cudnn: str | None = None
+    cudnn_deterministic: bool | None = None
+    cudnn_benchmark: bool | None = None
+    nccl: str | None = None
+
+    def hardware_class(self) -> str:
+        """What decides float rounding: the accelerator (name, capability) or the CPU model and the
+        kernels' instruction set; used to mark comparisons across machines."""
+        if self.gpu:
+            return f"{self.gpu} (sm {self.gpu_capability or '?'})"
+        return f"{self.cpu_model or self.cpu} ({self.cpu_capability or '?'})"
+
+
+class Lock(_Strict):
+    lock: str
+    sha256: str
 
 
 class Provenance(_Strict):
@@ -147,6 +184,8 @@ class Provenance(_Strict):
     packages: dict[str, str]
     hardware: Hardware
     command: str | None = None
+    lock: Lock | None = None
+    """The lock file the environment was installed from (v2; None: installed otherwise)."""
 
 
 class Artifacts(_Strict):
@@ -156,7 +195,7 @@ class Artifacts(_Strict):
 
 
 class Result(_Strict):
-    schema_version: Literal["1"]
+    schema_version: Literal["1", "2"]
     run_id: str
     created_at: str
     method: Method
@@ -207,8 +246,8 @@ def read_result(path: str | Path) -> Result:
     if not isinstance(data, dict):
         raise ValueError(f"top level is {type(data).__name__}, expected an object")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"schema_version is {version!r}; this reader understands {SCHEMA_VERSION!r}")
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"schema_version is {version!r}; this reader understands {list(READABLE_VERSIONS)}")
     try:
         return Result.model_validate(data)
     except ValidationError as e:

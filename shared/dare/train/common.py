@@ -289,9 +289,10 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def save_final(trainer, tokenizer, run_dir: Path, meta: dict) -> Path:
+def save_final(trainer, tokenizer, run_dir: Path, meta: dict, base: str | Path | None = None) -> Path:
     """The run's final model (`Trainer.export`), with `dare.json` describing how it was made,
-    moved into place whole. Collective; rank 0 writes."""
+    moved into place whole; a `base` checkpoint's remote code comes along (`carry_remote_code`).
+    Collective; rank 0 writes."""
     tmp, final = Path(run_dir) / "final.tmp", Path(run_dir) / "final"
     if trainer.dist.main:
         if tmp.exists():
@@ -299,9 +300,29 @@ def save_final(trainer, tokenizer, run_dir: Path, meta: dict) -> Path:
         tmp.mkdir(parents=True)
     trainer.export(tmp, tokenizer, meta)
     if trainer.dist.main:
+        if base:
+            carry_remote_code(Path(base), tmp)
         replace_dir(tmp, final)
     trainer.dist.barrier()
     return final
+
+
+def carry_remote_code(base: Path, export: Path) -> None:
+    """Make an export load the way its base checkpoint does: the base's `auto_map` (config and
+    tokenizer) and the Python files it names (modeling_*.py, ...) are copied into the export, so
+    `AutoModel.from_pretrained(export, trust_remote_code=True)` works without this package, as it
+    does for the released checkpoint. Our parameter and config names are the originals'."""
+    for name in ("config.json", "tokenizer_config.json"):
+        src, dst = base / name, export / name
+        if not (src.is_file() and dst.is_file()):
+            continue
+        auto_map = json.loads(src.read_text()).get("auto_map")
+        if auto_map:
+            data = json.loads(dst.read_text())
+            atomic_write(dst, json.dumps({**data, "auto_map": auto_map}, indent=2) + "\n")
+    for code in base.glob("*.py"):
+        if not (export / code.name).exists():
+            shutil.copyfile(code, export / code.name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from dare.config import ConfigError, config_hash
+from dare.config import ConfigError, config_hash, recipe_hash, to_dict
 from dare.config import save as save_config
 from dare.models.api import checkpoint_fingerprint
 from dare.train import preference, rl, sft
@@ -104,9 +104,10 @@ def fit(algorithm: ModuleType, cfg, run_dir: str | Path, *, name: str, force: bo
         "model_name": outcome["model_name"], "family": cfg.model.family,
         "data": outcome["data"], "init": outcome["init"], "method": method or {},
         "wall_time_s": round(outcome["elapsed_s"], 2), "git_commit": commit, "git_dirty": dirty,
-        "created_at": now(), "config_path": config_path,
+        "created_at": now(), "config_path": config_path, "recipe_hash": recipe_hash(cfg),
+        "config": to_dict(cfg, hashed_only=True), "command": command or None,
     }
-    save_final(outcome["trainer"], outcome["tokenizer"], run_dir, meta)
+    save_final(outcome["trainer"], outcome["tokenizer"], run_dir, meta, base=cfg.model.path)
     if main:
         status.update(status="done", finished_at=now(), wall_time_s=meta["wall_time_s"],
                       session_time_s=round(time.perf_counter() - t0, 2))
