@@ -1,5 +1,6 @@
 """The `dare` command through its installed entry point (or its `main` in this process)."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -148,3 +149,34 @@ def test_make_help_lists_every_target_with_a_description():
     assert r.returncode == 0, r.stderr
     described = {m.group(1): m.group(2) for m in re.finditer(r"^make (\S+) +(\S.*)$", r.stdout, flags=re.M)}
     assert set(described) == targets
+
+
+def test_runs_and_data_land_in_the_working_directory_readable_by_the_group(tmp_path):
+    """Without DARE_RUNS / DARE_DATA, a run, its data and its evaluation are written under the
+    working directory (not the checkout), with the permissions the umask gives (0644 files under
+    umask 022), so collaborators can read results and checkpoints."""
+    import stat
+
+    exe = shutil.which("dare", path=str(Path(sys.executable).parent))
+    env = {k: v for k, v in os.environ.items() if k not in ("DARE_RUNS", "DARE_DATA")}
+    work = tmp_path / "work"
+    work.mkdir()
+    dry = subprocess.run([exe, "train", "sft", "--dry-run"], capture_output=True, text=True, cwd=work, env=env)
+    assert dry.returncode == 0, dry.stderr
+    run_dir = Path(dry.stdout.strip().splitlines()[-1].removeprefix("# run_dir: "))
+    assert run_dir.parent.parent == work / "runs"
+    script = "import os, sys; os.umask(0o022); from dare.app.cli import main; sys.exit(main(sys.argv[1:]))"
+    r = subprocess.run([sys.executable, "-c", script, "train", "sft", *TINY_ARGS], capture_output=True, text=True,
+                       cwd=work, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = list((work / "runs" / "sft").iterdir())
+    assert len(runs) == 1 and (work / "data" / "addition" / "train.parquet").is_file()
+    for path in [runs[0] / "run.json", runs[0] / "config.yaml", runs[0] / "final" / "dare.json",
+                 *(runs[0] / "final").glob("*.safetensors")]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+    assert not (REPO / "runs" / "sft" / runs[0].name).exists()  # nothing in the checkout
+
+
+TINY_ARGS = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=1",
+             "model.scratch.mlp_hidden_size=64", "train.batch_size=8", "train.steps=1", "train.warmup_steps=0",
+             "algo.response_length=4", "run.threads=1"]

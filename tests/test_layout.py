@@ -35,27 +35,63 @@ def test_ci_runs_exactly_make_test():
     assert (REPO / ".ci/run").stat().st_mode & 0o111
 
 
-def test_environment_files_take_their_pins_from_pyproject():
-    pins = {}
-    for extra in EXTRAS.values():
-        for req in extra:
+LOCKS = {"locks/train.txt": ("train", "dev"), "locks/eval.txt": ("eval", "dev"),
+         "locks/train-gpu.txt": ("train", "dev"), "locks/eval-gpu.txt": ("eval", "dev")}
+
+
+def lock_pins(text: str) -> dict[str, str]:
+    """name -> version of every package in a pip-compile lock (local versions like +cpu dropped)."""
+    return {m[1].lower(): m[2].split("+")[0] for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.M)}
+
+
+def lock_disagreements(lock_text: str, extras: tuple[str, ...], pyproject: dict) -> list[str]:
+    """Every pin of `extras` in pyproject.toml that the lock does not hold at the same version, and
+    every locked package without a hash."""
+    locked = lock_pins(lock_text)
+    problems = []
+    for extra in extras:
+        for req in pyproject["project"]["optional-dependencies"][extra]:
             name, _, version = req.partition("==")
-            pins[name.lower()] = version
-    for env_file, extras in [("environment-train.yml", "train"), ("environment-eval.yml", "eval")]:
+            if locked.get(name.lower()) != version:
+                problems.append(f"{name}: pyproject {version}, lock {locked.get(name.lower())}")
+    unhashed = re.findall(r"^([A-Za-z0-9_.-]+==\S+)\n(?!\s+--hash)", lock_text, re.M)
+    return problems + [f"{u}: no hash" for u in unhashed]
+
+
+@pytest.mark.parametrize("lock", sorted(LOCKS))
+def test_every_lock_agrees_with_pyprojects_pins(lock):
+    """`make lock` regenerates the locks from pyproject.toml: a pin changed without regenerating fails
+    here; the lock names the extras it was compiled from and hashes every package."""
+    text = (REPO / lock).read_text()
+    assert not lock_disagreements(text, LOCKS[lock], PYPROJECT)
+    assert all(f"--extra={e}" in text.split("\n\n")[0] for e in LOCKS[lock])  # pip-compile's header
+    assert len(lock_pins(text)) > 50
+
+
+def test_a_pin_changed_without_a_new_lock_is_caught():
+    changed = json.loads(json.dumps(PYPROJECT))
+    train = changed["project"]["optional-dependencies"]["train"]
+    train[:] = [("transformers==5.99.0" if p.startswith("transformers==") else p) for p in train]
+    problems = lock_disagreements((REPO / "locks/train.txt").read_text(), ("train", "dev"), changed)
+    assert problems == ["transformers: pyproject 5.99.0, lock 5.23.0"]
+
+
+def test_the_local_cpu_torch_is_locked_and_the_gpu_locks_take_pypis():
+    assert re.search(r"^torch==2\.13\.0\+cpu", (REPO / "locks/train.txt").read_text(), re.M)
+    assert re.search(r"^torch==2\.13\.0 ", (REPO / "locks/train-gpu.txt").read_text(), re.M)
+
+
+def test_environment_files_and_the_makefile_install_the_locks():
+    for env_file, lock in [("environment-train.yml", "locks/train-gpu.txt"), ("environment-eval.yml",
+                                                                               "locks/eval-gpu.txt")]:
         env = yaml.safe_load((REPO / env_file).read_text())
         assert "python=3.11" in env["dependencies"]
         pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-        assert any(re.fullmatch(rf"-e \.\[{extras}(,\w+)*\]", p) for p in pip), pip
-        for p in pip:
-            if "==" in p:  # any explicit pin must be the pyproject pin
-                name, version = p.split("==")
-                assert pins[name.lower()] == version, (env_file, p)
-
-
-def test_makefile_reads_the_torch_pin_from_pyproject():
+        assert pip == [f"-r {lock}"], (env_file, pip)
+        assert "pip install --no-deps --no-build-isolation -e ." in (REPO / env_file).read_text()
     make = (REPO / "Makefile").read_text()
-    assert "tomllib" in make and "optional-dependencies" in make
-    assert "torch==" not in make  # no second copy of the pin
+    assert "--no-deps --require-hashes -r $(2)" in make and "torch==" not in make  # no second copy of a pin
+    assert "$(call INSTALL,$(TRAIN),locks/train.txt)" in make and "$(call INSTALL,$(EVAL),locks/eval.txt)" in make
 
 
 def test_setup_is_idempotent():

@@ -24,6 +24,12 @@ __version__ = "0.1.0"
 
 
 def _register_families() -> None:
+    """Import the families (each registers itself). Skipped while one of our own modules is being
+    imported (it imported transformers first, and importing the families now would enter it half
+    made); our loaders register on use (`dare.models.load_pretrained`)."""
+    if any(name.startswith("dare.") and getattr(getattr(m, "__spec__", None), "_initializing", False)
+           for name, m in list(sys.modules.items())):
+        return
     try:
         from dare.models.registry import register_all
 

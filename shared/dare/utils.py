@@ -82,6 +82,15 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     return path
 
 
+def umask_permissions(folder: str | os.PathLike) -> None:
+    """Give every file under `folder` the permissions the umask allows (writers such as safetensors
+    create their files 0600, which would hide checkpoints from collaborators)."""
+    mode = 0o666 & ~_umask()
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(mode)
+
+
 def atomic_write_json(path: str | os.PathLike, obj) -> Path:
     return atomic_write(path, json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n")
 

@@ -86,13 +86,14 @@ def _train_args(ns) -> tuple[str, str | None, list[str]]:
 
 
 def cmd_train(ns) -> int:
-    from dare.app.runs import resolve, train
+    from dare.app.runs import resolve, run_dir_of, train
 
     baseline, path, overrides = _train_args(ns)
     if ns.dry_run:
         _, cfg, _ = resolve(baseline, path, overrides)
         print(config_mod.to_yaml(cfg), end="")
         print(f"# config_hash: sha256:{config_mod.config_hash(cfg)}")
+        print(f"# run_dir: {run_dir_of(baseline, cfg)}")
         return 0
     if ns.workers > 1:
         from dare.app.ray_group import train_with_workers
@@ -302,6 +303,20 @@ def cmd_demo(ns) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+def cmd_env(ns) -> int:
+    """The fingerprint results carry (hardware, the ISA torch dispatches to, packages, lock, git)."""
+    import json
+
+    from dare.utils import fingerprint
+
+    try:
+        import torch  # noqa: F401  (the torch-dependent fields are filled only once it is imported)
+    except ImportError:
+        pass
+    print(json.dumps(fingerprint(), indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dare", description="Post-training diffusion language models.")
     p.add_argument("--version", action="version", version=f"dare {_version()}")
@@ -315,15 +330,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("baseline", metavar="baseline | config.yaml",
                    help="a folder name under baselines/ (e.g. sft, d1), or a config file whose `baseline:` names it")
     s.add_argument("args", nargs="*", metavar="[config.yaml] [key=value]")
-    s.add_argument("--dry-run", action="store_true", help="print the resolved config and its hash, then exit")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print the resolved config, its hash and the run directory, then exit")
     s.add_argument("--force", action="store_true", help="retrain even if a finished run exists")
     s.add_argument("--workers", type=int, default=1, help=(
         "train as a Ray worker group of N processes (FSDP2 over gloo on CPU, NCCL on GPU; joins RAY_ADDRESS when "
         "set). Under torchrun or SLURM, launch `dare train` itself once per process instead"))
     s.set_defaults(func=cmd_train)
 
+    s = sub.add_parser("env", help="print this machine's and environment's fingerprint (for bug reports)",
+                       description="The fingerprint every result records: CPU model and the instruction set torch "
+                       "dispatches to, threads, BLAS; GPU, capability, driver, CUDA/cuDNN/NCCL; package versions; "
+                       "the lock file the environment was installed from; the git state; this command.")
+    s.set_defaults(func=cmd_env)
+
     s = sub.add_parser("eval", help="evaluate a checkpoint (embedded evaluator or OpenCompass)", description=(
-        "Evaluate a checkpoint on benchmarks and write result_<benchmark>.json (schema v1) and "
+        "Evaluate a checkpoint on benchmarks and write result_<benchmark>.json (schema v2) and "
         "samples_<benchmark>.jsonl. --engine embedded decodes our tasks in this process; --engine opencompass "
         "runs DARE's suite (gsm8k math humaneval mbpp mmlu mmlu_pro hellaswag arc_c gpqa aime24 aime25 "
         "olympiadbench) through OpenCompass in the eval environment with DARE's decoding settings for the "
@@ -403,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
         "them. Format: shared/dare/app/sweep.py."))
     s.add_argument("args", nargs="+", metavar="[status|collect] sweep.yaml")
     s.add_argument("--cluster", default="slurm", choices=["slurm", "local", "debug"])
-    s.add_argument("--dry-run", action="store_true", help="print the runs and the sbatch parameters, submit nothing")
+    s.add_argument("--dry-run", action="store_true", help="print the runs and the sbatch script submitit writes, submit nothing")
     s.add_argument("--to", help="collect: destination folder")
     s.add_argument("--only", action="append", metavar="KEY=VALUE",
                    help="only the runs with this baseline or grid value (repeatable), e.g. --only baseline=d1")

@@ -7,7 +7,6 @@ in a loop."""
 from __future__ import annotations
 
 import importlib
-import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,13 +34,8 @@ def family_module(family: str):
 
 
 def register_all() -> None:
-    """Import every family so that `AutoConfig`/`AutoModel` know their `model_type`s. A family
-    module that is being imported right now (it imported transformers, which triggered this) is
-    skipped: it registers itself when it finishes."""
-    for family, (module, _) in FAMILIES.items():
-        loading = sys.modules.get(module)
-        if loading is not None and getattr(getattr(loading, "__spec__", None), "_initializing", False):
-            continue
+    """Import every family so that `AutoConfig`/`AutoModel` know their `model_type`s."""
+    for family in FAMILIES:
         family_module(family)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dare.utils import UserError, atomic_write, derive_seed, replace_dir
+from dare.utils import UserError, atomic_write, derive_seed, replace_dir, umask_permissions
 from dare.data import TASKS, split_path
 from dare.models import facts, load_pretrained, load_tokenizer, new_model
 from dare.models.api import checkpoint_meta
@@ -162,6 +162,7 @@ class Checkpointer:
         optim = trainer.optimizer_state()
         if self.dist.main:
             torch.save({"step": step, **optim, **state}, tmp / "trainer_state.pt")
+            umask_permissions(tmp)
             replace_dir(tmp, final)
             for old in self.complete()[:-self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -302,6 +303,7 @@ def save_final(trainer, tokenizer, run_dir: Path, meta: dict, base: str | Path |
     if trainer.dist.main:
         if base:
             carry_remote_code(Path(base), tmp)
+        umask_permissions(tmp)
         replace_dir(tmp, final)
     trainer.dist.barrier()
     return final
