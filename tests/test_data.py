@@ -73,3 +73,21 @@ def test_addition_reward():
     task = TASKS["addition"]
     row = {"ground_truth": "12"}
     assert task.reward("12", row) == 1.0 and task.score("13", row) == {"accuracy": 0.0}
+
+
+def test_an_offline_split_built_by_another_version_is_rebuilt(tmp_path, capsys):
+    """A parquet file does not name the code version that built it: an offline split whose bytes
+    differ from the recorded hash (an older generator, a changed parameter) is rebuilt on load, never
+    silently trained on; with build_missing=False it is an error that says how to fix it."""
+    from dare.data import DataError, build, load_split, recorded_hashes, split_path
+    from dare.utils import sha256_file
+
+    path = build("addition_teacher", "train", tmp_path)
+    rows = load_split("addition_teacher", "train", tmp_path)
+    table = pq.read_table(path)
+    pq.write_table(table.slice(0, 100), path)  # what an older build left behind
+    with pytest.raises(DataError, match="built by another version of 'addition_teacher'.*dare data build"):
+        load_split("addition_teacher", "train", tmp_path, build_missing=False)
+    assert load_split("addition_teacher", "train", tmp_path) == rows
+    assert "rebuilding" in capsys.readouterr().err
+    assert sha256_file(split_path("addition_teacher", "train", tmp_path)) == recorded_hashes()["addition_teacher/train"]

@@ -34,6 +34,13 @@ def test_demo_smoke_end_to_end(tmp_path):
     assert sft.model.name == d1[0].model.name == "tiny-llada-addition"
     assert sft.benchmark.n_samples.effective == 40 and sft.benchmark.n_samples.original == 500
     assert sft.provenance.git_commit and sft.throughput.nfe_per_sample == 4
+    assert sft.provenance.command.startswith("dare demo") and sft.provenance.hardware.cpu_model
+    assert sft.training.config_path == "reproductions/demo/sft.yaml"  # relative to the checkout
+    assert d1[0].training.command.startswith("dare train d1 reproductions/demo/d1.yaml model.path=")
+    assert len({x.training.recipe_hash for x in d1}) == 1  # seeds of one recipe
+    for path, _ in valid:  # no machine path in what gets committed (the JSONs and the copied configs)
+        for f in (path, path.parent / "config.yaml"):
+            assert str(REPO) not in f.read_text(), f
 
     # The leaderboard's loader shows them (run folders given as the app receives them).
     sys.path.insert(0, str(REPO / "leaderboard"))

@@ -24,7 +24,7 @@ OFFLINE = [n for n, t in TASKS.items() if t.offline]
 def test_registry_has_the_tasks_of_the_papers():
     assert set(TASKS) >= {"gsm8k", "math", "math500", "countdown", "countdown4", "sudoku", "humaneval", "mbpp",
                           "ultrafeedback", "addition", "s1k"}
-    assert set(OFFLINE) == {"addition", "addition_pairs", "countdown", "countdown4", "sudoku", "humaneval"}
+    assert set(OFFLINE) == {"addition", "addition_pairs", "addition_teacher", "countdown", "countdown4", "sudoku", "humaneval"}
     assert set(recorded_hashes()) == {f"{n}/{s}" for n in OFFLINE for s in TASKS[n].splits}
 
 
@@ -203,7 +203,7 @@ def test_dvc_add_push_pull_round_trip_through_a_local_remote(tmp_path):
 
 def test_project_data_dvc_tracks_the_offline_tasks():
     text = (Path(__file__).parents[1] / "data.dvc").read_text()
-    assert "path: data" in text and "nfiles: 11" in text
+    assert "path: data" in text and f"nfiles: {len(recorded_hashes())}" in text  # every offline split
 
 
 def test_bench_rewards_writes_a_report(tmp_path):
@@ -228,3 +228,20 @@ def test_s1k_builds_d1s_sft_target(tmp_path):
     rows = load_split("s1k", "train", tmp_path / "data", build_missing=False)
     assert path.is_file() and len(rows) == 1  # the record without a trace is dropped
     assert TASKS["s1k"].target(rows[0]) == "<reasoning>2 and 2 make 4.</reasoning>\n<answer>\\boxed{4}</answer>"
+
+
+def test_the_flawed_teacher_forgets_carries_only():
+    """addition_teacher: the demonstration differs from the correct sum only on problems with a carry,
+    at about the `forget` rate per carry; ground truth, test split and rewards are addition's."""
+    teacher = TASKS["addition_teacher"]
+    rows = teacher.generate("train")
+    carry = [r for r in rows if r["extra"]["a"] % 10 + r["extra"]["b"] % 10 >= 10  # one carry, into the tens
+             and r["extra"]["a"] // 10 + r["extra"]["b"] // 10 + 1 < 10]
+    no_carry = [r for r in rows if r["extra"]["a"] % 10 + r["extra"]["b"] % 10 < 10
+                and r["extra"]["a"] // 10 + r["extra"]["b"] // 10 < 10]
+    assert all(teacher.target(r) == r["ground_truth"] == str(r["extra"]["a"] + r["extra"]["b"]) for r in no_carry)
+    wrong = sum(teacher.target(r) != r["ground_truth"] for r in carry) / len(carry)
+    assert abs(wrong - 0.75) < 0.03  # the ones-digit carry forgotten with p = 0.75
+    assert teacher.generate("test") == TASKS["addition"].generate("test")
+    assert teacher.teach(57, 68, __import__("random").Random(0)) in (115, 15, 25, 125)
+    assert teacher.reward("125", {"ground_truth": "125"}) == 1.0

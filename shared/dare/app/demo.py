@@ -1,13 +1,15 @@
 """The embedded default (`make demo` / `dare demo`).
 
-1. build the synthetic addition task (train / held-out test) under data/;
-2. train a tiny LLaDA-architecture model from scratch with the `sft` baseline;
-3. continue from the SFT checkpoint with the `d1` baseline, for each seed;
+1. build the synthetic addition tasks (train / held-out test) under ./data;
+2. train a tiny LLaDA-architecture model from scratch with the `sft` baseline on demonstrations
+   from a flawed teacher (`addition_teacher`: each carry forgotten with probability 0.75), to its
+   plateau: it answers the carry-free problems and misses the others at temperature 0;
+3. continue from the SFT checkpoint with the `d1` baseline (reward: the correct sum), for each seed;
 4. evaluate every checkpoint on the held-out split with the same decoding;
 5. print the comparison and the command that opens the leaderboard.
 
-Every stage is content-addressed by its config hash (runs/<baseline>/<hash>), so a rerun reuses
-what is finished and resumes what is not. Configs: reproductions/demo/{sft,d1,eval}.yaml.
+Every stage is keyed by its config (./runs/<baseline>/<key>), so a rerun reuses what is finished
+and resumes what is not. Configs: reproductions/demo/{sft,d1,eval}.yaml.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from dare.data import TASKS, load_split
 from dare.eval import evaluate_checkpoint
 from dare.results import read_result
-from dare.utils import REPO_ROOT, runs_dir
+from dare.utils import REPO_ROOT, runs_dir, shown_path
 
 DEMO = REPO_ROOT / "reproductions" / "demo"
 
@@ -51,8 +53,9 @@ def main(smoke: bool = False, seeds: int = 3) -> int:
 
     t0 = time.perf_counter()
     extra = SMOKE if smoke else {"sft": [], "d1": [], "eval": []}
-    for split in TASKS["addition"].splits:
-        print(f"[demo] addition/{split}: {len(load_split('addition', split))} examples", flush=True)
+    for task in ("addition_teacher", "addition"):
+        for split in TASKS[task].splits:
+            print(f"[demo] {task}/{split}: {len(load_split(task, split))} examples", flush=True)
 
     stamps = {}
     tic = time.perf_counter()
@@ -63,7 +66,8 @@ def main(smoke: bool = False, seeds: int = 3) -> int:
     d1_results, d1_runs = [], []
     tic = time.perf_counter()
     for seed in range(seeds):
-        run = train("d1", DEMO / "d1.yaml", [f"model.path={sft_run / 'final'}", f"run.seed={seed}", *extra["d1"]])
+        run = train("d1", DEMO / "d1.yaml", [f"model.path={shown_path(sft_run / 'final')}", f"run.seed={seed}",
+                                             *extra["d1"]])
         d1_runs.append(run)
         d1_results.append(evaluate_checkpoint(run / "final", DEMO / "eval.yaml", extra["eval"])[0])
     stamps["d1"] = time.perf_counter() - tic

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 from dare.data.schema import DataError, _row_problem, _schema, split_path
 from dare.data.tasks import TASKS
-from dare.utils import atomic_write
+from dare.utils import atomic_write, sha256_file
 
 
 HASHES = Path(__file__).with_name("hashes.json")
@@ -35,6 +36,14 @@ def build(task: str, split: str, root: Path | None = None, source: Path | None =
     return atomic_write(split_path(task, split, root), buf.getvalue())
 
 
+def stale(task: str, split: str, path: Path) -> bool:
+    """A split that only code builds (offline, no original files to build it from instead) whose
+    bytes differ from what this code builds (its recorded sha256)."""
+    t, recorded = TASKS[task], recorded_hashes().get(f"{task}/{split}")
+    only_code = t.offline and not (getattr(t, "files", None) or {}).get(split)
+    return bool(only_code and recorded and sha256_file(path) != recorded)
+
+
 def how_to_get(task: str) -> str:
     """The one line that says how to get a missing split (README, Data): offline tasks rebuild from
     code; the others come from their original files, the hub, or a lab's own DVC remote (the project
@@ -53,6 +62,12 @@ def load_split(task: str, split: str, root: Path | None = None, *, build_missing
     if not path.is_file():
         if not build_missing:
             raise DataError(f"{path}: missing; {how_to_get(task)}")
+        build(task, split, root)
+    elif stale(task, split, path):  # built by another version of the task's code (a parquet file
+        if not build_missing:       # does not name its version): rebuild it from this code
+            raise DataError(f"{path}: built by another version of {task!r} (sha256 differs from the recorded "
+                            f"one); {how_to_get(task)}")
+        print(f"[data] {path}: built by another version of {task!r}; rebuilding", file=sys.stderr, flush=True)
         build(task, split, root)
     try:
         table = pq.read_table(path)
