@@ -320,7 +320,28 @@ def test_committed_demo_and_baseline_results_appear(monkeypatch):
     at.selectbox(key="model").select(model).run()
     table = _table(at)
     for method in ("d1", "coupled_grpo", "wd1", "peft", "vrpo"):
-        values = [r.metrics[0].value for r in tiny if r.method.baseline == method]
-        assert len(values) == 3, method
-        column = load.benchmark_label(next(r for r in tiny if r.method.baseline == method))
-        assert table.loc[f"{method} (from sft)", column] == load.format_cell(values)
+        runs = [r for r in tiny if r.method.baseline == method]
+        assert len(runs) == 3 and len({r.training.recipe_hash for r in runs}) == 1, method
+        column = load.benchmark_label(runs[0])
+        assert table.loc[f"{method} (from sft)", column] == load.format_cell(runs)
+
+
+def test_every_committed_result_says_which_machine_and_commit_made_it():
+    """Schema 2 with the fingerprint (CPU model, torch's ISA, threads, BLAS), the lock the environment
+    came from, the exact command, a clean tree, one commit for all, and no machine path."""
+    from dare.results import load_results
+
+    valid, invalid = load_results(REPO / "leaderboard" / "results", pattern="**/result_*.json")
+    assert valid and not invalid
+    commits = set()
+    for path, r in valid:
+        hw = r.provenance.hardware
+        assert r.schema_version == "2" and hw.cpu_model and hw.cpu_capability and hw.threads and hw.blas, path
+        assert r.provenance.lock and r.provenance.lock.lock == "locks/train.txt", path
+        assert r.provenance.command and r.training.command and r.training.recipe_hash and r.training.config, path
+        assert r.provenance.git_dirty is False, path
+        commits.add(r.provenance.git_commit)
+        for f in [path, *path.parent.glob("*.yaml")]:
+            text = f.read_text()
+            assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text, f
+    assert len(commits) == 1, commits

@@ -241,7 +241,7 @@ def test_the_flawed_teacher_forgets_carries_only():
                 and r["extra"]["a"] // 10 + r["extra"]["b"] // 10 < 10]
     assert all(teacher.target(r) == r["ground_truth"] == str(r["extra"]["a"] + r["extra"]["b"]) for r in no_carry)
     wrong = sum(teacher.target(r) != r["ground_truth"] for r in carry) / len(carry)
-    assert abs(wrong - 0.75) < 0.03  # the ones-digit carry forgotten with p = 0.75
+    assert abs(wrong - 0.6) < 0.03  # the ones-digit carry forgotten with p = 0.6
     assert teacher.generate("test") == TASKS["addition"].generate("test")
     assert teacher.teach(57, 68, __import__("random").Random(0)) in (115, 15, 25, 125)
     assert teacher.reward("125", {"ground_truth": "125"}) == 1.0

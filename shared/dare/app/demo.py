@@ -2,7 +2,7 @@
 
 1. build the synthetic addition tasks (train / held-out test) under ./data;
 2. train a tiny LLaDA-architecture model from scratch with the `sft` baseline on demonstrations
-   from a flawed teacher (`addition_teacher`: each carry forgotten with probability 0.75), to its
+   from a flawed teacher (`addition_teacher`: each carry forgotten with probability 0.6), to its
    plateau: it answers the carry-free problems and misses the others at temperature 0;
 3. continue from the SFT checkpoint with the `d1` baseline (reward: the correct sum), for each seed;
 4. evaluate every checkpoint on the held-out split with the same decoding;
