@@ -50,16 +50,12 @@ $(EVAL)/.installed: locks/eval.txt
 $(TRAIN)/.installed: locks/train.txt
 	$(call INSTALL,$(TRAIN),locks/train.txt)
 
-# Regenerate the locks from pyproject.toml's pins (network; minutes). *-gpu.txt resolve PyPI's CUDA
-# torch for GPU machines (environment-*.yml), without this machine's local wheels.
+# Regenerate the locks from pyproject.toml's pins (network; about 10 minutes each). They lock this
+# machine's CPU torch build; GPU machines install the pyproject extras (environment-*.yml).
 lock: ## regenerate locks/*.txt from pyproject.toml with pip-compile (then commit them)
 	@test -x $(VENV)/tools/bin/pip-compile || ($(PYTHON) -m venv $(VENV)/tools && $(VENV)/tools/bin/pip install $(PIP_FLAGS) "$(PIP_TOOLS)")
 	$(VENV)/tools/bin/pip-compile $(COMPILE) --extra train --extra dev -o locks/train.txt pyproject.toml
 	$(VENV)/tools/bin/pip-compile $(COMPILE) --extra eval --extra dev -o locks/eval.txt pyproject.toml
-	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(VENV)/tools/bin/pip-compile $(COMPILE) --index-url https://pypi.org/simple \
-	  --extra train --extra dev -o locks/train-gpu.txt pyproject.toml
-	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(VENV)/tools/bin/pip-compile $(COMPILE) --index-url https://pypi.org/simple \
-	  --extra eval --extra dev -o locks/eval-gpu.txt pyproject.toml
 
 eval-env: $(EVAL)/.installed ## create or update the eval venv (.venv/eval, OpenCompass) only
 
