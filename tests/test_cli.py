@@ -180,3 +180,19 @@ def test_runs_and_data_land_in_the_working_directory_readable_by_the_group(tmp_p
 TINY_ARGS = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=1",
              "model.scratch.mlp_hidden_size=64", "train.batch_size=8", "train.steps=1", "train.warmup_steps=0",
              "algo.response_length=4", "run.threads=1"]
+
+
+def test_recorded_commands_are_what_was_typed_without_machine_paths(tmp_path):
+    """`python -m` shows as such (not the module's file path), and absolute paths inside the working
+    directory become relative, `key=<path>` overrides included: committed results carry no machine path."""
+    import json
+
+    from dare.utils import shown_argument
+
+    r = subprocess.run([sys.executable, "-m", "dare.app.cli", "env"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["command"] == "python -m dare.app.cli env"
+    assert shown_argument(f"model.path={REPO}/runs/sft/abc/final") == "model.path=runs/sft/abc/final"
+    assert shown_argument(f"{REPO}/reproductions/demo/sft.yaml") == "reproductions/demo/sft.yaml"
+    assert shown_argument("train.lr=1e-3") == "train.lr=1e-3"
+    assert shown_argument(f"run.out_dir={tmp_path}") == f"run.out_dir={tmp_path}"  # outside: as given

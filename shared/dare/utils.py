@@ -202,13 +202,25 @@ def environment_lock() -> dict | None:
 
 
 def command_line() -> str:
-    """This process's command as typed (`dare ...`, `python -m ...`), for provenance."""
+    """This process's command as typed (`dare ...`, `python -m dare.app.sweep ...`), for provenance;
+    path arguments inside the working directory or the checkout are shown relative (`shown_path`)."""
     import shlex
 
+    main = sys.modules.get("__main__")
+    module = getattr(getattr(main, "__spec__", None), "name", None)
     argv = list(sys.argv)
-    if argv and Path(argv[0]).name in ("dare", "__main__.py", "cli.py"):
+    if module:  # python -m <module>: argv[0] is the module's file
+        argv = ["python", "-m", module.removesuffix(".__main__"), *argv[1:]]
+    elif argv and Path(argv[0]).name in ("dare", "cli.py"):
         argv[0] = "dare"
-    return shlex.join(argv)
+    return shlex.join(shown_argument(a) for a in argv)
+
+
+def shown_argument(arg: str) -> str:
+    """A command-line argument as records show it: an absolute path (or `key=<absolute path>`) inside
+    the working directory or the checkout becomes relative."""
+    key, sep, value = arg.rpartition("=") if "=" in arg else ("", "", arg)
+    return f"{key}{sep}{shown_path(value)}" if value.startswith("/") else arg
 
 
 def fingerprint() -> dict:

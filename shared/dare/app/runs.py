@@ -14,7 +14,7 @@ from dare.app import baselines
 from dare.config import ConfigError, read_yaml
 from dare.config import load as load_config
 from dare.train.fit import fit, hooks_of, run_key
-from dare.utils import runs_dir, shown_path
+from dare.utils import runs_dir, shown_argument, shown_path
 
 
 def resolve(name: str, config_path: str | Path | None = None, overrides=()):
@@ -36,6 +36,6 @@ def train(name: str, config_path: str | Path | None = None, overrides=(), *, for
     """Run baseline `name`; returns its run directory (see `dare.train.fit.fit`)."""
     b, cfg, _ = resolve(name, config_path, overrides)
     shown = shown_path(config_path) if config_path else ""
-    command = f"dare train {name}" + (f" {shown}" if shown else "") + "".join(f" {o}" for o in overrides)
+    command = f"dare train {name}" + (f" {shown}" if shown else "") + "".join(f" {shown_argument(o)}" for o in overrides)
     return fit(b.algorithm, cfg, run_dir_of(name, cfg), name=name, force=force, command=command,
                config_path=shown, method={"arxiv": baselines.front_matter(name).get("arxiv")})
