@@ -99,7 +99,9 @@ with main:
             x=alt.X("method:N", title=None, sort=list(df["method"]), axis=alt.Axis(labelAngle=-30, labelLimit=260)),
             y=alt.Y("mean:Q", title=f"{metric}, % (mean ± 1 std over seeds)"),
             color=alt.Color("method:N", legend=None), tooltip=["method", "mean", "std", "n", "hardware"])
-        errors = alt.Chart().mark_errorbar().encode(x=alt.X("method:N", sort=list(df["method"])), y="low:Q", y2="high:Q")
+        y_title = f"{metric}, % (mean ± 1 std over seeds)"
+        errors = alt.Chart().mark_errorbar().encode(x=alt.X("method:N", sort=list(df["method"])),
+                                                    y=alt.Y("low:Q", title=y_title), y2="high:Q")
         st.altair_chart(alt.layer(bars, errors, data=long).facet(column=alt.Column("benchmark:N", title=None)))
         st.subheader("Runs")
         st.dataframe(pd.DataFrame(load.run_rows([(p, r) for p, r in shown if r.model.family == family

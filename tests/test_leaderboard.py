@@ -128,6 +128,8 @@ def test_main_view_cells_deltas_and_sorting(runs):
     assert list(_table(at).index) == ["wd1 (from sft)", "sft", "d1 (from sft)"]
     assert _table(at, 1).loc["sft", "addition [4/4/4, T=0]"] == "-25.0"
     assert len(at.get("download_button")) >= 1
+    chart = next(c.proto.spec for c in at.get("vega_lite_chart") if '"errorbar"' in c.proto.spec)
+    assert "1 std over seeds" in chart and '"title": "low"' not in chart  # one axis title, no "low"
 
 
 def test_two_configs_of_one_method_are_two_rows_and_only_seeds_pool(runs):
