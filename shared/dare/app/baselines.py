@@ -134,5 +134,7 @@ def checklist(name: str, repo: Path | None = None) -> list[str]:
     valid, _ = load_results(repo / "leaderboard" / "results")
     if not any(r.method.baseline == name for _, r in valid):
         problems.append(f"baselines/{name}: no valid result JSON for it under leaderboard/results/ (run it on "
-                        f"the tiny task: dare demo --compare --methods {name} --publish leaderboard/results/tiny)")
+                        f"the tiny task: dare sweep reproductions/tiny/sweep.yaml --cluster local --only "
+                        f"baseline={name}, then dare sweep collect reproductions/tiny/sweep.yaml "
+                        f"--to leaderboard/results/tiny)")
     return problems
