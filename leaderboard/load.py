@@ -261,9 +261,6 @@ def long_rows(results: list[Result]) -> list[dict]:
     return out
 
 
-chart_rows = long_rows
-
-
 def family_method_rows(items) -> list[dict]:
     """Mean of each method on each (family, benchmark), in points, for the family x method heatmap
     (a method's recipes and models of one family are averaged per benchmark)."""

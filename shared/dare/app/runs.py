@@ -36,6 +36,6 @@ def train(name: str, config_path: str | Path | None = None, overrides=(), *, for
     """Run baseline `name`; returns its run directory (see `dare.train.fit.fit`)."""
     b, cfg, _ = resolve(name, config_path, overrides)
     shown = shown_path(config_path) if config_path else ""
-    command = f"dare train {name}" + (f" {shown}" if shown else "") + "".join(f" {shown_argument(o)}" for o in overrides)
+    command = " ".join(["dare", "train", name, *([shown] if shown else []), *map(shown_argument, overrides)])
     return fit(b.algorithm, cfg, run_dir_of(name, cfg), name=name, force=force, command=command,
                config_path=shown, method={"arxiv": baselines.front_matter(name).get("arxiv")})
