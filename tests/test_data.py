@@ -32,7 +32,7 @@ def _write(path, rows):
 
 
 def _row(i, **kw):
-    return {"index": i, "task": "addition", "split": "test", "prompt": [{"role": "user", "content": "1+1="}],
+    return {"index": i, "task": "gsm8k", "split": "test", "prompt": [{"role": "user", "content": "1+1="}],
             "ground_truth": "2", "extra": "{}", **kw}
 
 
@@ -44,21 +44,22 @@ def _row(i, **kw):
     ({"task": "countdown"}, "task"),
 ])
 def test_load_names_file_row_and_field(tmp_path, bad, field):
-    path = split_path("addition", "test", tmp_path)
+    """A task built from its original files (an offline task's bad file is rebuilt from code instead)."""
+    path = split_path("gsm8k", "test", tmp_path)
     _write(path, [_row(0), _row(1, **bad)])
     with pytest.raises(DataError, match=rf"test\.parquet: row 1: field '{field}'"):
-        load_split("addition", "test", tmp_path)
+        load_split("gsm8k", "test", tmp_path)
 
 
 def test_load_rejects_wrong_schema_and_garbage(tmp_path):
-    path = split_path("addition", "test", tmp_path)
+    path = split_path("gsm8k", "test", tmp_path)
     path.parent.mkdir(parents=True)
-    pq.write_table(pa.table({"index": [0], "task": ["addition"]}), path)
+    pq.write_table(pa.table({"index": [0], "task": ["gsm8k"]}), path)
     with pytest.raises(DataError, match="missing column 'split'"):
-        load_split("addition", "test", tmp_path)
+        load_split("gsm8k", "test", tmp_path)
     path.write_bytes(b"not parquet at all")
     with pytest.raises(DataError, match="not a readable parquet"):
-        load_split("addition", "test", tmp_path)
+        load_split("gsm8k", "test", tmp_path)
     with pytest.raises(DataError, match="dare data build"):
         load_split("addition", "train", tmp_path / "empty", build_missing=False)
 

@@ -15,7 +15,7 @@ def test_demo_smoke_end_to_end(tmp_path):
     r = dare_cli("demo", "--smoke", "--seeds", "2", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
-    assert "Held-out addition accuracy" in out and "make leaderboard" in out
+    assert "Held-out addition accuracy" in out and "make leaderboard" in out and "sums < 100" in out
     sft_line = next(line for line in out.splitlines() if line.strip().startswith("sft "))
     d1_line = next(line for line in out.splitlines() if line.strip().startswith("d1 "))
     assert " 1 " in sft_line and " 2 " in d1_line and "±" in d1_line

@@ -230,18 +230,20 @@ def test_s1k_builds_d1s_sft_target(tmp_path):
     assert TASKS["s1k"].target(rows[0]) == "<reasoning>2 and 2 make 4.</reasoning>\n<answer>\\boxed{4}</answer>"
 
 
-def test_the_flawed_teacher_forgets_carries_only():
-    """addition_teacher: the demonstration differs from the correct sum only on problems with a carry,
-    at about the `forget` rate per carry; ground truth, test split and rewards are addition's."""
+def test_the_flawed_teacher_forgets_only_the_carry_into_the_hundreds():
+    """addition_teacher: the demonstration is the correct sum below 100; at 100 and above it is either
+    the sum or the sum with 0 for its hundreds digit (the same length), the latter at the `forget` rate;
+    ground truth, test split and rewards are addition's."""
     teacher = TASKS["addition_teacher"]
     rows = teacher.generate("train")
-    carry = [r for r in rows if r["extra"]["a"] % 10 + r["extra"]["b"] % 10 >= 10  # one carry, into the tens
-             and r["extra"]["a"] // 10 + r["extra"]["b"] // 10 + 1 < 10]
-    no_carry = [r for r in rows if r["extra"]["a"] % 10 + r["extra"]["b"] % 10 < 10
-                and r["extra"]["a"] // 10 + r["extra"]["b"] // 10 < 10]
-    assert all(teacher.target(r) == r["ground_truth"] == str(r["extra"]["a"] + r["extra"]["b"]) for r in no_carry)
-    wrong = sum(teacher.target(r) != r["ground_truth"] for r in carry) / len(carry)
-    assert abs(wrong - 0.6) < 0.03  # the ones-digit carry forgotten with p = 0.6
+    small = [r for r in rows if r["extra"]["a"] + r["extra"]["b"] < 100]
+    large = [r for r in rows if r["extra"]["a"] + r["extra"]["b"] >= 100]
+    assert all(teacher.target(r) == r["ground_truth"] == str(r["extra"]["a"] + r["extra"]["b"]) for r in small)
+    assert all(teacher.target(r) in (r["ground_truth"], "0" + r["ground_truth"][1:]) for r in large)
+    wrong = sum(teacher.target(r) != r["ground_truth"] for r in large) / len(large)
+    assert len(large) > 4000 and abs(wrong - 0.8) < 0.02  # forgotten with p = 0.8 (3 sigma: 0.018)
     assert teacher.generate("test") == TASKS["addition"].generate("test")
-    assert teacher.teach(57, 68, __import__("random").Random(0)) in (115, 15, 25, 125)
+    assert teacher.teach(57, 68, __import__("random").Random(0)) in ("125", "025")
+    assert teacher.teach(57, 38, __import__("random").Random(0)) == "95"
     assert teacher.reward("125", {"ground_truth": "125"}) == 1.0
+    assert teacher.reward("025", {"ground_truth": "125"}) == 0.0

@@ -104,6 +104,26 @@ def test_resume_from_checkpoint_reaches_identical_weights(tmp_path):
     assert steps_b == [1, 2, 3, 4, 5, 6]
 
 
+def test_periodic_checkpoints_are_kept_as_asked_and_evaluate_like_final(tmp_path):
+    """run.keep_checkpoints: the latest N periodic checkpoints stay (0: all), and each is a model
+    folder that `dare eval` takes like final/ (how a learning curve is measured after the run)."""
+    from dare.eval import evaluate_checkpoint
+    from dare.results import read_result
+
+    kept = {}
+    for keep in (0, 2):
+        out = train("sft", None, [*SFT_TINY, "train.steps=8", "run.save_every=2", f"run.keep_checkpoints={keep}",
+                                  f"run.out_dir={tmp_path / str(keep)}"])
+        kept[keep] = [c.name for c in sorted((out / "checkpoints").glob("step_*"))]
+    assert kept == {0: ["step_0000002", "step_0000004", "step_0000006"], 2: ["step_0000004", "step_0000006"]}
+    with pytest.raises(ConfigError, match="run.keep_checkpoints"):
+        resolve("sft", None, ["run.keep_checkpoints=-1"])
+    [path] = evaluate_checkpoint(tmp_path / "0" / "checkpoints" / "step_0000004", None,
+                                 ["eval.n_samples=8", "eval.decoding.gen_length=4", "eval.decoding.block_length=4",
+                                  "eval.decoding.steps=4"], out_dir=tmp_path / "eval")
+    assert read_result(path).benchmark.n_samples.effective == 8
+
+
 def test_finished_run_is_reused_and_config_mismatch_is_refused(tmp_path, capsys):
     out = tmp_path / "run"
     train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={out}"])

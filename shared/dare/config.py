@@ -88,6 +88,9 @@ class RunConfig:
     save_every: int = field(default=0, metadata=NOHASH)
     """Checkpoint interval in the recipe's steps (`train.steps`): optimizer steps for SFT and
     preference, rollout batches for RL (each `rl.num_iterations` optimizer steps). 0: only the final."""
+    keep_checkpoints: int = field(default=1, metadata=NOHASH)
+    """Periodic checkpoints kept in `checkpoints/`, the latest N (0: all). Each holds the weights
+    (`dare eval` takes it like `final/`) and the optimizer and data state that resume needs."""
     threads: int = field(default=0, metadata=NOHASH)
     """torch intra-op threads on CPU (0: torch's default, one per core)."""
     report_to: list[str] = field(default_factory=list, metadata=NOHASH)
@@ -96,6 +99,7 @@ class RunConfig:
     def validate(self):
         check(self.log_every > 0, "must be positive", "log_every")
         check(self.save_every >= 0, "must be >= 0", "save_every")
+        check(self.keep_checkpoints >= 0, "must be >= 0 (0: keep all)", "keep_checkpoints")
         unknown = sorted(set(self.report_to) - {"wandb", "tensorboard"})
         check(not unknown, f"unknown metric sink(s) {unknown}; known: wandb, tensorboard", "report_to")
 

@@ -63,37 +63,40 @@ class AdditionPreference(Addition):
 
 
 class AdditionTeacher(Addition):
-    """The addition prompts with SFT demonstrations from a flawed teacher: the teacher adds digit by
-    digit and forgets each carry with probability `forget` (drawn once per training row, fixed seed),
-    as a weaker model's distilled answers would be wrong in one systematic way. `ground_truth` stays
-    the correct sum (rewards and evaluation score against it); only the SFT target (`target`) is the
-    teacher's. With forget > 0.5 a model that imitates the teacher answers carry problems wrongly at
-    temperature 0 but correctly at temperature 1 with probability about (1 - forget) per carry: the
-    case RL with a verifiable reward is for (the demo). Same train/test split as `addition`."""
+    """The addition prompts with SFT demonstrations from a flawed teacher: the teacher adds correctly
+    except for the carry into the highest column, which it forgets with probability `forget` (drawn
+    once per training row, fixed seed), writing 0 there: 57+68 -> 025 instead of 125. Its answer
+    keeps the correct sum's length and every other digit, so the flaw is one token on the problems
+    whose sum has digits + 1 digits (about half of them). `ground_truth` stays the correct sum
+    (rewards and evaluation score against it); only the SFT target (`target`) is the teacher's.
+
+    With forget > 0.5 a model that imitates the teacher writes 0 there at temperature 0 (greedy
+    accuracy: the share of sums below 10^digits, once the other digits are learned) but 1 with
+    probability about 1 - forget when it samples: the case RL with a verifiable reward is for (the
+    demo). A teacher whose slips change the answer's length instead (dropping the digit, or forgetting
+    lower carries) shifts every later digit, and the demo's tiny model then does not learn the sums
+    in its budget. Same train/test split as `addition`."""
 
     name = "addition_teacher"
 
     def __init__(self, digits: int, n_test: int, forget: float):
         super().__init__(digits, n_test)
         self.forget = forget
-        self.version = f"{self.version}.t{forget}"
+        self.version = f"{self.version}.top{forget}"
 
     def generate(self, split: str) -> list[dict]:
         rng = random.Random(self.seed + 3)
         rows = super().generate(split)
         if split == "train":
             for row in rows:
-                row["extra"]["demonstration"] = str(self.teach(row["extra"]["a"], row["extra"]["b"], rng))
+                row["extra"]["demonstration"] = self.teach(row["extra"]["a"], row["extra"]["b"], rng)
         return rows
 
-    def teach(self, a: int, b: int, rng: random.Random) -> int:
-        total, carry, place = 0, 0, 1
-        for _ in range(self.digits):
-            s = a % 10 + b % 10 + carry
-            total += (s % 10) * place
-            carry = int(s >= 10 and rng.random() >= self.forget)
-            a, b, place = a // 10, b // 10, place * 10
-        return total + carry * place
+    def teach(self, a: int, b: int, rng: random.Random) -> str:
+        total = str(a + b)
+        if a + b >= 10 ** self.digits and rng.random() < self.forget:
+            return "0" + total[1:]  # the carry into the top column forgotten: 0 written in its place
+        return total
 
     def target(self, row: dict) -> str:
         return row["extra"]["demonstration"]

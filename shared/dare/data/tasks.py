@@ -11,7 +11,7 @@ from dare.data.synthetic import Addition, AdditionPreference, AdditionTeacher
 TASKS = {
     "addition": Addition(digits=2, n_test=500),
     "addition_pairs": AdditionPreference(digits=2, n_test=500),
-    "addition_teacher": AdditionTeacher(digits=2, n_test=500, forget=0.6),
+    "addition_teacher": AdditionTeacher(digits=2, n_test=500, forget=0.8),
     "gsm8k": GSM8K(),
     "math": MATH(),
     "math500": MATH500(),

@@ -164,7 +164,7 @@ class Checkpointer:
             torch.save({"step": step, **optim, **state}, tmp / "trainer_state.pt")
             umask_permissions(tmp)
             replace_dir(tmp, final)
-            for old in self.complete()[:-self.keep]:
+            for old in (self.complete()[:-self.keep] if self.keep else []):
                 shutil.rmtree(old, ignore_errors=True)
         self.dist.barrier()
         return final
@@ -188,9 +188,10 @@ def training_state(sampler: EpochSampler, generators: dict, elapsed_s: float) ->
 
 
 def resume(run_dir: Path, trainer, sampler: EpochSampler, generators: dict,
-           label: str) -> tuple[Checkpointer, int, float]:
-    """Restore the latest complete checkpoint, if any: (checkpointer, start step, elapsed seconds)."""
-    ckpt = Checkpointer(run_dir, trainer.dist)
+           label: str, keep: int = 1) -> tuple[Checkpointer, int, float]:
+    """Restore the latest complete checkpoint, if any: (checkpointer keeping the latest `keep`, or
+    all with 0; start step; elapsed seconds)."""
+    ckpt = Checkpointer(run_dir, trainer.dist, keep)
     latest = ckpt.latest()
     if latest is None:
         return ckpt, 0, 0.0
@@ -382,7 +383,8 @@ class Loop:
         self.total = cfg.train.steps
         self.sampler = EpochSampler(n_rows, make_generator(cfg.run.seed, "data"))
         self.generators = {name: make_generator(cfg.run.seed, name) for name in streams}
-        self.ckpt, self.start, self.elapsed0 = resume(run_dir, trainer, self.sampler, self.generators, label)
+        self.ckpt, self.start, self.elapsed0 = resume(run_dir, trainer, self.sampler, self.generators, label,
+                                                         cfg.run.keep_checkpoints)
         self.log = (MetricsLog(run_dir, self.total, self.start, label, cfg.run.report_to, cfg)
                     if self.dist.main else None)
         self.t0 = time.perf_counter()
