@@ -107,6 +107,33 @@ def test_publishing_twice_adds_nothing(tmp_path):
     assert len(valid) == 1 and not invalid
 
 
+def test_a_published_result_keeps_64_samples_and_names_the_whole_file(tmp_path):
+    """Committed results stay light: the published copy holds the first 64 samples, its sha256 is the
+    excerpt's, and the result records the whole file's count and sha256; a short file is copied whole."""
+    import json
+
+    from dare.results import PUBLISHED_SAMPLES, publish
+    from dare.utils import sha256_file
+
+    for n, run in ((500, "long"), (20, "short")):
+        src = tmp_path / run / "result_addition.json"
+        src.parent.mkdir()
+        samples = src.parent / "samples_addition.jsonl"
+        samples.write_text("".join(json.dumps({"index": i, "response": str(i)}) + "\n" for i in range(n)))
+        write_result(make_result(run_id=f"d1__tiny__addition__s0__{run}",
+                                 artifacts={"samples": samples.name, "samples_sha256": sha256_file(samples)}), src)
+        out = read_result(publish(src, tmp_path / "board"))
+        copied = tmp_path / "board" / out.run_id / samples.name
+        kept = [json.loads(line)["index"] for line in copied.read_text().splitlines()]
+        assert out.artifacts.samples_sha256 == sha256_file(copied)
+        if n > PUBLISHED_SAMPLES:
+            assert kept == list(range(64)) and out.artifacts.samples_total == 500
+            assert out.artifacts.samples_total_sha256 == sha256_file(samples)
+        else:
+            assert kept == list(range(20)) and out.artifacts.samples_total is None
+        assert samples.read_text().count("\n") == n  # the run folder's file is untouched
+
+
 def test_the_eval_hash_changes_only_with_what_changes_the_numbers():
     from dare.config import DecodingConfig, EvalRunConfig, load
     from dare.eval import result_hash

@@ -24,7 +24,9 @@ Fields (all required unless marked optional):
                     the ISA torch dispatches to, threads, BLAS; GPU, capability, driver, CUDA,
                     cuDNN, NCCL; deterministic flags), the environment's lock file and its hash,
                     the command line
-    artifacts       optional: per-sample outputs file and its sha256, resolved config path
+    artifacts       optional: per-sample outputs file and its sha256, resolved config path; a
+                    published copy keeps the first 64 samples and records the whole file's line
+                    count and sha256 (the whole file stays in the run folder)
 
 The writer is atomic; `load_results` never raises on a bad file, it reports (file, reason).
 This module imports no torch: the leaderboard uses it directly.
@@ -191,6 +193,12 @@ class Provenance(_Strict):
 class Artifacts(_Strict):
     samples: str | None = None
     samples_sha256: str | None = None
+    """The sha256 of the samples file beside the result."""
+    samples_total: int | None = Field(default=None, ge=0)
+    """When that file is an excerpt (a published result keeps the first `PUBLISHED_SAMPLES`): the
+    number of samples in the whole file; None: the file is whole."""
+    samples_total_sha256: str | None = None
+    """The whole file's sha256 (it stays in the run folder), when the file here is an excerpt."""
     config: str | None = None
 
 
@@ -257,12 +265,19 @@ def read_result(path: str | Path) -> Result:
         raise ValueError(f"{where}: {first['msg']}{more}") from None
 
 
+PUBLISHED_SAMPLES = 64
+"""Samples a published (committed) result keeps beside it: hundreds of results live in the repository."""
+
+
 def publish(result_path: str | Path, dest_root: str | Path) -> Path:
-    """Copy a valid result, with the samples and config beside it, to `dest_root/<run_id>/`; the
-    training run's metrics.jsonl (runs/<baseline>/<key>/ for results under its eval/ folder)
-    comes along for the leaderboard's training curves. A result already there (same run id: the
-    same training run and the same evaluation) is left as it is, so publishing twice adds nothing."""
+    """Copy a valid result, with its config and its first `PUBLISHED_SAMPLES` samples (the result
+    records the whole file's count and sha256), to `dest_root/<run_id>/`; the training run's
+    metrics.jsonl (runs/<baseline>/<key>/ for results under its eval/ folder) comes along for the
+    leaderboard's training curves. A result already there (same run id: the same training run and
+    the same evaluation) is left as it is, so publishing twice adds nothing."""
     import shutil
+
+    from dare.utils import sha256_file
 
     result_path = Path(result_path)
     result = read_result(result_path)
@@ -275,9 +290,19 @@ def publish(result_path: str | Path, dest_root: str | Path) -> Path:
         except ValueError:
             pass  # a broken copy is replaced
     dest.mkdir(parents=True, exist_ok=True)
-    for name in (result.artifacts.samples, result.artifacts.config):
-        if name and (result_path.parent / name).is_file():
-            shutil.copyfile(result_path.parent / name, dest / name)
+    art = result.artifacts
+    if art.config and (result_path.parent / art.config).is_file():
+        shutil.copyfile(result_path.parent / art.config, dest / art.config)
+    if art.samples and (result_path.parent / art.samples).is_file():
+        whole = result_path.parent / art.samples
+        lines = whole.read_text().splitlines(keepends=True)
+        if len(lines) > PUBLISHED_SAMPLES and art.samples_total is None:
+            atomic_write(dest / art.samples, "".join(lines[:PUBLISHED_SAMPLES]))
+            result = result.model_copy(update={"artifacts": art.model_copy(update={
+                "samples_sha256": sha256_file(dest / art.samples), "samples_total": len(lines),
+                "samples_total_sha256": sha256_file(whole)})})
+        else:
+            shutil.copyfile(whole, dest / art.samples)
     curves = result_path.parent.parent.parent / "metrics.jsonl"
     if result_path.parent.parent.name == "eval" and curves.is_file():
         shutil.copyfile(curves, dest / "metrics.jsonl")
