@@ -330,8 +330,10 @@ def test_committed_demo_and_baseline_results_appear(monkeypatch):
 
 def test_every_committed_result_says_which_machine_and_commit_made_it():
     """Schema 2 with the fingerprint (CPU model, torch's ISA, threads, BLAS), the lock the environment
-    came from, the exact command, a clean tree, one commit for all, and no machine path."""
+    came from, the exact command, a clean tree, one commit for all, no machine path, and at most 64
+    samples beside each."""
     from dare.results import load_results
+    from dare.utils import sha256_file
 
     valid, invalid = load_results(REPO / "leaderboard" / "results", pattern="**/result_*.json")
     assert valid and not invalid
@@ -346,4 +348,6 @@ def test_every_committed_result_says_which_machine_and_commit_made_it():
         for f in [path, *path.parent.glob("*.yaml")]:
             text = f.read_text()
             assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text, f
+        samples = path.parent / r.artifacts.samples  # a light repository: at most 64 samples per result
+        assert samples.read_text().count("\n") <= 64 and sha256_file(samples) == r.artifacts.samples_sha256, path
     assert len(commits) == 1, commits

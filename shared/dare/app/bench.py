@@ -21,7 +21,7 @@ from dare.eval import build_result, evaluate_model, task_benchmark
 from dare.models import facts, load_pretrained, load_tokenizer
 from dare.models.api import checkpoint_meta
 from dare.results import metric_from_values, write_result
-from dare.utils import atomic_write, atomic_write_json, git_state, hardware, now, package_versions, runs_dir
+from dare.utils import atomic_write, atomic_write_json, git_state, hardware, now, package_versions, runs_dir, shown_path
 
 # strategy -> decoding overrides (on top of gen_length/block_length; vanilla: steps = gen_length / 2)
 MASKED_STRATEGIES = {
@@ -287,7 +287,7 @@ def rl_step_benchmark(checkpoint: str | None = None, steps: int = 2, gen_length:
             out[name] = {**{f"{k}_s": v for k, v in parts.items()}, "step_s": sum(parts.values()),
                          "response_tokens": statistics.median(r["rollout/response_tokens"] for r in records)}
     out["speedup"] = out["naive"]["step_s"] / out["accelerated"]["step_s"]
-    out["setting"] = {"checkpoint": str(ckpt), "sequences": prompts * group_size, "gen_length": gen_length,
+    out["setting"] = {"checkpoint": shown_path(ckpt), "sequences": prompts * group_size, "gen_length": gen_length,
                       "block_length": 32,
                       "steps_timed": steps - 1, "pipelines": RL_PIPELINES}
     return out
