@@ -206,8 +206,22 @@ def _check_run(out):
     assert any(r["optim/grad_norm"] > 0 for r in records)
 
 
-@pytest.mark.parametrize("name,family", [("d1", "llada"), ("d1", "dream"), ("coupled_grpo", "llada"),
-                                         ("coupled_grpo", "dream"), ("wd1", "llada"), ("wd1", "dream")])
+RL_RUNS = [(n, f) for n in ("d1", "coupled_grpo", "wd1", "tracerl") for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")]
+SUPERVISED_RUNS = [(n, f) for n in ("sft", "peft") for f in ("llada", "dream", "sdar", "llada2")] + [
+    ("vrpo", f) for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")]
+
+
+def test_every_family_a_baseline_declares_is_run_here():
+    from dare.app.baselines import front_matter, names
+
+    tested = {}
+    for name, family in RL_RUNS + SUPERVISED_RUNS:
+        tested.setdefault(name, set()).add(family)
+    for name in names():
+        assert set(front_matter(name)["families"]) <= tested.get(name, set()), name
+
+
+@pytest.mark.parametrize("name,family", RL_RUNS)
 def test_rl_baselines_two_steps(name, family, tmp_path, monkeypatch, sft_checkpoint):
     """Rewards alternate 1/0 within each group so that a barely trained model gets a gradient."""
     from dare.data import TASKS
@@ -220,9 +234,7 @@ def test_rl_baselines_two_steps(name, family, tmp_path, monkeypatch, sft_checkpo
     assert _changed(ckpt, out)
 
 
-@pytest.mark.parametrize("name,family", [("sft", "llada"), ("sft", "dream"), ("sft", "sdar"), ("sft", "llada2"),
-                                         ("peft", "llada"), ("peft", "dream"), ("peft", "sdar"), ("peft", "llada2"),
-                                         ("vrpo", "llada"), ("vrpo", "dream")])
+@pytest.mark.parametrize("name,family", SUPERVISED_RUNS)
 def test_supervised_baselines_two_steps(name, family, tmp_path, sft_checkpoint):
     ckpt = sft_checkpoint(family)
     extra = {"sft": ["algo.response_length=4"], "peft": ["model.lora.rank=4", "algo.response_length=4"],

@@ -157,3 +157,20 @@ def test_a_rule_that_depends_on_a_rejected_value_is_not_reported():
 def test_validate_outside_load_still_raises_on_the_first_broken_rule():
     with pytest.raises(config.Invalid, match="must be in"):
         DecodingConfig(top_p=0, top_k=-1).validate()
+
+
+def test_an_option_added_later_keeps_earlier_hashes_until_it_is_set():
+    """`ADDED` fields enter the hash only when set away from their default, so results published
+    before the option existed keep their run ids (here `rl.decoding.whole_last_block`)."""
+    import dataclasses
+
+    from dare.config import config_hash, to_dict
+    from baselines.d1.config import Config
+
+    cfg = Config()
+    hashed = to_dict(cfg, hashed_only=True)
+    assert "whole_last_block" not in hashed["rl"]["decoding"] and "whole_last_block" in to_dict(cfg)["rl"]["decoding"]
+    cut = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, decoding=dataclasses.replace(
+        cfg.rl.decoding, whole_last_block=False)))
+    assert to_dict(cut, hashed_only=True)["rl"]["decoding"]["whole_last_block"] is False
+    assert config_hash(cut) != config_hash(cfg)

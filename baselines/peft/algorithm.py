@@ -21,7 +21,7 @@ import torch
 
 from dare.models import facts
 from dare.train import noise
-from dare.train.estimators import block_diffusion_logps, masked_logps
+from dare.train.estimators import diffusion_logps
 
 RECIPE = "sft"
 
@@ -41,10 +41,7 @@ def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
 def loss(model, batch, draw: noise.Draw, cfg):
     ids, masked, t = batch.input_ids, draw.masked, draw.t
     noisy = torch.where(masked, facts(model).mask_token_id, ids)
-    if facts(model).attention == "block_causal":
-        logps = block_diffusion_logps(model, noisy, ids, masked, batch.attention_mask, chunk=batch.compute.chunk)
-    else:
-        logps = masked_logps(model, noisy, ids, masked, batch.attention_mask, compute=batch.compute)
+    logps = diffusion_logps(model, noisy, ids, masked, batch.attention_mask, compute=batch.compute)
     loss = -(logps.sum(1) / t).sum() / batch.num_tokens  # the step's response tokens
     return loss, {"stats/mask_ratio": (masked.sum(1) / batch.response_mask.sum(1).clamp(min=1)).sum().item()
                   / batch.num_sequences}

@@ -20,7 +20,7 @@ import torch
 
 from dare.models import facts
 from dare.train import noise
-from dare.train.estimators import block_diffusion_logps, masked_logps
+from dare.train.estimators import diffusion_logps
 
 RECIPE = "sft"
 
@@ -37,11 +37,7 @@ def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
 def loss(model, batch, draw: noise.Draw, cfg):
     ids, response, masked, p = batch.input_ids, batch.response_mask, draw.masked, draw.t
     noisy = torch.where(masked, facts(model).mask_token_id, ids)
-    if facts(model).attention == "block_causal":
-        logps = block_diffusion_logps(model, noisy, ids, masked, batch.attention_mask, chunk=batch.compute.chunk)
-    else:
-        # (B, L) log-probs at the masked positions, 0 elsewhere
-        logps = masked_logps(model, noisy, ids, masked, batch.attention_mask, compute=batch.compute)
+    logps = diffusion_logps(model, noisy, ids, masked, batch.attention_mask, compute=batch.compute)
     n_resp, n_masked = response.sum(1).clamp(min=1), masked.sum(1).clamp(min=1)  # a row cut to no response adds 0
     per_seq = -(logps.sum(1) / p) / n_resp  # (B,)
     loss = per_seq.sum() / batch.num_sequences  # normalized by the whole step's rows

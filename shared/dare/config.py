@@ -38,6 +38,9 @@ from dare.models.registry import FAMILIES
 from dare.utils import atomic_write
 
 NOHASH = {"hash": False}  # field metadata: the value does not change results (paths, logging)
+ADDED = {"hash": "unless_default"}
+"""Field metadata for an option added after results were published: it enters the hash only when set
+to something other than its default, so every earlier config keeps its hash (and its run folder)."""
 
 
 class ConfigError(UserError, ValueError):
@@ -226,6 +229,10 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
     max_post_steps: int = 16
     record_trajectory: bool = False
     """Keep the response after every step (CJ-GRPO, MDPO, TraceRL need the trajectory)."""
+    whole_last_block: bool = field(default=True, metadata=ADDED)
+    """Block sampler: decode the last block whole, past `gen_length` (both originals do); False ends
+    the canvas at `gen_length`, so a trainer that scores the `gen_length` tokens sees exactly the
+    blocks the sampler decoded (RL on block models: `dare.train.rl`)."""
 
     def validate(self):
         check(self.gen_length > 0, "must be positive", "gen_length")
@@ -685,12 +692,18 @@ def to_dict(cfg, *, hashed_only: bool = False) -> dict:
         if hashed_only and not f.metadata.get("hash", True):
             continue
         value = getattr(cfg, f.name)
+        if hashed_only and f.metadata.get("hash") == "unless_default" and value == _default(f):
+            continue
         if dataclasses.is_dataclass(value):
             value = to_dict(value, hashed_only=hashed_only)
         elif isinstance(value, tuple):
             value = list(value)
         out[f.name] = value
     return out
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def config_hash(cfg) -> str:

@@ -14,6 +14,10 @@ prompts of different lengths.
       dynamic (threshold > 0): every masked token with p > threshold if there are at least k_i of
               them, else the k_i most confident (SDAR `low_confidence_dynamic`, LLaDA2's rule);
     then one more forward appends the finished block's keys to the cache (SDAR's `store_kv`).
+    `whole_last_block=False` ends the canvas at `gen_length` instead (the last block is partial), so
+    an RL trainer scoring the `gen_length` tokens sees exactly the blocks that were decoded. The
+    output's `logps` hold each committed token's log-probability under the distribution it was
+    drawn from (the rollout side of the rollout/trainer agreement).
     Tokens: at temperature 0 the argmax, with p its probability under the unfiltered softmax (both
     originals); otherwise sampled after temperature, top-k, then top-p, p its probability under
     that filtered distribution. `eos_early_stop`: once every row has a stop token (EOS or end of
@@ -102,8 +106,11 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     # prompt starting a block column; row r's canvas ends at ends[r]
     C = -(-int(lengths.max()) // bs) * bs
     pads = ((C - lengths) // bs) * bs
-    ends = pads + (-(-(lengths + G) // bs)) * bs
-    W = int(ends.max())
+    if decoding.whole_last_block:  # the canvas runs to the end of the block holding the last token
+        ends = pads + (-(-(lengths + G) // bs)) * bs
+    else:  # it ends at gen_length: the last block is partial (its other positions hidden padding)
+        ends = pads + lengths + G
+    W = -(-int(ends.max()) // bs) * bs
     x = torch.full((B, W), f.pad_token_id, dtype=torch.long, device=device)
     valid = torch.zeros((B, W), dtype=torch.bool, device=device)
     gen_start = pads + lengths
@@ -115,6 +122,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     decoded = x == mask_id  # every position the sampler writes (the generated part and the last block's tail)
     gen_cols = gen_start[:, None] + torch.arange(G, device=device)[None, :]  # (B, G) canvas columns
     step_canvas = torch.full((B, W), -1, dtype=torch.long, device=device)
+    logp_canvas = torch.zeros((B, W), dtype=torch.float32, device=device)
     quota = schedule(bs, decoding.steps)
     editing = decoding.editing_threshold > 0
     cached = decoding.cache != "none"
@@ -160,6 +168,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             commit &= ~done[:, None]
             x[:, cols] = torch.where(commit, x0, x[:, cols])
             step_canvas[:, cols][commit] = step
+            logp_canvas[:, cols][commit] = conf[commit].log().float()
             if editing:
                 done |= finished
             step += 1
@@ -181,6 +190,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     return RolloutOutput(sequences=sequences, attention_mask=attention_mask, prompt_length=P,
                          response_mask=response_mask(responses, f.stop_ids),
                          step_map=step_canvas.gather(1, gen_cols), nfe=nfe, sampler="block",
+                         logps=logp_canvas.gather(1, gen_cols),
                          trajectory=torch.stack(trajectory) if trajectory else None)
 
 

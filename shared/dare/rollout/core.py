@@ -25,6 +25,9 @@ class RolloutOutput:
     sampler: str = "masked"
     trajectory: torch.Tensor | None = None
     """(steps, B, G): the response after every step, when `record_trajectory` is set."""
+    logps: torch.Tensor | None = None
+    """(B, G) float32: the log-probability of each generated token under the distribution it was
+    drawn from at the step that (last) committed it, 0 where nothing was committed (block sampler)."""
 
     @property
     def responses(self) -> torch.Tensor:

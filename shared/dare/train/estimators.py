@@ -5,13 +5,17 @@ materializes full-vocabulary logits.
   positions `where`, from the model's hidden states and its output head, `chunk` positions at a
   time (peak memory ~ chunk x vocab instead of B x L x vocab), optionally packing the rows
   without their padding. Shift-aligned for every family.
+- `diffusion_logps(model, x_noisy, clean, where, ...)`: `masked_logps` or, for block-causal models,
+  `block_diffusion_logps`: what every estimator below calls, so each works on every family.
 - `completion_logps(model, batch, masked)`: the same at every completion position of an RL batch.
 - `block_diffusion_logps(model, x_noisy, clean, where)`: the same for block-diffusion models
   (SDAR, LLaDA2.x) through their `[noisy ; clean]` training layout, in one forward.
 - `elbo(model, ids, attention_mask, maskable, draws, normalize, compute)`: the Monte Carlo
   ELBO of the maskable tokens given the rest (LLaDA/MDLM, linear schedule) on draws from
   `noise.elbo_draws` (count weighting: l masked of L, weight L / l; time weighting: i.i.d. at
-  t, weight 1 / t). `normalize="none"` returns the sum over tokens (a log-likelihood bound), "valid" divides by
+  t, weight 1 / t). Block-causal models: the same draws through the block layout, a bound on
+  sum_b log p(block b | earlier blocks) (each block's term is an ELBO; sharing t across a row's
+  blocks keeps each term's expectation). `normalize="none"` returns the sum over tokens (a log-likelihood bound), "valid" divides by
   the number of maskable tokens of each row, "padded" by the padded length; the choice is
   explicit because the reference repos normalize by the padded length by accident.
 - `sequence_elbo(model, ids, start, n, generator)`: the ELBO of log p(ids[start:] | ids[:start]) for
@@ -86,13 +90,27 @@ def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: to
     return out
 
 
+def diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, where: torch.Tensor,
+                    attention_mask: torch.Tensor | None = None, compute: Compute | None = None) -> torch.Tensor:
+    """(B, L) log p(clean_i | x_noisy) at `where`, as the model factorizes it: one forward on
+    `x_noisy` for bidirectional models (`masked_logps`); for block-causal models (SDAR, LLaDA2.x)
+    the block-diffusion layout `[x_noisy ; clean]` (`block_diffusion_logps`), where each block's
+    noisy tokens are predicted from that block of `x_noisy` and the clean blocks before it, blocks
+    counted from each row's first real token (as the block sampler counts them)."""
+    if facts(model).attention == "block_causal":
+        chunk = compute.chunk if compute is not None else 1024
+        return block_diffusion_logps(model, x_noisy, clean, where, attention_mask, chunk=chunk)
+    return masked_logps(model, x_noisy, clean, where, attention_mask, compute=compute)
+
+
 def completion_logps(model, batch, masked: torch.Tensor) -> torch.Tensor:
     """(B, G) log p(completion token | the sequence with the `masked` positions masked) at every
     completion position of an RL batch (`sequences`, `attention_mask`, `prompt_length`, `compute`):
-    the one-step estimates of d1 and wd1 and the passes of coupled-GRPO's pair."""
+    the one-step estimates of d1 and wd1 and the passes of coupled-GRPO's pair. Block-causal
+    models score each block given the clean blocks before it (`diffusion_logps`)."""
     x = torch.where(masked, facts(model).mask_token_id, batch.sequences)
     scored = noise.completion(batch.attention_mask, batch.prompt_length)
-    logps = masked_logps(model, x, batch.sequences, scored, batch.attention_mask, compute=batch.compute)
+    logps = diffusion_logps(model, x, batch.sequences, scored, batch.attention_mask, compute=batch.compute)
     return logps[:, batch.prompt_length:]
 
 
@@ -128,7 +146,7 @@ def _elbo_sample(model, ids, attention_mask, draws: noise.Draw, k: int, compute:
     """(B,) weight_k * sum over the k-th draw's masked positions of log p(ids_i | x_t)."""
     mask = draws.masked[:, k]
     x = torch.where(mask, torch.full_like(ids, facts(model).mask_token_id), ids)
-    return draws.weight[:, k] * masked_logps(model, x, ids, mask, attention_mask, compute=compute).sum(dim=1)
+    return draws.weight[:, k] * diffusion_logps(model, x, ids, mask, attention_mask, compute=compute).sum(dim=1)
 
 
 def elbo(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, maskable: torch.Tensor,

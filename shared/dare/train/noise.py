@@ -41,6 +41,20 @@ def completion(attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor
     return out
 
 
+def blocks(attention_mask: torch.Tensor, block_size: int) -> torch.Tensor:
+    """(B, L) long: the block of every position of a left-padded batch, counted from the row's
+    first real token (`position // block_size`, as the block sampler and the model's block rule
+    count them), -1 on padding."""
+    valid = attention_mask.bool()
+    position = valid.long().cumsum(dim=1) - 1
+    return torch.where(valid, position // block_size, -1)
+
+
+def per_block(values: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """(B, L) `values[b, block[b, i]]` for values (B, n_blocks) drawn per (row, block); 0 on padding."""
+    return torch.where(block >= 0, values.gather(1, block.clamp(min=0)), 0.0)
+
+
 def full_completion(maskable: torch.Tensor, prompt: torch.Tensor, p_mask_prompt: float,
                     generator: torch.Generator) -> torch.Tensor:
     """d1 / diffu-GRPO: every completion token masked, each prompt token masked with probability
@@ -109,3 +123,32 @@ def elbo_draws(maskable: torch.Tensor, n: int, generator: torch.Generator, weigh
         raise ValueError(f"weighting={weighting!r}: expected 'count' or 'time'")
     t = stratified_times(maskable.shape[0], n, generator, eps).to(maskable.device)
     return Draw(iid(maskable, t, generator), t, 1.0 / t)
+
+
+NEVER = 2**40
+"""`trace_rounds` value of a completion position no decoding step committed: masked in every round."""
+
+
+def trace_rounds(step_map: torch.Tensor, segment: torch.Tensor, shrink: int = 1) -> torch.Tensor:
+    """TraceRL's trajectory slices (Gen-Verse/dLLM-RL `collapse_k_unique` + `one_round_vectorized`):
+    (B, G) the round in which each completion position is scored.
+
+    Within each segment (a block of a block-causal model, the whole completion otherwise: `segment`
+    (B, G), the segment id of each position), the distinct decoding steps are ranked in order and
+    every `shrink` consecutive ones form a group; the position's round is its group's rank. Round r
+    scores the tokens of round r with every token of round >= r masked (earlier ones clean): in each
+    segment, the state just before its r-th group of steps was decoded. Positions without a step
+    (step_map < 0: never committed) get `NEVER`: masked in every round, scored in none."""
+    committed = step_map >= 0
+    B, G = step_map.shape
+    steps = step_map.clamp(min=0)
+    seg = segment.clamp(min=0)
+    span = int(steps.max()) + 2 if committed.any() else 2
+    n_seg = int(seg.max()) + 1
+    key = (torch.arange(B, device=step_map.device)[:, None] * n_seg + seg) * span + steps
+    key = torch.where(committed, key, -1)
+    uniq, inverse = torch.unique(key, return_inverse=True)  # sorted: by row, then segment, then step
+    group = uniq.div(span, rounding_mode="floor")  # (row, segment) of each distinct step
+    rank = torch.arange(len(uniq), device=key.device) - torch.searchsorted(group, group, side="left")
+    rounds = (rank // shrink)[inverse]
+    return torch.where(committed, rounds, NEVER)

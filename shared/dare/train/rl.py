@@ -6,6 +6,12 @@
       -> old and reference log-probs on those draws   token_logps(model, batch, noise, cfg)
       -> mu policy updates                            loss(logps, old, ref, batch, noise, cfg)
 
+Block-causal models (SDAR, LLaDA2.x) run the same loop: the block sampler rolls out with the model's
+block size and a canvas that ends at `gen_length` (`whole_last_block=False`), and the estimators
+score each block given the clean blocks before it through the `[x_t ; x_0]` layout
+(`dare.train.estimators.diffusion_logps`), blocks counted from each row's first prompt token as
+the sampler counts them; `batch.block_size` lets a noise sampler draw per block.
+
 The loop knows nothing about any particular algorithm: what noise an estimator needs, how
 log-probs are estimated and what the loss is all come from the baseline's `algorithm.py`, read
 into `RLHooks` (the contract and the optional hooks' defaults: `dare.train.hooks`).
@@ -62,6 +68,12 @@ class RLBatch:
     group_size: int
     trajectory: torch.Tensor | None = None
     """(B, steps, G) the completion after every decoding step, when the algorithm asks for it."""
+    block_size: int | None = None
+    """The model's block (block-causal models: SDAR, LLaDA2.x), counted from each row's first prompt
+    token as the sampler counts it (`dare.train.noise.blocks`); None for bidirectional models."""
+    rollout_logps: torch.Tensor | None = None
+    """(B, G) each completion token's log-probability under the distribution the sampler drew it
+    from, at its commit step (the block sampler records it)."""
     num_tokens: float = 0.0
     """Loss tokens (response_mask) in the whole step, over all processes: the token-level normalizer."""
     num_sequences: int = 0
@@ -114,6 +126,8 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     f = facts(model)
     prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
     rollout_cfg = replace(cfg.rl.decoding, **hooks.rollout_options(cfg))
+    if f.block_size is not None:  # the sampler's canvas ends where the trainer's batch does
+        rollout_cfg = replace(rollout_cfg, whole_last_block=False)
     compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
     micro = cfg.train.micro_batch_size
 
@@ -141,7 +155,8 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             totals = dist.sum({"tokens": float(out.response_mask.sum()), "rows": float(len(row_of))})
             trajectory = out.trajectory.transpose(0, 1) if out.trajectory is not None else None
             batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
-                            rewards, advantages, G, trajectory, totals["tokens"], int(totals["rows"]), compute)
+                            rewards, advantages, G, trajectory, f.block_size, out.logps, totals["tokens"],
+                            int(totals["rows"]), compute)
             t_rollout = time.perf_counter() - tic
 
             # --- old and reference log-probs, on the same noise draws the updates will use

@@ -1,0 +1,44 @@
+"""TraceRL defaults: `dLLM-RL:configs/rl_sdar.yaml` (SDAR / TraDo, MATH) and `reward/rl_reward.py`,
+unless noted."""
+
+from dataclasses import dataclass, field
+
+from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+
+
+@dataclass
+class TraceRL:
+    shrink: int = 1
+    """s: consecutive decoding steps aggregated into one trace step (rl_sdar.yaml 1; rl_llada.yaml 8)."""
+    epsilon: float = 0.2
+    """PPO clip range (training.eps)."""
+    beta: float = 0.01
+    """k3 KL coefficient, against pi_old (training.beta)."""
+    filter_low: float = 0.2
+    filter_high: float = 0.8
+    """Groups whose accuracy lies outside [filter_low, filter_high] get no advantage (rl_reward.py drops them)."""
+
+    def validate(self):
+        check(self.shrink >= 1, "must be >= 1", "shrink")
+        check(self.epsilon > 0, "must be > 0", "epsilon")
+        check(self.beta >= 0, "must be >= 0", "beta")
+        check(0 <= self.filter_low <= self.filter_high <= 1, "need 0 <= filter_low <= filter_high <= 1",
+              "filter_low", "filter_high")
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(family="sdar"))
+    """The paper starts from SDAR-4B/8B-Chat (TraDo): set model.path."""
+    data: DataConfig = field(default_factory=DataConfig)
+    # AdamW (0.9, 0.999), weight decay 0, grad-norm clip 1, lr 1e-6 (cosine with min_lr_scale 1.0:
+    # constant), 80 steps.
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(
+        steps=80, lr=1e-6, weight_decay=0.0, betas=(0.9, 0.999), max_grad_norm=1.0))
+    # 64 tasks x 16 responses per step; rollout: temperature 1.0, 2000 tokens, the model's block (4),
+    # 4 denoising steps per block, dynamic low-confidence threshold 0.9.
+    rl: RLConfig = field(default_factory=lambda: RLConfig(
+        prompts_per_step=64, group_size=16, num_iterations=1,
+        decoding=DecodingConfig(gen_length=2000, steps=4, temperature=1.0, threshold=0.9)))
+    algo: TraceRL = field(default_factory=TraceRL)
