@@ -36,7 +36,7 @@ def rl_batch(adv, mask, group_size=2):
 
 
 def test_coupled_pair_scores_every_token_exactly_once_and_t_is_drawn_per_call():
-    batch = SimpleNamespace(attention_mask=torch.ones(8, 40, dtype=torch.long), prompt_length=10,
+    batch = SimpleNamespace(attention_mask=torch.ones(8, 40, dtype=torch.long), prompt_length=10, block_size=None,
                             sequences=torch.zeros(8, 40, dtype=torch.long))
     g = torch.Generator().manual_seed(0)
     draws = [cg.sample_noise(batch, g, run_config("coupled_grpo")) for _ in range(20)]
