@@ -131,7 +131,7 @@ def test_tracerl_loss_hand_computed_and_ratio_one_at_the_old_policy():
     cfg = run_config("tracerl", epsilon=0.2, beta=0.5)
     adv = torch.tensor([1.0, -2.0])
     mask = torch.tensor([[True, True, False], [True, False, False]])
-    batch = SimpleNamespace(advantages=adv, response_mask=mask, num_tokens=3.0, num_sequences=2,
+    batch = SimpleNamespace(advantages=adv, token_advantages=None, response_mask=mask, num_tokens=3.0, num_sequences=2,
                             responses=torch.zeros(2, 3))
     old = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.0, -1.0]])
     new = old + torch.tensor([[0.5, -0.1, 9.0], [0.1, 0.0, 0.0]])

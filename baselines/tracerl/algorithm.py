@@ -18,19 +18,36 @@ Block models score trace step t of every block in one forward through the `[x_t 
 L1 = `gen_length` (rl_sdar.py divides by the rollout's longest response). Groups whose accuracy
 is above `filter_high` or below `filter_low` (rl_reward.py: 0.8, 0.2) get zero advantages.
 
+With the diffusion value model (`algo.value_model`, configs/rl_sdar_with_value.yaml;
+train_sdar_value.py), V_k is a value head on the hidden state that predicts o_k at o_k's own trace
+step (the policy's input for that token), and the advantage is per token, from step-level GAE over
+the trace steps 1..S of the completion in decoding order (blocks in order, trace steps within):
+
+    r_k  = A_i on the tokens of the last trace step S, 0 elsewhere  (A_i: the group z-score above)
+    r*_s = mean of r_k over step s's tokens       V*_s = mean of V_k over step s's tokens
+    R*_s = r*_s + gamma R*_{s+1}                  A*_s = r*_s - V*_s + gamma V*_{s+1} + gamma lam A*_{s+1}
+    R_k  = r_k + gamma R*_{s(k)+1}                A_k  = r_k - V_k + gamma V*_{s(k)+1} + gamma lam A*_{s(k)+1}
+                                                  (gamma = lam = 1: R_k = A_i, A_k = A_i - V_k)
+    L_V  = 1/B sum_i 1/L1 sum_k 1/2 max((V_k - R_k)^2, (V_old,k + clip(V_k - V_old,k, +-c) - R_k)^2)
+
+and A_k replaces A_i in L. The value model is updated first, on advantages from its values before
+the update; both on the kept groups only.
+
 One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
     rollout (step map) -> rewards -> advantages(rewards, cfg) -> sample_noise: the trace rounds
+    -> [value model: token_values -> value_advantages -> mu x value_loss updates]
     -> old token_logps (one forward per round) -> mu x [token_logps -> loss -> optimizer step]
 
-Deviations (README.md): the optional value model is not built yet (group-relative advantages
-only); one optimizer step per rollout batch; rows of filtered groups stay in the batch with zero
-advantage; the trainer's blocks are the rollout's (rl_sdar.py aligns them at the padded prompt end).
+Deviations (README.md): one optimizer step per rollout batch (the value model: mu); rows of
+filtered groups stay in the batch with zero advantage; the trainer's blocks are the rollout's
+(rl_sdar.py aligns them at the padded prompt end).
 """
 
 import torch
 
 from dare.models import facts
 from dare.train import noise
+from dare.train.critic import diffusion_values
 from dare.train.estimators import diffusion_logps
 from dare.train.rl import group_advantages
 
@@ -45,13 +62,22 @@ def check_config(cfg) -> None:
         raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group z-score needs at least 2 completions")
 
 
+def kept_groups(rewards: torch.Tensor, cfg) -> torch.Tensor:
+    """(P, 1) bool: groups whose accuracy (share of reward > 0) lies in [filter_low, filter_high]."""
+    accuracy = (rewards > 0).float().mean(dim=1, keepdim=True)
+    return (accuracy >= cfg.algo.filter_low) & (accuracy <= cfg.algo.filter_high)
+
+
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
     """(P, G): the group z-score (population std, 0 for a group whose rewards are all equal), and
-    0 for groups whose accuracy (share of reward > 0) lies outside [filter_low, filter_high]."""
+    0 for the groups `kept_groups` drops."""
     adv = group_advantages(rewards, baseline="mean", std="population", eps=0.0).nan_to_num(0.0)
-    accuracy = (rewards > 0).float().mean(dim=1, keepdim=True)
-    kept = (accuracy >= cfg.algo.filter_low) & (accuracy <= cfg.algo.filter_high)
-    return torch.where(kept, adv, 0.0)
+    return torch.where(kept_groups(rewards, cfg), adv, 0.0)
+
+
+def value_model(cfg):
+    """The diffusion value model's settings when `algo.value_model` is on (`dare.train.critic`)."""
+    return {"lr": cfg.algo.value_lr, "path": cfg.algo.value_model_path} if cfg.algo.value_model else None
 
 
 def uses_reference(cfg) -> bool:
@@ -71,24 +97,98 @@ def sample_noise(batch, generator: torch.Generator, cfg) -> torch.Tensor:
     return torch.cat([prompt, rounds], dim=1)
 
 
-def token_logps(model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
-    """(B, G) log pi(o_k | the trajectory state before o_k's trace step), one forward per round."""
-    P, mask_id = batch.prompt_length, facts(model).mask_token_id
+def per_round(score, batch, rounds: torch.Tensor) -> torch.Tensor:
+    """(B, G) `score(x, where)` at every completion token, where x is the trajectory state of round r
+    (tokens of round >= r masked) and `where` the tokens of round r: one forward per round."""
+    P = batch.prompt_length
     scored = rounds[:, P:]
     out = torch.zeros(scored.shape, dtype=torch.float32, device=scored.device)
     n_rounds = int(torch.where(scored < noise.NEVER, scored, -1).max()) + 1
     for r in range(n_rounds):
-        x = torch.where(rounds >= r, mask_id, batch.sequences)
         where = rounds == r
-        out = out + diffusion_logps(model, x, batch.sequences, where, batch.attention_mask,
-                                    compute=batch.compute)[:, P:]
+        out = out + score(where, rounds >= r)[:, P:]
     return out
+
+
+def token_logps(model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
+    """(B, G) log pi(o_k | the trajectory state before o_k's trace step)."""
+    mask_id = facts(model).mask_token_id
+    return per_round(lambda where, masked: diffusion_logps(
+        model, torch.where(masked, mask_id, batch.sequences), batch.sequences, where, batch.attention_mask,
+        compute=batch.compute), batch, rounds)
+
+
+def token_values(value_model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
+    """(B, G) V(o_k | the same state): the value head where the policy scores o_k."""
+    mask_id = facts(value_model).mask_token_id
+    return per_round(lambda where, masked: diffusion_values(
+        value_model, torch.where(masked, mask_id, batch.sequences), batch.sequences, where, batch.attention_mask),
+        batch, rounds)
+
+
+def trace_steps(batch, rounds: torch.Tensor) -> torch.Tensor:
+    """(B, G) each loss token's trace step over the whole completion, in decoding order (blocks in
+    order, rounds within a block), ranked 0..S-1 per row; -1 outside the loss."""
+    P = batch.prompt_length
+    r = rounds[:, P:]
+    on = batch.response_mask & (r < noise.NEVER)
+    segment = (noise.blocks(batch.attention_mask, batch.block_size)[:, P:] if batch.block_size is not None
+               else torch.zeros_like(r))
+    key = torch.where(on, segment * (int(r[on].max()) + 1 if on.any() else 1) + r, -1)
+    steps = torch.full_like(key, -1)
+    for i in range(key.shape[0]):
+        uniq, inverse = torch.unique(key[i][on[i]], return_inverse=True)
+        steps[i, on[i]] = inverse
+    return steps
+
+
+def value_advantages(values: torch.Tensor, batch, rounds: torch.Tensor, cfg):
+    """(token advantages, returns), both (B, G): step-level GAE over the trace steps (module
+    docstring; train_sdar_value.py `compute_returns_and_advantages_from_fragments`), 0 outside the
+    loss and on the rows of dropped groups."""
+    gamma, lam = cfg.algo.gamma, cfg.algo.lam
+    steps = trace_steps(batch, rounds)
+    kept = kept_groups(batch.rewards.view(-1, batch.group_size), cfg).expand(-1, batch.group_size).reshape(-1)
+    adv, ret = torch.zeros_like(values), torch.zeros_like(values)
+    for i in range(values.shape[0]):
+        on = steps[i] >= 0
+        if not kept[i] or not on.any():
+            continue
+        s, v = steps[i][on], values[i][on]
+        S = int(s.max()) + 1
+        r = torch.where(s == S - 1, batch.advantages[i], 0.0)  # the sequence's reward on its last trace step
+        count = torch.zeros(S, device=v.device).index_add_(0, s, torch.ones_like(v))
+        r_star = torch.zeros(S, device=v.device).index_add_(0, s, r) / count
+        v_star = torch.zeros(S, device=v.device).index_add_(0, s, v) / count
+        v_star = torch.cat([v_star, v_star.new_zeros(1)])  # V*_{S+1} = 0, as are R* and A* past the end
+        R_star, A_star = torch.zeros(S + 1, device=v.device), torch.zeros(S + 1, device=v.device)
+        for t in range(S - 1, -1, -1):
+            R_star[t] = r_star[t] + gamma * R_star[t + 1]
+            A_star[t] = r_star[t] - v_star[t] + gamma * v_star[t + 1] + gamma * lam * A_star[t + 1]
+        ret[i, on] = r + gamma * R_star[s + 1]
+        adv[i, on] = r - v + gamma * v_star[s + 1] + gamma * lam * A_star[s + 1]
+    return adv, ret
+
+
+def value_loss(values, batch, rounds, cfg):
+    """TraceRL's clipped value loss on the kept groups' loss tokens, normalized like the policy's."""
+    c = cfg.algo.value_clip
+    kept = kept_groups(batch.rewards.view(-1, batch.group_size), cfg).expand(-1, batch.group_size).reshape(-1)
+    mask = (batch.response_mask & kept[:, None]).float()
+    old, target = batch.old_values, batch.returns
+    clipped = old + (values - old).clamp(-c, c)
+    per_token = 0.5 * torch.maximum((values - target) ** 2, (clipped - target) ** 2)
+    norm = batch.responses.shape[1] * max(batch.num_sequences, 1)
+    n = max(batch.num_tokens, 1.0)
+    return (per_token * mask).sum() / norm, {
+        "mean": (values.detach() * mask).sum().item() / n,
+        "clip_ratio": ((((values - old).abs() > c).float()) * mask).sum().item() / n}
 
 
 def loss(logps, old_logps, ref_logps, batch, rounds, cfg):
     eps, beta = cfg.algo.epsilon, cfg.algo.beta
     mask = batch.response_mask.float()
-    adv = batch.advantages[:, None]
+    adv = batch.token_advantages if batch.token_advantages is not None else batch.advantages[:, None]
     log_ratio = (logps - old_logps).clamp(-10.0, 10.0)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - eps, 1 + eps)

@@ -3,7 +3,7 @@ unless noted."""
 
 from dataclasses import dataclass, field
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import ADDED, DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
 
 
 @dataclass
@@ -17,6 +17,19 @@ class TraceRL:
     filter_low: float = 0.2
     filter_high: float = 0.8
     """Groups whose accuracy lies outside [filter_low, filter_high] get no advantage (rl_reward.py drops them)."""
+    # Added after the first results: hashed only when set (dare.config.ADDED), so earlier runs keep their keys.
+    value_model: bool = field(default=False, metadata=ADDED)
+    """Train the diffusion value model and use its token-level advantages (configs/rl_sdar_with_value.yaml;
+    rl_sdar.yaml, the default, has none: group z-scores only)."""
+    value_model_path: str = field(default="", metadata=ADDED)
+    """The value model's starting checkpoint (model.value_base_model); empty: the policy's model.path."""
+    value_lr: float = field(default=5e-6, metadata=ADDED)
+    """The value model's learning rate (optimizer.params.value_learning_rate), constant like the policy's."""
+    gamma: float = field(default=1.0, metadata=ADDED)
+    lam: float = field(default=1.0, metadata=ADDED)
+    """Step-level GAE over the trace steps (training.gam, training.lam)."""
+    value_clip: float = field(default=0.2, metadata=ADDED)
+    """Clip of the value update around the values before it (train_sdar_value.py uses training.eps)."""
 
     def validate(self):
         check(self.shrink >= 1, "must be >= 1", "shrink")
@@ -24,6 +37,10 @@ class TraceRL:
         check(self.beta >= 0, "must be >= 0", "beta")
         check(0 <= self.filter_low <= self.filter_high <= 1, "need 0 <= filter_low <= filter_high <= 1",
               "filter_low", "filter_high")
+        check(self.value_lr > 0, "must be > 0", "value_lr")
+        check(0 <= self.gamma <= 1, "must be in [0, 1]", "gamma")
+        check(0 <= self.lam <= 1, "must be in [0, 1]", "lam")
+        check(self.value_clip > 0, "must be > 0", "value_clip")
 
 
 @dataclass

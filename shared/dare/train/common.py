@@ -137,11 +137,14 @@ class StopSignals:
 class Checkpointer:
     """`checkpoints/step_N/`: the weights (`Trainer.save`) and `trainer_state.pt` (optimizer,
     schedule, sampler, generators, RNG, elapsed time), written by rank 0 into `step_N.tmp` and
-    renamed into place, so a crash never leaves a half-written checkpoint."""
+    renamed into place, so a crash never leaves a half-written checkpoint. Models trained beside
+    the policy (`companions`, e.g. a value model: {"value": its Trainer}) are saved in
+    `step_N/<name>/`, their weights and optimizer state, in the same atomic rename."""
 
-    def __init__(self, run_dir: Path, dist, keep: int = 1):
+    def __init__(self, run_dir: Path, dist, keep: int = 1, companions: dict | None = None):
         self.dir = Path(run_dir) / "checkpoints"
         self.dist, self.keep = dist, keep
+        self.companions = companions or {}
 
     def complete(self) -> list[Path]:
         return sorted(p for p in self.dir.glob("step_*")
@@ -160,6 +163,13 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         trainer.save(tmp, tokenizer)  # collective: gathers the shards
         optim = trainer.optimizer_state()
+        for name, other in self.companions.items():
+            if self.dist.main:
+                (tmp / name).mkdir()
+            other.save(tmp / name, tokenizer)
+            other_optim = other.optimizer_state()
+            if self.dist.main:
+                torch.save(other_optim, tmp / name / "trainer_state.pt")
         if self.dist.main:
             torch.save({"step": step, **optim, **state}, tmp / "trainer_state.pt")
             umask_permissions(tmp)
@@ -188,15 +198,22 @@ def training_state(sampler: EpochSampler, generators: dict, elapsed_s: float) ->
 
 
 def resume(run_dir: Path, trainer, sampler: EpochSampler, generators: dict,
-           label: str, keep: int = 1) -> tuple[Checkpointer, int, float]:
-    """Restore the latest complete checkpoint, if any: (checkpointer keeping the latest `keep`, or
-    all with 0; start step; elapsed seconds)."""
-    ckpt = Checkpointer(run_dir, trainer.dist, keep)
+           label: str, keep: int = 1, companions: dict | None = None) -> tuple[Checkpointer, int, float]:
+    """Restore the latest complete checkpoint, if any, with its companions (`Checkpointer`):
+    (checkpointer keeping the latest `keep`, or all with 0; start step; elapsed seconds)."""
+    ckpt = Checkpointer(run_dir, trainer.dist, keep, companions)
     latest = ckpt.latest()
     if latest is None:
         return ckpt, 0, 0.0
+    for name in ckpt.companions:
+        if not (latest / name / "trainer_state.pt").is_file():
+            raise UserError(f"{latest}: this run trains a {name} model beside the policy but the checkpoint has "
+                            f"no {name}/ (it was written by a run without one): resume with the config that wrote "
+                            "it, or start a new run folder")
     state = torch.load(latest / "trainer_state.pt", weights_only=False)
     trainer.load(latest, state)
+    for name, other in ckpt.companions.items():
+        other.load(latest / name, torch.load(latest / name / "trainer_state.pt", weights_only=False))
     sampler.load_state_dict(state["sampler"])
     for name, g in generators.items():
         g.set_state(state["generators"][name])
@@ -378,13 +395,13 @@ class Loop:
         return loop.outcome(tokenizer, model_name, init)
     """
 
-    def __init__(self, cfg, run_dir, label: str, trainer, n_rows: int, streams=()):
+    def __init__(self, cfg, run_dir, label: str, trainer, n_rows: int, streams=(), companions: dict | None = None):
         self.cfg, self.label, self.trainer, self.dist = cfg, label, trainer, trainer.dist
         self.total = cfg.train.steps
         self.sampler = EpochSampler(n_rows, make_generator(cfg.run.seed, "data"))
         self.generators = {name: make_generator(cfg.run.seed, name) for name in streams}
         self.ckpt, self.start, self.elapsed0 = resume(run_dir, trainer, self.sampler, self.generators, label,
-                                                         cfg.run.keep_checkpoints)
+                                                         cfg.run.keep_checkpoints, companions)
         self.log = (MetricsLog(run_dir, self.total, self.start, label, cfg.run.report_to, cfg)
                     if self.dist.main else None)
         self.t0 = time.perf_counter()

@@ -7,6 +7,8 @@ materializes full-vocabulary logits.
   without their padding. Shift-aligned for every family.
 - `diffusion_logps(model, x_noisy, clean, where, ...)`: `masked_logps` or, for block-causal models,
   `block_diffusion_logps`: what every estimator below calls, so each works on every family.
+- `diffusion_hidden(model, x_noisy, clean)`: the hidden states those log-probs are read from (a
+  value head reads them too).
 - `completion_logps(model, batch, masked)`: the same at every completion position of an RL batch.
 - `block_diffusion_logps(model, x_noisy, clean, where)`: the same for block-diffusion models
   (SDAR, LLaDA2.x) through their `[noisy ; clean]` training layout, in one forward.
@@ -103,6 +105,18 @@ def diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, where: to
     return masked_logps(model, x_noisy, clean, where, attention_mask, compute=compute)
 
 
+def diffusion_hidden(model, x_noisy: torch.Tensor, clean: torch.Tensor,
+                     attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, L, H) the final hidden states that predict each token of `x_noisy`, as `diffusion_logps`
+    reads them: aligned like `token_logits` for bidirectional models; for block-causal models the
+    noisy half of the `[x_noisy ; clean]` layout (each block sees itself and the clean blocks before
+    it). A head on them (the output head, or a value head: `dare.train.critic`) scores each token."""
+    if facts(model).attention == "block_causal":
+        return model(input_ids=torch.cat([x_noisy, clean], dim=1), attention_mask=attention_mask,
+                     block_diffusion=True, output_logits=False).last_hidden_state
+    return token_hidden(model, x_noisy, attention_mask)
+
+
 def completion_logps(model, batch, masked: torch.Tensor) -> torch.Tensor:
     """(B, G) log p(completion token | the sequence with the `masked` positions masked) at every
     completion position of an RL batch (`sequences`, `attention_mask`, `prompt_length`, `compute`):
@@ -120,8 +134,7 @@ def block_diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, whe
     their training layout `[x_noisy ; clean]` in one forward: a noisy block attends to itself and
     to the clean blocks before it, clean tokens attend block-causally (`block_diffusion=True`
     in `dare.models`). Chunked over positions like `masked_logps`."""
-    hidden = model(input_ids=torch.cat([x_noisy, clean], dim=1), attention_mask=attention_mask,
-                   block_diffusion=True, output_logits=False).last_hidden_state  # (B, L, H): the noisy half
+    hidden = diffusion_hidden(model, x_noisy, clean, attention_mask)
     head = output_head(model)
     out = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
     rows, cols = where.nonzero(as_tuple=True)

@@ -31,6 +31,13 @@ Three rules hold for every hook:
                  uses_reference(cfg)                     optional     False: no reference model is kept
                  uses_old_logps(cfg)                     optional     True: False skips the old log-probs
                  rollout_options(cfg)                    optional     {}: decoding settings the algorithm needs
+                 value_model(cfg)                        optional     None; {"lr": ..., "path": ...} trains a value
+                                                                      model beside the policy (`dare.train.critic`),
+                                                                      and then the three hooks below are required:
+                 token_values(value_model, batch, noise, cfg)         (B, G) values of the completion tokens
+                 value_advantages(values, batch, noise, cfg)          ((B, G) token advantages, (B, G) returns) from
+                                                                      the values before the update
+                 value_loss(values, batch, noise, cfg)                (loss, metrics); batch.old_values, .returns
 
 Losses and metrics are normalized by the step's totals carried in the batch (`num_tokens`,
 `num_sequences`, `num_pairs`), so they add up over micro-batches and processes.
@@ -60,6 +67,15 @@ def _no_rollout_options(cfg) -> dict:
     return {}
 
 
+def _no_value_model(cfg) -> None:
+    return None
+
+
+def _needs_value_hooks(*args):
+    raise ValueError("value_model(cfg) asks for a value model but the algorithm does not define "
+                     "token_values, value_advantages and value_loss (see dare.train.hooks)")
+
+
 @dataclass(frozen=True)
 class SFTHooks:
     sample_noise: Callable[..., Any]
@@ -85,6 +101,10 @@ class RLHooks:
     uses_reference: Callable[[Any], bool] = _no_reference
     uses_old_logps: Callable[[Any], bool] = _old_logps
     rollout_options: Callable[[Any], dict] = _no_rollout_options
+    value_model: Callable[[Any], dict | None] = _no_value_model
+    token_values: Callable[..., Any] = _needs_value_hooks
+    value_advantages: Callable[..., Any] = _needs_value_hooks
+    value_loss: Callable[..., Any] = _needs_value_hooks
 
 
 HOOKS: dict[str, type] = {"sft": SFTHooks, "preference": PreferenceHooks, "rl": RLHooks}
@@ -113,3 +133,9 @@ def bind(module: ModuleType, where: str | None = None):
         raise ValueError(f"{where}: {', '.join(not_callable)} must be functions (see dare.train.hooks)")
     fields = [f.name for f in dataclasses.fields(HOOKS[recipe])]
     return HOOKS[recipe](**{name: getattr(module, name) for name in fields if hasattr(module, name)})
+
+
+def missing_value_hooks(hooks: RLHooks) -> list[str]:
+    """The value hooks an algorithm whose `value_model(cfg)` asks for a value model has not defined."""
+    return [name for name in ("token_values", "value_advantages", "value_loss")
+            if getattr(hooks, name) is _needs_value_hooks]

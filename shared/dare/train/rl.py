@@ -6,6 +6,12 @@
       -> old and reference log-probs on those draws   token_logps(model, batch, noise, cfg)
       -> mu policy updates                            loss(logps, old, ref, batch, noise, cfg)
 
+With a value model (the algorithm's `value_model(cfg)` hook returns its settings; `dare.train.critic`),
+after the noise draws: the values before the update on the first draw (token_values), token-level
+advantages and returns from them (value_advantages, into `batch.token_advantages`, `batch.returns`),
+then mu value-model updates (value_loss), then the policy's as above: the order of TraceRL's
+`rl.py` (value step, then policy step, both on the advantages of the values before the update).
+
 Block-causal models (SDAR, LLaDA2.x) run the same loop: the block sampler rolls out with the model's
 block size and a canvas that ends at `gen_length` (`whole_last_block=False`), and the estimators
 score each block given the clean blocks before it through the `[x_t ; x_0]` layout
@@ -37,6 +43,7 @@ Randomness: the rollout and noise generators of step s on rank r are derived fro
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass, replace
 
 import torch
@@ -47,7 +54,8 @@ from dare.rollout import decode_responses, generate, left_pad
 from dare.train.common import Loop, build_model, micro_slices, take
 from dare.train.trainer import Trainer, setup_dist
 from dare.train.estimators import Compute
-from dare.train.hooks import RLHooks
+from dare.train.critic import build_critic
+from dare.train.hooks import RLHooks, missing_value_hooks
 from dare.utils import UserError, make_generator
 
 @dataclass
@@ -79,6 +87,12 @@ class RLBatch:
     num_sequences: int = 0
     """Completions in the whole step, over all processes."""
     compute: Compute = Compute()
+    token_advantages: torch.Tensor | None = None
+    """(B, G) per-token advantages from a value model (`value_advantages`); None without one."""
+    returns: torch.Tensor | None = None
+    """(B, G) per-token returns, the value model's targets; None without one."""
+    old_values: torch.Tensor | None = None
+    """(B, G) the value model's values before this step's update; None without one."""
 
     @property
     def responses(self) -> torch.Tensor:
@@ -135,8 +149,12 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     trainer = Trainer(model, cfg.model, cfg.train, dist, cfg.train.steps * mu, reference=use_ref, seed=cfg.run.seed)
     uses_old = hooks.uses_old_logps(cfg)  # objectives without a ratio skip them
     policy = trainer.model
+    critic_spec = hooks.value_model(cfg)
+    if critic_spec is not None and missing_value_hooks(hooks):
+        raise UserError(f"the algorithm asks for a value model but does not define {missing_value_hooks(hooks)}")
+    critic = build_critic(cfg, task, dist, critic_spec, cfg.train.steps * mu) if critic_spec is not None else None
 
-    with Loop(cfg, run_dir, label, trainer, len(rows)) as loop:
+    with Loop(cfg, run_dir, label, trainer, len(rows), companions={"value": critic} if critic else None) as loop:
         for step in loop.steps():
             rollout_gen = make_generator(cfg.run.seed, f"rollout/{step}/{dist.rank}")
             noise_gen = make_generator(cfg.run.seed, f"noise/{step}/{dist.rank}")
@@ -162,6 +180,15 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             # --- old and reference log-probs, on the same noise draws the updates will use
             tic = time.perf_counter()
             noises = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(mu)]
+            value_sums = {}
+            if critic is not None:  # token advantages from the values before the update, then the value updates
+                with torch.no_grad(), critic.autocast():
+                    critic.model.eval()
+                    old_values = torch.cat(per_micro(lambda b, z: hooks.token_values(critic.model, b, z, cfg),
+                                                     batch, noises[0], micro))
+                token_advantages, returns = hooks.value_advantages(old_values, batch, noises[0], cfg)
+                batch = replace(batch, token_advantages=token_advantages, returns=returns, old_values=old_values)
+                value_sums = update_value_model(critic, hooks, batch, noises, micro, cfg)
             with torch.no_grad():
                 old = ref = None
                 if (mu > 1 or cfg.rl.recompute_old_logps) and uses_old:
@@ -193,6 +220,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                 step_sums["optim/grad_norm"] = trainer.step()
                 for k, v in step_sums.items():
                     sums[k] = sums.get(k, 0.0) + v / mu
+            sums.update(value_sums)
             t_update = time.perf_counter() - tic
             times = {"time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update}
             val = {}
@@ -201,7 +229,31 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                                make_generator(cfg.run.seed, f"val/{step}/{dist.rank}"))
             loop.end_step(step + 1, tokenizer,
                           lambda: {**step_metrics(dist, batch, out, mu, sums, trainer.lr, times), **val}, bool(val))
+    if critic is not None:  # the trained value model, loadable as a checkpoint (its head: `value_head.weight`)
+        critic.export(Path(run_dir) / "value", tokenizer, {"value_model": True, "model_name": model_name})
     return loop.outcome(tokenizer, model_name, init)
+
+
+def update_value_model(critic, hooks: RLHooks, batch: RLBatch, noises: list, micro: int, cfg) -> dict:
+    """mu optimizer steps of the value model on the step's batch (one per noise draw, accumulated
+    over micro-batches, like the policy's); the mean of its logged metrics, prefixed `value/`."""
+    n, mu = batch.sequences.shape[0], len(noises)
+    critic.model.train()
+    sums: dict[str, float] = {}
+    for z_all in noises:
+        step_sums: dict[str, float] = {}
+        for rows_ in micro_slices(n, micro):
+            mb, z = take(batch, rows_, n), take(z_all, rows_, n)
+            with critic.autocast():
+                loss, metrics = hooks.value_loss(hooks.token_values(critic.model, mb, z, cfg), mb, z, cfg)
+            critic.backward(loss)
+            for k, v in {"loss": loss.item(), **metrics}.items():
+                step_sums[k] = step_sums.get(k, 0.0) + v
+        step_sums = critic.dist.sum(step_sums)
+        step_sums["grad_norm"] = critic.step()
+        for k, v in step_sums.items():
+            sums[f"value/{k}"] = sums.get(f"value/{k}", 0.0) + v / mu
+    return sums
 
 
 def validation_rows(cfg, task, world: int) -> list[dict]:
