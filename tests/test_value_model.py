@@ -63,6 +63,27 @@ def _batch():
 VALUES = torch.tensor([[0.2, 0.4, 0.1, 0.3], [0.5, -0.5, 0.25, 9.0], [1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
 
 
+# The reference's own output on this example: `compute_returns_and_advantages_from_fragments`
+# (Gen-Verse/dLLM-RL @10b4fd1, train/train_sdar_value.py:716-900), run in a scratch folder on the two
+# kept rows (one fragment row per trace step, d as post-EOS padding with post_num 0), 2026-11-25:
+# (gamma, lam) -> (advantages, returns) of rows 0 and 1.
+REFERENCE = {
+    (0.5, 0.5): ([[-0.025, -0.1, 0.9, 0.7], [-0.6875, 0.578125, -1.25, 0.0]],
+                 [[0.25, 0.5, 1.0, 1.0], [-0.5, -0.25, -1.0, 0.0]]),
+    (1.0, 1.0): ([[0.8, 0.6, 0.9, 0.7], [-1.5, -0.5, -1.25, 0.0]], [[1.0, 1.0, 1.0, 1.0], [-1.0, -1.0, -1.0, 0.0]]),
+    (1.0, 0.0): ([[0.2, -0.2, 0.9, 0.7], [-0.25, 1.0, -1.25, 0.0]], [[1.0, 1.0, 1.0, 1.0], [-1.0, -1.0, -1.0, 0.0]]),
+}
+
+
+@pytest.mark.parametrize("gamma,lam", list(REFERENCE))
+def test_step_level_gae_equals_the_reference_code(gamma, lam):
+    batch, rounds = _batch()
+    adv, ret = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl", gamma=gamma, lam=lam))
+    ref_adv, ref_ret = REFERENCE[(gamma, lam)]
+    assert torch.allclose(adv[:2], torch.tensor(ref_adv), atol=1e-6)
+    assert torch.allclose(ret[:2], torch.tensor(ref_ret), atol=1e-6)
+
+
 def test_step_level_gae_hand_computed():
     """gamma = lambda = 0.5, worked by hand: row 0 (z = +1): r* = (0, 0, 1), V* = (0.2, 0.4, 0.2),
     R* = (0.25, 0.5, 1), A* = (-0.025, -0.1, 0.8); row 1 (z = -1, steps b, a, c): r* = (0, 0, -1),
