@@ -4,7 +4,8 @@ A read-only view over validated result JSONs: committed ones under leaderboard/r
 run folders given with `--runs` (or $DARE_LEADERBOARD_RUNS). Invalid files are listed with their
 reason, never fatal. A row is one training recipe (method, start, config without the seed): only
 the seeds of one recipe are pooled, and a mean or delta over runs made on different hardware or
-from different lock files is marked ⚠. Views: the leaderboard of one model, one method across
+from different lock files is marked ⚠. Views: the leaderboard of one model, every method on every
+family of one task (with deltas to each family's start and links to the runs), one method across
 models and families, reproductions against the papers' numbers, speed, and the detail of one run.
 """
 
@@ -61,7 +62,8 @@ def download(df: pd.DataFrame, name: str, key: str) -> None:
     st.download_button("Download CSV", df.to_csv(index=False).encode(), file_name=name, mime="text/csv", key=key)
 
 
-main, by_method, repro, speed, detail = st.tabs(["Leaderboard", "By method", "Reproduction", "Speed", "Run detail"])
+main, families_tab, by_method, repro, speed, detail = st.tabs(
+    ["Leaderboard", "Families", "By method", "Reproduction", "Speed", "Run detail"])
 
 with main:
     families = sorted({r.model.family for _, r in shown})
@@ -106,6 +108,21 @@ with main:
         st.subheader("Runs")
         st.dataframe(pd.DataFrame(load.run_rows([(p, r) for p, r in shown if r.model.family == family
                                                  and r.model.name == model])), hide_index=True)
+
+with families_tab:
+    columns = sorted({load.benchmark_label(r) for _, r in shown})
+    if not columns:
+        st.info("No result matches the filters.")
+    else:
+        pick = st.selectbox("Task and decoding", columns, key="family_benchmark")
+        fams, rows, family_runs = load.family_table(shown, pick)
+        st.caption(f"{pick}: every method on every model family, % (mean ± sample std over seeds, n seeds), and "
+                   "its difference in points to that family's own start (the model it was trained from: the "
+                   "first row). Open a run from the table below it (the detail link) or in the Run detail tab.")
+        st.table(pd.DataFrame(rows).set_index("method"))
+        st.dataframe(pd.DataFrame(family_runs), hide_index=True, key="family_runs",
+                     column_config={"detail": st.column_config.LinkColumn("detail", display_text="open")})
+        download(pd.DataFrame(rows), "families.csv", "csv_families")
 
 with by_method:
     methods = load.options(shown)["method"]
@@ -167,7 +184,8 @@ with detail:
     if not ids:
         st.info("No result matches the filters.")
     else:
-        run_id = st.selectbox("Run", ids, key="run")
+        linked = st.query_params.get("run")  # the families table links here with ?run=<id>
+        run_id = st.selectbox("Run", ids, index=ids.index(linked) if linked in ids else 0, key="run")
         path, r = next((p, r) for p, r in shown if r.run_id == run_id)
         info = load.run_detail(path, r)
         st.write(f"**{load.method_label(r)}** on **{r.model.name}** ({r.model.family}), {r.benchmark.name} "

@@ -271,6 +271,50 @@ def family_method_rows(items) -> list[dict]:
             for (f, m, b), v in sorted(groups.items())]
 
 
+def family_table(items, benchmark: str) -> tuple[list[str], list[dict], list[dict]]:
+    """The cross-family comparison on one benchmark column (`benchmark_label`: task and decoding):
+    (families, one row per recipe label with each family's `mean ± std (n seeds)` cell and its
+    signed delta in points to that model's own start (`base_method`: the run the others were trained
+    from), one row per run with a `?run=<id>` link to its detail). A family with several models on
+    the benchmark gets a row per model (`label [model]`). Cells and deltas over runs from different
+    machines carry ⚠."""
+    results = [r for _, r in items if benchmark_label(r) == benchmark]
+    families = sorted({r.model.family for r in results})
+    cells: dict[tuple[str, str], list[Result]] = defaultdict(list)
+    start_of: dict[tuple[str, str], str | None] = {}  # (row label, family) -> the label of its start
+    starts, order = [], []
+    for family in families:
+        models = sorted({r.model.name for r in results if r.model.family == family})
+        for model in models:
+            mine = [r for r in results if r.model.family == family and r.model.name == model]
+            labels = row_labels(mine)
+            name = (lambda label: f"{label} [{model}]") if len(models) > 1 else (lambda label: label)
+            base = base_method(mine)
+            starts += [name(base)] if base and name(base) not in starts else []
+            for r in mine:
+                label = name(labels[recipe(r)])
+                cells[(label, family)].append(r)
+                start_of[(label, family)] = name(base) if base else None
+                order += [label] if label not in order else []
+    order = starts + [m for m in order if m not in starts]
+    rows = []
+    for label in order:
+        row = {"method": label}
+        for family in families:
+            mine = cells.get((label, family))
+            base = cells.get((start_of.get((label, family)), family))
+            row[family] = format_cell(mine) if mine else ""
+            row[f"{family} Δ"] = ""
+            if mine and base and label not in starts:
+                diff = stats([value(r) for r in mine])[0] - stats([value(r) for r in base])[0]
+                row[f"{family} Δ"] = signed(100 * diff) + (MIXED if mixed(mine + base) else "")
+        rows.append(row)
+    runs = [{"family": f, "method": label, "seed": r.training.seed if r.training else None,
+             "value": round(100 * value(r), 2), "model": r.model.name, "run_id": r.run_id, "detail": f"?run={r.run_id}"}
+            for label in order for f in families for r in cells.get((label, f), [])]
+    return families, rows, runs
+
+
 def method_rows(items, method: str) -> list[dict]:
     """One method across models and families: rows (model, family), columns benchmarks."""
     results = [r for _, r in items if method_label(r) == method]

@@ -106,7 +106,7 @@ def test_invalid_files_are_listed_and_the_rest_works(runs):
     assert reasons["result_missing.json"].startswith("model: Field required")
     assert "NaN" in reasons["result_nan.json"]
     assert "train-1.json" not in " ".join(reasons)  # a bench report is not an invalid result
-    assert [t.label for t in at.tabs] == ["Leaderboard", "By method", "Reproduction", "Speed", "Run detail"]
+    assert [t.label for t in at.tabs] == ["Leaderboard", "Families", "By method", "Reproduction", "Speed", "Run detail"]
 
 
 def test_main_view_cells_deltas_and_sorting(runs):
@@ -200,6 +200,29 @@ def test_method_view_spans_models_and_families(runs):
     assert heat.options == ["addition"]  # the family x method heatmap's benchmark
     specs = [c.proto.spec for c in at.get("vega_lite_chart")]
     assert any('"rect"' in spec and '"family"' in spec for spec in specs)  # the heatmap is drawn
+
+
+def test_family_view_compares_every_method_on_every_family_with_deltas_to_each_start(runs):
+    """tiny (llada): sft 75.0, d1 62.5 ± 17.7 over 2 seeds (-12.5), wd1 100.0 (+25.0); tiny-sdar: sft
+    50.0, d1 75.0 (+25.0); LLaDA-8B (also llada) has rows of its own; each run links to its detail
+    (`?run=<id>` preselects it there)."""
+    at = _app()
+    column = "addition [4/4/4, T=0]"
+    at.selectbox(key="family_benchmark").select(column).run()
+    table = next(t.value for t in at.table if "sdar Δ" in t.value.columns)
+    assert list(table.index)[:3] == ["d1 [LLaDA-8B]", "sft [tiny]", "sft"]  # the starts first
+    assert set(table.index[3:]) == {"wd1 [LLaDA-8B]", "d1 (from sft) [tiny]", "wd1 (from sft) [tiny]", "d1 (from sft)"}
+    assert table.loc["sft [tiny]", "llada"] == "75.0 (1 seed)" and table.loc["sft", "sdar"] == "50.0 (1 seed)"
+    assert table.loc["d1 (from sft) [tiny]", "llada"] == "62.5 ± 17.7 (2 seeds)"
+    assert table.loc["d1 (from sft) [tiny]", "llada Δ"] == "-12.5" and table.loc["d1 (from sft)", "sdar Δ"] == "+25.0"
+    assert table.loc["wd1 (from sft) [tiny]", "llada Δ"] == "+25.0" and table.loc["wd1 (from sft) [tiny]", "sdar"] == ""
+    runs_table = next(d.value for d in at.dataframe if "detail" in d.value.columns)
+    assert len(runs_table) == 8 and set(runs_table["family"]) == {"llada", "sdar"}
+    assert "?run=d1__tiny__addition__s1__g4" in set(runs_table["detail"])
+    linked = AppTest.from_file(APP, default_timeout=60)
+    linked.query_params["run"] = "wd1__tiny__addition__s0__g4"
+    linked.run()
+    assert linked.selectbox(key="run").value == "wd1__tiny__addition__s0__g4"
 
 
 def test_reproduction_view_marks_only_matching_protocols(runs):
@@ -357,3 +380,25 @@ def test_every_committed_result_says_which_machine_and_commit_made_it():
         samples = path.parent / r.artifacts.samples  # a light repository: at most 64 samples per result
         assert samples.read_text().count("\n") <= 64 and sha256_file(samples) == r.artifacts.samples_sha256, path
     assert all(len(c) == 1 for c in commits.values()), commits
+
+
+def test_committed_results_fill_the_family_table(monkeypatch):
+    """The tiny comparison on the committed results: every RL method on LLaDA, SDAR and LLaDA2.x,
+    3 seeds or more each, above each family's own SFT start."""
+    monkeypatch.syspath_prepend(str(REPO / "leaderboard"))
+    import load
+
+    monkeypatch.delenv("DARE_LEADERBOARD_RUNS", raising=False)
+    monkeypatch.delenv("DARE_LEADERBOARD_RESULTS", raising=False)
+    items, _ = load.load_all([])
+    addition = [(p, r) for p, r in items if r.benchmark.name == "addition" and r.model.name.startswith("tiny-")]
+    families, rows, runs = load.family_table(addition, "addition [4/4/4, T=0]")
+    assert {"llada", "sdar", "llada2"} <= set(families)
+    by_method = {row["method"]: row for row in rows}
+    assert rows[0]["method"] == "sft"
+    for method in ("d1", "coupled_grpo", "wd1"):
+        for family in ("llada", "sdar", "llada2"):
+            row = by_method[f"{method} (from sft)"]
+            assert "seeds)" in row[family] and row[f"{family} Δ"].startswith("+"), (method, family)
+    assert by_method["tracerl (from sft)"]["sdar Δ"].startswith("+") and by_method["tracerl (from sft)"]["llada"] == ""
+    assert {r["detail"] for r in runs} == {f"?run={r['run_id']}" for r in runs}
