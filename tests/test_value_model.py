@@ -171,3 +171,16 @@ def test_the_policy_loss_takes_the_token_advantages_when_there_are_some():
     a = torch.tensor([2.0, -1.0])
     expected = -torch.min(rho * a, rho.clamp(0.8, 1.2) * a).sum() / 3
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar_moe", "llada2"])
+def test_tracerl_with_the_value_model_runs_on_every_family(family, tmp_path, monkeypatch, sft_checkpoint):
+    from dare.data import TASKS
+
+    monkeypatch.setattr(TASKS["addition"], "rewards", lambda texts, rows, style="default": [
+        float(i % 2) for i in range(len(texts))])
+    out = train("tracerl", None, [f"model.path={sft_checkpoint(family)}", f"model.family={family}", *RL,
+                                  "algo.value_model=true", "algo.value_lr=1e-3", f"run.out_dir={tmp_path / family}"])
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["value/loss"] > 0 and r["value/grad_norm"] > 0 for r in records)
+    assert _value_weights(out)["value_head.weight"].abs().sum() > 0
