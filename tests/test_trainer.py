@@ -88,6 +88,29 @@ def test_fsdp_bf16_lora_rl_runs_and_exports_merged(tmp_path):
     assert "val/accuracy" not in records[0] and 0 <= records[1]["val/accuracy"] <= 1  # collective validation
 
 
+def test_fsdp_two_processes_run_tracerl_with_its_value_model(tmp_path):
+    """The value model's collectives under FSDP2 over gloo (its forward and backward, the companion
+    checkpoint's gather, the export): a 2-process TraceRL run with micro-batches finishes, writes
+    `step_1/value/` and `<run>/value/`, and its checkpoint resumes in one process. (A model this
+    tiny rarely solves a sum, so its rewards and the value targets may all be 0: this checks the
+    distributed plumbing; tests/test_value_model.py checks the training itself.)"""
+    sft = train("sft", None, [*TINY, "model.family=sdar", "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
+    args = [f"model.path={sft / 'final'}", "model.family=sdar", *D1_TINY, "train.steps=2", "rl.num_iterations=2",
+            "algo.value_model=true",
+            "algo.filter_low=0", "algo.filter_high=1", "train.micro_batch_size=5", "run.save_every=1"]
+    _torchrun(2, "train", "tracerl", *args, f"run.out_dir={tmp_path / 'two'}")
+    two = tmp_path / "two"
+    assert (two / "checkpoints" / "step_0000001" / "value" / "model.safetensors").is_file()
+    assert "value_head.weight" in _weights(two, "value")
+    records = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(math.isfinite(r["value/loss"]) for r in records)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(two / "checkpoints" / "step_0000001", resumed / "checkpoints" / "step_0000001")
+    (resumed / "run.json").write_text(json.dumps({**json.loads((two / "run.json").read_text()), "status": "running"}))
+    train("tracerl", None, [*args, f"run.out_dir={resumed}"])
+    assert [json.loads(x)["step"] for x in (resumed / "metrics.jsonl").read_text().splitlines()] == [2]
+
+
 def test_micro_batches_and_checkpointing_do_not_change_the_step(tmp_path):
     """Losses are normalized by the step's totals, so accumulating over micro-batches (with
     gradient checkpointing) gives the whole-batch gradient."""

@@ -78,7 +78,7 @@ REFERENCE = {
 @pytest.mark.parametrize("gamma,lam", list(REFERENCE))
 def test_step_level_gae_equals_the_reference_code(gamma, lam):
     batch, rounds = _batch()
-    adv, ret = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl", gamma=gamma, lam=lam))
+    adv, ret, _ = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl", gamma=gamma, lam=lam))
     ref_adv, ref_ret = REFERENCE[(gamma, lam)]
     assert torch.allclose(adv[:2], torch.tensor(ref_adv), atol=1e-6)
     assert torch.allclose(ret[:2], torch.tensor(ref_ret), atol=1e-6)
@@ -90,7 +90,7 @@ def test_step_level_gae_hand_computed():
     V* = (-0.5, 0.5, 0.25), R* = (-0.25, -0.5, -1), A* = (0.578125, -0.6875, -1.25)."""
     batch, rounds = _batch()
     assert batch.advantages.tolist() == [1.0, -1.0, 0.0, 0.0]
-    adv, ret = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl", gamma=0.5, lam=0.5))
+    adv, ret, _ = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl", gamma=0.5, lam=0.5))
     assert torch.allclose(ret[0], torch.tensor([0.25, 0.5, 1.0, 1.0]))
     assert torch.allclose(adv[0], torch.tensor([-0.025, -0.1, 0.9, 0.7]))
     assert torch.allclose(ret[1], torch.tensor([-0.5, -0.25, -1.0, 0.0]))
@@ -101,15 +101,16 @@ def test_step_level_gae_hand_computed():
 def test_gae_identities_of_the_reference():
     batch, rounds = _batch()
     loss_tokens = batch.response_mask[:2]
-    adv, ret = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl"))  # gamma = lambda = 1
+    adv, ret, _ = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl"))  # gamma = lambda = 1
     z = batch.advantages[:2, None].expand(-1, 4)
     assert torch.allclose(ret[:2][loss_tokens], z[loss_tokens])
     assert torch.allclose(adv[:2][loss_tokens], (z - VALUES[:2])[loss_tokens])
-    adv0, _ = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl", lam=0.0))  # A = r - V + V*_next
+    adv0, _, _ = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl", lam=0.0))  # A = r - V + V*_next
     assert torch.allclose(adv0[0], torch.tensor([-0.2 + 0.4, -0.4 + 0.2, 1 - 0.1, 1 - 0.3]))
     assert torch.allclose(adv0[1], torch.tensor([-0.5 + 0.25, 0.5 + 0.5, -1 - 0.25, 0.0]))
-    fresh, _ = tracerl.value_advantages(torch.zeros(4, 4), batch, rounds, run_config("tracerl"))
+    fresh, _, mask = tracerl.value_advantages(torch.zeros(4, 4), batch, rounds, run_config("tracerl"))
     assert torch.allclose(fresh[:2][loss_tokens], z[loss_tokens])  # a zero head: the group z-scores
+    assert mask.tolist() == [[True] * 4, [True] * 3 + [False], [False] * 4, [False] * 4]  # kept groups' loss tokens
 
 
 def test_value_loss_hand_computed_with_its_clip():
@@ -118,6 +119,7 @@ def test_value_loss_hand_computed_with_its_clip():
     0.5 (0.64 + 0.01 + 0.09 + 0) = 0.37; row 1 sits on its targets; rows 2, 3 are dropped."""
     batch, _ = _batch()
     batch.old_values = torch.zeros(4, 4)
+    batch.value_mask = torch.tensor([[True] * 4, [True] * 3 + [False], [False] * 4, [False] * 4])
     batch.returns = torch.tensor([[1.0, 0, 0, 0], [0.3, 0.3, 0.3, 0.3], [5.0] * 4, [5.0] * 4])
     values = torch.tensor([[0.5, -0.1, 0.3, 0.0], [0.3, 0.3, 0.3, 7.0], [0.0] * 4, [0.0] * 4])
     batch.old_values[1] = 0.3
@@ -184,3 +186,21 @@ def test_tracerl_with_the_value_model_runs_on_every_family(family, tmp_path, mon
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(r["value/loss"] > 0 and r["value/grad_norm"] > 0 for r in records)
     assert _value_weights(out)["value_head.weight"].abs().sum() > 0
+
+
+def test_value_training_in_micro_batches_that_split_groups_matches_the_whole_batch(tmp_path, monkeypatch,
+                                                                                   sft_checkpoint):
+    """Micro-batches of 3 rows cut groups of 4: the kept-group mask comes from the whole batch, and
+    the value loss is normalized by the step's totals, so the policy and the value model reach the
+    weights of the whole-batch run."""
+    from dare.data import TASKS
+
+    monkeypatch.setattr(TASKS["addition"], "rewards", lambda texts, rows, style="default": [
+        float(i % 2) for i in range(len(texts))])
+    args = [f"model.path={sft_checkpoint('sdar')}", "model.family=sdar", *RL, "algo.value_model=true",
+            "algo.value_lr=1e-3"]
+    whole = train("tracerl", None, [*args, f"run.out_dir={tmp_path / 'whole'}"])
+    parts = train("tracerl", None, [*args, "train.micro_batch_size=3", f"run.out_dir={tmp_path / 'parts'}"])
+    for weights in (lambda r: load_file(str(r / "final" / "model.safetensors")), _value_weights):
+        a, b = weights(whole), weights(parts)
+        assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5

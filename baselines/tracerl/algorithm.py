@@ -143,9 +143,9 @@ def trace_steps(batch, rounds: torch.Tensor) -> torch.Tensor:
 
 
 def value_advantages(values: torch.Tensor, batch, rounds: torch.Tensor, cfg):
-    """(token advantages, returns), both (B, G): step-level GAE over the trace steps (module
-    docstring; train_sdar_value.py `compute_returns_and_advantages_from_fragments`), 0 outside the
-    loss and on the rows of dropped groups."""
+    """(token advantages, returns, value mask), all (B, G): step-level GAE over the trace steps
+    (module docstring; train_sdar_value.py `compute_returns_and_advantages_from_fragments`), 0
+    outside the loss and on the rows of dropped groups; the mask: the kept groups' loss tokens."""
     gamma, lam = cfg.algo.gamma, cfg.algo.lam
     steps = trace_steps(batch, rounds)
     kept = kept_groups(batch.rewards.view(-1, batch.group_size), cfg).expand(-1, batch.group_size).reshape(-1)
@@ -167,14 +167,13 @@ def value_advantages(values: torch.Tensor, batch, rounds: torch.Tensor, cfg):
             A_star[t] = r_star[t] - v_star[t] + gamma * v_star[t + 1] + gamma * lam * A_star[t + 1]
         ret[i, on] = r + gamma * R_star[s + 1]
         adv[i, on] = r - v + gamma * v_star[s + 1] + gamma * lam * A_star[s + 1]
-    return adv, ret
+    return adv, ret, batch.response_mask & kept[:, None]
 
 
 def value_loss(values, batch, rounds, cfg):
     """TraceRL's clipped value loss on the kept groups' loss tokens, normalized like the policy's."""
     c = cfg.algo.value_clip
-    kept = kept_groups(batch.rewards.view(-1, batch.group_size), cfg).expand(-1, batch.group_size).reshape(-1)
-    mask = (batch.response_mask & kept[:, None]).float()
+    mask = batch.value_mask.float()
     old, target = batch.old_values, batch.returns
     clipped = old + (values - old).clamp(-c, c)
     per_token = 0.5 * torch.maximum((values - target) ** 2, (clipped - target) ** 2)

@@ -35,9 +35,11 @@ Three rules hold for every hook:
                                                                       model beside the policy (`dare.train.critic`),
                                                                       and then the three hooks below are required:
                  token_values(value_model, batch, noise, cfg)         (B, G) values of the completion tokens
-                 value_advantages(values, batch, noise, cfg)          ((B, G) token advantages, (B, G) returns) from
-                                                                      the values before the update
-                 value_loss(values, batch, noise, cfg)                (loss, metrics); batch.old_values, .returns
+                 value_advantages(values, batch, noise, cfg)          (B, G) token advantages, returns and the bool
+                                                                      mask of the tokens the value model trains on,
+                                                                      from the values before the update (whole batch)
+                 value_loss(values, batch, noise, cfg)                (loss, metrics); batch.old_values, .returns,
+                                                                      .value_mask (a micro-batch's rows)
 
 Losses and metrics are normalized by the step's totals carried in the batch (`num_tokens`,
 `num_sequences`, `num_pairs`), so they add up over micro-batches and processes.

@@ -8,7 +8,8 @@
 
 With a value model (the algorithm's `value_model(cfg)` hook returns its settings; `dare.train.critic`),
 after the noise draws: the values before the update on the first draw (token_values), token-level
-advantages and returns from them (value_advantages, into `batch.token_advantages`, `batch.returns`),
+advantages, returns and the tokens the value model trains on (value_advantages, computed on the whole
+batch, into `batch.token_advantages`, `batch.returns`, `batch.value_mask`),
 then mu value-model updates (value_loss), then the policy's as above: the order of TraceRL's
 `rl.py` (value step, then policy step, both on the advantages of the values before the update).
 
@@ -93,6 +94,9 @@ class RLBatch:
     """(B, G) per-token returns, the value model's targets; None without one."""
     old_values: torch.Tensor | None = None
     """(B, G) the value model's values before this step's update; None without one."""
+    value_mask: torch.Tensor | None = None
+    """(B, G) bool: the tokens the value model trains on (from `value_advantages`, on the whole batch,
+    so a micro-batch that splits a group still knows which rows count); None without one."""
 
     @property
     def responses(self) -> torch.Tensor:
@@ -186,8 +190,9 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                     critic.model.eval()
                     old_values = torch.cat(per_micro(lambda b, z: hooks.token_values(critic.model, b, z, cfg),
                                                      batch, noises[0], micro))
-                token_advantages, returns = hooks.value_advantages(old_values, batch, noises[0], cfg)
-                batch = replace(batch, token_advantages=token_advantages, returns=returns, old_values=old_values)
+                token_advantages, returns, value_mask = hooks.value_advantages(old_values, batch, noises[0], cfg)
+                batch = replace(batch, token_advantages=token_advantages, returns=returns, old_values=old_values,
+                                value_mask=value_mask)
                 value_sums = update_value_model(critic, hooks, batch, noises, micro, cfg)
             with torch.no_grad():
                 old = ref = None
