@@ -396,9 +396,9 @@ def test_committed_results_fill_the_family_table(monkeypatch):
     assert {"llada", "sdar", "llada2"} <= set(families)
     by_method = {row["method"]: row for row in rows}
     assert rows[0]["method"] == "sft"
-    for method in ("d1", "coupled_grpo", "wd1"):
+    for method in ("d1", "coupled_grpo", "wd1", "tracerl", "peft"):
         for family in ("llada", "sdar", "llada2"):
             row = by_method[f"{method} (from sft)"]
             assert "seeds)" in row[family] and row[f"{family} Δ"].startswith("+"), (method, family)
-    assert by_method["tracerl (from sft)"]["sdar Δ"].startswith("+") and by_method["tracerl (from sft)"]["llada"] == ""
+    assert all("seeds)" in by_method["vrpo (from sft)"][f] for f in ("llada", "sdar", "llada2"))
     assert {r["detail"] for r in runs} == {f"?run={r['run_id']}" for r in runs}
