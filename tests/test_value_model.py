@@ -204,3 +204,20 @@ def test_value_training_in_micro_batches_that_split_groups_matches_the_whole_bat
     for weights in (lambda r: load_file(str(r / "final" / "model.safetensors")), _value_weights):
         a, b = weights(whole), weights(parts)
         assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+def test_a_value_model_without_its_hooks_is_refused_before_any_model_is_loaded(tmp_path):
+    """`value_model(cfg)` asks for one but `value_loss` is missing: a clear error naming the hook,
+    raised before the (here nonexistent) checkpoint is read."""
+    import dataclasses
+
+    from dare.train import rl
+    from dare.train.hooks import RLHooks, bind
+    from dare.utils import UserError
+
+    default = next(f.default for f in dataclasses.fields(RLHooks) if f.name == "value_loss")
+    hooks = dataclasses.replace(bind(tracerl), value_loss=default)
+    cfg = run_config("tracerl", value_model=True)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(tmp_path / "no-such-checkpoint")))
+    with pytest.raises(UserError, match=r"does not define \['value_loss'\]"):
+        rl.run(cfg, hooks, tmp_path / "run")

@@ -137,8 +137,7 @@ def trace_steps(batch, rounds: torch.Tensor) -> torch.Tensor:
     key = torch.where(on, segment * (int(r[on].max()) + 1 if on.any() else 1) + r, -1)
     steps = torch.full_like(key, -1)
     for i in range(key.shape[0]):
-        uniq, inverse = torch.unique(key[i][on[i]], return_inverse=True)
-        steps[i, on[i]] = inverse
+        steps[i, on[i]] = torch.unique(key[i][on[i]], return_inverse=True)[1]
     return steps
 
 

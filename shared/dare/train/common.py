@@ -308,11 +308,12 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def save_final(trainer, tokenizer, run_dir: Path, meta: dict, base: str | Path | None = None) -> Path:
-    """The run's final model (`Trainer.export`), with `dare.json` describing how it was made,
-    moved into place whole; a `base` checkpoint's remote code comes along (`carry_remote_code`).
-    Collective; rank 0 writes."""
-    tmp, final = Path(run_dir) / "final.tmp", Path(run_dir) / "final"
+def save_final(trainer, tokenizer, run_dir: Path, meta: dict, base: str | Path | None = None,
+               name: str = "final") -> Path:
+    """The run's final model (`Trainer.export`) in `<run_dir>/<name>/` (a value model: `value`), with
+    `dare.json` describing how it was made, moved into place whole; a `base` checkpoint's remote code
+    comes along (`carry_remote_code`). Collective; rank 0 writes."""
+    tmp, final = Path(run_dir) / f"{name}.tmp", Path(run_dir) / name
     if trainer.dist.main:
         if tmp.exists():
             shutil.rmtree(tmp)

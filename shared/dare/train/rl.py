@@ -44,7 +44,6 @@ Randomness: the rollout and noise generators of step s on rank r are derived fro
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from dataclasses import dataclass, replace
 
 import torch
@@ -52,7 +51,7 @@ import torch
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.rollout import decode_responses, generate, left_pad
-from dare.train.common import Loop, build_model, micro_slices, take
+from dare.train.common import Loop, build_model, micro_slices, save_final, take
 from dare.train.trainer import Trainer, setup_dist
 from dare.train.estimators import Compute
 from dare.train.critic import build_critic
@@ -136,6 +135,9 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     if n_prompts % dist.world:
         raise UserError(f"rl.prompts_per_step={n_prompts} must be divisible by the {dist.world} processes")
     task = TASKS[cfg.data.task]
+    critic_spec = hooks.value_model(cfg)  # checked before any model is built
+    if critic_spec is not None and missing_value_hooks(hooks):
+        raise UserError(f"the algorithm asks for a value model but does not define {missing_value_hooks(hooks)}")
     rows = load_split(cfg.data.task, cfg.data.split)
     val_rows = validation_rows(cfg, task, dist.world) if cfg.rl.eval_every else None
     model, tokenizer, model_name, init = build_model(cfg.model, task, cfg.run.seed)
@@ -153,9 +155,6 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     trainer = Trainer(model, cfg.model, cfg.train, dist, cfg.train.steps * mu, reference=use_ref, seed=cfg.run.seed)
     uses_old = hooks.uses_old_logps(cfg)  # objectives without a ratio skip them
     policy = trainer.model
-    critic_spec = hooks.value_model(cfg)
-    if critic_spec is not None and missing_value_hooks(hooks):
-        raise UserError(f"the algorithm asks for a value model but does not define {missing_value_hooks(hooks)}")
     critic = build_critic(cfg, task, dist, critic_spec, cfg.train.steps * mu) if critic_spec is not None else None
 
     with Loop(cfg, run_dir, label, trainer, len(rows), companions={"value": critic} if critic else None) as loop:
@@ -181,19 +180,29 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                             int(totals["rows"]), compute)
             t_rollout = time.perf_counter() - tic
 
-            # --- old and reference log-probs, on the same noise draws the updates will use
-            tic = time.perf_counter()
             noises = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(mu)]
+
+            # --- the value model: token advantages from its values before the update, then its mu updates
+            tic = time.perf_counter()
             value_sums = {}
-            if critic is not None:  # token advantages from the values before the update, then the value updates
+            if critic is not None:
+                critic.model.eval()
                 with torch.no_grad(), critic.autocast():
-                    critic.model.eval()
                     old_values = torch.cat(per_micro(lambda b, z: hooks.token_values(critic.model, b, z, cfg),
                                                      batch, noises[0], micro))
                 token_advantages, returns, value_mask = hooks.value_advantages(old_values, batch, noises[0], cfg)
                 batch = replace(batch, token_advantages=token_advantages, returns=returns, old_values=old_values,
                                 value_mask=value_mask)
-                value_sums = update_value_model(critic, hooks, batch, noises, micro, cfg)
+
+                def value_loss(mb, z, it, j):
+                    loss, metrics = hooks.value_loss(hooks.token_values(critic.model, mb, z, cfg), mb, z, cfg)
+                    return loss, {f"value/{k}": v for k, v in metrics.items()}
+
+                value_sums = updates(critic, batch, noises, micro, "value/loss", "value/grad_norm", value_loss)
+            t_value = time.perf_counter() - tic
+
+            # --- old and reference log-probs, on the same noise draws the updates will use
+            tic = time.perf_counter()
             with torch.no_grad():
                 old = ref = None
                 if (mu > 1 or cfg.rl.recompute_old_logps) and uses_old:
@@ -207,27 +216,15 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
 
             # --- mu policy updates on this batch, each accumulated over the micro-batches
             tic = time.perf_counter()
-            policy.train()
-            sums: dict[str, float] = {}
-            n = batch.sequences.shape[0]
-            for it in range(mu):
-                step_sums: dict[str, float] = {}
-                for j, rows_ in enumerate(micro_slices(n, micro)):
-                    mb, z = take(batch, rows_, n), take(noises[it], rows_, n)
-                    with trainer.autocast():
-                        logps = hooks.token_logps(policy, mb, z, cfg)
-                        loss, metrics = hooks.loss(logps, old[it][j] if old else logps.detach(),
-                                                   ref[it][j] if ref else None, mb, z, cfg)
-                    trainer.backward(loss)
-                    for k, v in {"loss/total": loss.item(), **metrics}.items():
-                        step_sums[k] = step_sums.get(k, 0.0) + v
-                step_sums = dist.sum(step_sums)
-                step_sums["optim/grad_norm"] = trainer.step()
-                for k, v in step_sums.items():
-                    sums[k] = sums.get(k, 0.0) + v / mu
-            sums.update(value_sums)
+
+            def policy_loss(mb, z, it, j):
+                logps = hooks.token_logps(policy, mb, z, cfg)
+                return hooks.loss(logps, old[it][j] if old else logps.detach(), ref[it][j] if ref else None, mb, z, cfg)
+
+            sums = {**updates(trainer, batch, noises, micro, "loss/total", "optim/grad_norm", policy_loss), **value_sums}
             t_update = time.perf_counter() - tic
-            times = {"time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update}
+            times = {"time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update,
+                     **({"time/value_s": t_value} if critic is not None else {})}
             val = {}
             if val_rows is not None and ((step + 1) % cfg.rl.eval_every == 0 or step + 1 == loop.total):
                 val = validate(policy, trainer, tokenizer, task, val_rows, replace(cfg.rl.decoding, temperature=0.0),
@@ -235,29 +232,30 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             loop.end_step(step + 1, tokenizer,
                           lambda: {**step_metrics(dist, batch, out, mu, sums, trainer.lr, times), **val}, bool(val))
     if critic is not None:  # the trained value model, loadable as a checkpoint (its head: `value_head.weight`)
-        critic.export(Path(run_dir) / "value", tokenizer, {"value_model": True, "model_name": model_name})
+        save_final(critic, tokenizer, run_dir, {"value_model": True, "model_name": model_name}, name="value")
     return loop.outcome(tokenizer, model_name, init)
 
 
-def update_value_model(critic, hooks: RLHooks, batch: RLBatch, noises: list, micro: int, cfg) -> dict:
-    """mu optimizer steps of the value model on the step's batch (one per noise draw, accumulated
-    over micro-batches, like the policy's); the mean of its logged metrics, prefixed `value/`."""
+def updates(trainer, batch: RLBatch, noises: list, micro: int, loss_key: str, norm_key: str, loss_of) -> dict:
+    """One optimizer step of `trainer` per noise draw on the step's batch, each accumulated over the
+    micro-batches: `loss_of(micro_batch, micro_noise, draw, micro_index) -> (loss, metrics)`. Returns
+    the metrics (the loss as `loss_key`, the gradient norm before clipping as `norm_key`) summed over
+    micro-batches and processes and averaged over the draws. The policy's and the value model's updates."""
     n, mu = batch.sequences.shape[0], len(noises)
-    critic.model.train()
+    trainer.model.train()
     sums: dict[str, float] = {}
-    for z_all in noises:
+    for it, z_all in enumerate(noises):
         step_sums: dict[str, float] = {}
-        for rows_ in micro_slices(n, micro):
-            mb, z = take(batch, rows_, n), take(z_all, rows_, n)
-            with critic.autocast():
-                loss, metrics = hooks.value_loss(hooks.token_values(critic.model, mb, z, cfg), mb, z, cfg)
-            critic.backward(loss)
-            for k, v in {"loss": loss.item(), **metrics}.items():
+        for j, rows_ in enumerate(micro_slices(n, micro)):
+            with trainer.autocast():
+                loss, metrics = loss_of(take(batch, rows_, n), take(z_all, rows_, n), it, j)
+            trainer.backward(loss)
+            for k, v in {loss_key: loss.item(), **metrics}.items():
                 step_sums[k] = step_sums.get(k, 0.0) + v
-        step_sums = critic.dist.sum(step_sums)
-        step_sums["grad_norm"] = critic.step()
+        step_sums = trainer.dist.sum(step_sums)
+        step_sums[norm_key] = trainer.step()
         for k, v in step_sums.items():
-            sums[f"value/{k}"] = sums.get(f"value/{k}", 0.0) + v / mu
+            sums[k] = sums.get(k, 0.0) + v / mu
     return sums
 
 
