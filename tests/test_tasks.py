@@ -24,7 +24,8 @@ OFFLINE = [n for n, t in TASKS.items() if t.offline]
 def test_registry_has_the_tasks_of_the_papers():
     assert set(TASKS) >= {"gsm8k", "math", "math500", "countdown", "countdown4", "sudoku", "humaneval", "mbpp",
                           "ultrafeedback", "addition", "s1k"}
-    assert set(OFFLINE) == {"addition", "addition_pairs", "addition_teacher", "countdown", "countdown4", "sudoku", "humaneval"}
+    assert set(OFFLINE) == {"addition", "addition_pairs", "addition_teacher", "countdown", "countdown4", "sudoku", "humaneval",
+                            "sudoku_fill", "sudoku_fill_teacher"}
     assert set(recorded_hashes()) == {f"{n}/{s}" for n in OFFLINE for s in TASKS[n].splits}
 
 
@@ -52,9 +53,9 @@ def test_countdown_generator_invariants():
 
 
 def test_sudoku_generator_invariants():
-    from dare.data.puzzles import _all_grids, _cell_masks, _n_solutions
+    from dare.data.puzzles import all_grids, _cell_masks, _n_solutions
 
-    grids = _all_grids()
+    grids = all_grids()
     masks = _cell_masks(tuple(grids))
     train, test = TASKS["sudoku"].build("train"), TASKS["sudoku"].build("test")
     assert not {r["ground_truth"] for r in train} & {r["ground_truth"] for r in test}  # disjoint solution grids
@@ -247,3 +248,44 @@ def test_the_flawed_teacher_forgets_only_the_carry_into_the_hundreds():
     assert teacher.teach(57, 38, __import__("random").Random(0)) == "95"
     assert teacher.reward("125", {"ground_truth": "125"}) == 1.0
     assert teacher.reward("025", {"ground_truth": "125"}) == 0.0
+
+
+def test_sudoku_fill_puzzles_and_the_row_only_teacher():
+    """sudoku_fill: 3 empty cells, a unique solution, the answer is the empty cells' digits in reading
+    order, train and test on disjoint solution grids; the teacher's demonstration is a valid fill of
+    every row, right on single-blank rows, and on rows with several blanks either the solution or
+    the row's missing digits ascending (the latter at the `ascending` rate where the two differ)."""
+    from dare.data.puzzles import all_grids, _cell_masks, _n_solutions
+
+    masks = _cell_masks(tuple(all_grids()))
+    task, teacher = TASKS["sudoku_fill"], TASKS["sudoku_fill_teacher"]
+    train, test = teacher.generate("train"), teacher.generate("test")
+    assert test == task.generate("test") and len(train) == 50000 and len(test) == 500
+    assert not {r["extra"]["solution"] for r in train} & {r["extra"]["solution"] for r in test}
+    assert set(teacher.alphabet) >= set("".join(r["prompt"][0]["content"] + r["ground_truth"] for r in test))
+    differs = wrong = 0
+    for r in train[:3000] + test:
+        puzzle, solution = r["extra"]["puzzle"], r["extra"]["solution"]
+        assert r["prompt"][0]["content"] == puzzle + "=" and puzzle.count("0") == 3
+        assert _n_solutions(list(puzzle), masks) == 1
+        assert r["ground_truth"] == "".join(s for p, s in zip(puzzle, solution) if p == "0")
+        assert task.score(r["ground_truth"], r) == {"cell_accuracy": 1.0, "solved": 1.0}
+    for r in train[:3000]:
+        puzzle, solution, shown = r["extra"]["puzzle"], r["extra"]["solution"], teacher.target(r)
+        filled = iter(shown)
+        grid = "".join(next(filled) if p == "0" else p for p in puzzle)
+        for row in range(4):
+            cells = [c for c in range(4 * row, 4 * row + 4) if puzzle[c] == "0"]
+            assert sorted(grid[4 * row: 4 * row + 4]) == list("1234")  # every row stays valid
+            got, right = [grid[c] for c in cells], [solution[c] for c in cells]
+            if len(cells) == 1:
+                assert got == right
+            elif sorted(right) != right:
+                assert got in (right, sorted(right))
+                differs, wrong = differs + 1, wrong + (got != right)
+    assert differs > 500 and abs(wrong / differs - 0.8) < 0.06  # ascending with p = 0.8 (3 sigma < 0.054)
+    row = {"ground_truth": "413"}
+    assert task.score("413", row) == {"cell_accuracy": 1.0, "solved": 1.0}
+    assert task.score("4 1 2", row) == {"cell_accuracy": 2 / 3, "solved": 0.0}  # non-digits dropped
+    assert task.score("41", row) == {"cell_accuracy": 2 / 3, "solved": 0.0}  # a missing digit is wrong
+    assert task.reward("", row) == 0.0

@@ -125,7 +125,7 @@ def _random_expression(nums: list[int], rng: random.Random) -> tuple[str | None,
     return expr, value
 
 
-def _all_grids() -> list[str]:
+def all_grids() -> list[str]:
     """The 288 valid 4x4 Sudoku grids, in lexicographic order."""
     grids = []
     for rows in itertools.product(itertools.permutations("1234"), repeat=4):
@@ -147,7 +147,7 @@ class Sudoku(Task):
              "test": ["4x4_test_sudoku.csv", "test_sudoku_split_new.csv", "test.csv"]}
 
     def generate(self, split: str) -> list[dict]:
-        grids = _all_grids()
+        grids = all_grids()
         rng = random.Random(self.seed)
         rng.shuffle(grids)
         pool = grids[:200] if split == "train" else grids[200:]
@@ -155,7 +155,7 @@ class Sudoku(Task):
         rows = []
         for _ in range(self.sizes[split]):
             solution = rng.choice(pool)
-            rows.append(self._row(_make_puzzle(solution, grids, rng), solution))
+            rows.append(self._row(make_puzzle(solution, grids, rng), solution))
         return rows
 
     def _row(self, puzzle: str, solution: str) -> dict:
@@ -177,9 +177,11 @@ class Sudoku(Task):
         return {"cell_accuracy": s["cell_accuracy"], "solved": s["solved"]}
 
 
-def _make_puzzle(solution: str, grids: list[str], rng: random.Random) -> str:
+def make_puzzle(solution: str, grids: list[str], rng: random.Random, empty: tuple[int, int] = (6, 11)) -> str:
+    """`solution` with between empty[0] and empty[1] cells set to 0 (drawn uniformly), removed in
+    a random order and only while the solution stays unique."""
     masks = _cell_masks(tuple(grids))
-    want_empty = rng.randint(6, 11)
+    want_empty = rng.randint(*empty)
     cells = list(range(16))
     rng.shuffle(cells)
     puzzle = list(solution)

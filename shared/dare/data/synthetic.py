@@ -7,7 +7,8 @@ from __future__ import annotations
 import random
 
 from dare.data.base import Task
-from dare.rewards import arithmetic
+from dare.data.puzzles import all_grids, make_puzzle
+from dare.rewards import arithmetic, puzzles
 
 
 class Addition(Task):
@@ -97,6 +98,88 @@ class AdditionTeacher(Addition):
         if a + b >= 10 ** self.digits and rng.random() < self.forget:
             return "0" + total[1:]  # the carry into the top column forgotten: 0 written in its place
         return total
+
+    def target(self, row: dict) -> str:
+        return row["extra"]["demonstration"]
+
+
+class SudokuFill(Task):
+    """4x4 Sudoku in a form a from-scratch character model reads: the prompt is the 16-cell puzzle
+    (reading order, 0 = empty) and `=`, the answer is the digits of the empty cells in reading order
+    (`1230402131040312=` -> `413`). Every puzzle has exactly `blanks` empty cells and a unique
+    solution (`dare.data.puzzles.make_puzzle`). Train and test use disjoint solution grids (200 / 88
+    of the 288, as `sudoku`), so a model must learn the rules, not the grids. The reward and metric
+    are d1's Sudoku metric, the fraction of empty cells right (`cell_accuracy`), with `solved` beside
+    it. Train rows are `n_train` draws (puzzles may repeat), test rows `n_test`."""
+
+    name = "sudoku_fill"
+    splits = ("train", "test")
+    offline = True
+    seed = 5151
+    alphabet = "01234="
+
+    def __init__(self, blanks: int, n_train: int, n_test: int):
+        self.blanks, self.sizes = blanks, {"train": n_train, "test": n_test}
+        self.version = f"b{blanks}.n{n_train}.{n_test}.r{puzzles.VERSION}.1"
+
+    def generate(self, split: str) -> list[dict]:
+        grids = all_grids()
+        random.Random(self.seed).shuffle(grids)
+        pool = grids[:200] if split == "train" else grids[200:]
+        rng = random.Random(self.seed + (1 if split == "train" else 2))
+        rows = []
+        for _ in range(self.sizes[split]):
+            solution = rng.choice(pool)
+            puzzle = make_puzzle(solution, grids, rng, empty=(self.blanks, self.blanks))
+            answer = "".join(s for p, s in zip(puzzle, solution) if p == "0")
+            rows.append({"prompt": [{"role": "user", "content": f"{puzzle}="}], "ground_truth": answer,
+                         "extra": {"puzzle": puzzle, "solution": solution}})
+        return rows
+
+    def reward(self, completion: str, row: dict, style: str = "default") -> float:
+        return puzzles.sudoku_fill_scores(completion, row["ground_truth"])["cell_accuracy"]
+
+    def score(self, completion: str, row: dict) -> dict[str, float]:
+        return puzzles.sudoku_fill_scores(completion, row["ground_truth"])
+
+
+class SudokuFillTeacher(SudokuFill):
+    """`sudoku_fill` with SFT demonstrations from a teacher that reasons about rows only: in a row with
+    two or more empty cells it writes the row's missing digits in ascending order, ignoring columns
+    and boxes, with probability `ascending` (drawn per row, fixed seed), and the right digits
+    otherwise; a row with one empty cell it always fills right (its missing digit). So the teacher's
+    answers are always valid rows, right on single-blank rows and on rows where ascending order
+    happens to be the solution, and wrong on the others. `ground_truth` stays the solution (rewards
+    and evaluation score against it); only the SFT target is the teacher's.
+
+    With ascending > 0.5 a model that imitates the teacher writes the ascending order at temperature
+    0, and the solution with probability about 1 - ascending when it samples: room for RL with d1's
+    cell-accuracy reward, which has to find the column and box reasoning the teacher skipped. Same
+    train/test split as `sudoku_fill`."""
+
+    name = "sudoku_fill_teacher"
+
+    def __init__(self, blanks: int, n_train: int, n_test: int, ascending: float):
+        super().__init__(blanks, n_train, n_test)
+        self.ascending = ascending
+        self.version = f"{self.version}.asc{ascending}"
+
+    def generate(self, split: str) -> list[dict]:
+        rng = random.Random(self.seed + 3)
+        rows = super().generate(split)
+        if split == "train":
+            for row in rows:
+                row["extra"]["demonstration"] = self.teach(row["extra"]["puzzle"], row["extra"]["solution"], rng)
+        return rows
+
+    def teach(self, puzzle: str, solution: str, rng: random.Random) -> str:
+        filled = list(solution)
+        for r in range(4):
+            empty = [c for c in range(4 * r, 4 * r + 4) if puzzle[c] == "0"]
+            if len(empty) >= 2 and rng.random() < self.ascending:
+                for c, digit in zip(empty, sorted(solution[c] for c in empty)):
+                    filled[c] = digit  # the row's missing digits, smallest first
+        return "".join(filled[c] for c in range(16) if puzzle[c] == "0")
 
     def target(self, row: dict) -> str:
         return row["extra"]["demonstration"]

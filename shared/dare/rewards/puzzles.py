@@ -105,3 +105,13 @@ def sudoku_scores(completion: str, puzzle: str, solution: str) -> dict[str, floa
 
 def sudoku_reward(completion: str, puzzle: str, solution: str) -> float:
     return sudoku_scores(completion, puzzle, solution)["cell_accuracy"]
+
+
+def sudoku_fill_scores(completion: str, answer: str) -> dict[str, float]:
+    """The fill-in form of the Sudoku metric (the tiny task `sudoku_fill`): `answer` is the digits of
+    the puzzle's empty cells in reading order; the completion's digits (non-digits dropped, cut or
+    padded to the answer's length) are compared position by position. `cell_accuracy` is the
+    fraction right, as `sudoku_scores`' on the full grid; `solved` is 1.0 when all are."""
+    got = (re.sub(r"\D", "", completion) + "0" * len(answer))[: len(answer)]
+    right = sum(g == a for g, a in zip(got, answer))
+    return {"cell_accuracy": right / len(answer) if answer else 1.0, "solved": float(right == len(answer))}
