@@ -251,7 +251,7 @@ def test_the_flawed_teacher_forgets_only_the_carry_into_the_hundreds():
 
 
 def test_sudoku_fill_puzzles_and_the_row_only_teacher():
-    """sudoku_fill: 3 empty cells, a unique solution, the answer is the empty cells' digits in reading
+    """sudoku_fill: 4 empty cells, a unique solution, the answer is the empty cells' digits in reading
     order, train and test on disjoint solution grids; the teacher's demonstration is a valid fill of
     every row, right on single-blank rows, and on rows with several blanks either the solution or
     the row's missing digits ascending (the latter at the `ascending` rate where the two differ)."""
@@ -266,7 +266,7 @@ def test_sudoku_fill_puzzles_and_the_row_only_teacher():
     differs = wrong = 0
     for r in train[:3000] + test:
         puzzle, solution = r["extra"]["puzzle"], r["extra"]["solution"]
-        assert r["prompt"][0]["content"] == puzzle + "=" and puzzle.count("0") == 3
+        assert r["prompt"][0]["content"] == puzzle + "=" and puzzle.count("0") == 4
         assert _n_solutions(list(puzzle), masks) == 1
         assert r["ground_truth"] == "".join(s for p, s in zip(puzzle, solution) if p == "0")
         assert task.score(r["ground_truth"], r) == {"cell_accuracy": 1.0, "solved": 1.0}
@@ -283,7 +283,7 @@ def test_sudoku_fill_puzzles_and_the_row_only_teacher():
             elif sorted(right) != right:
                 assert got in (right, sorted(right))
                 differs, wrong = differs + 1, wrong + (got != right)
-    assert differs > 500 and abs(wrong / differs - 0.8) < 0.06  # ascending with p = 0.8 (3 sigma < 0.054)
+    assert differs > 1000 and abs(wrong / differs - 0.6) < 0.05  # ascending with p = 0.6 (3 sigma < 0.046)
     row = {"ground_truth": "413"}
     assert task.score("413", row) == {"cell_accuracy": 1.0, "solved": 1.0}
     assert task.score("4 1 2", row) == {"cell_accuracy": 2 / 3, "solved": 0.0}  # non-digits dropped

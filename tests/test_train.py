@@ -132,8 +132,10 @@ def test_finished_run_is_reused_and_config_mismatch_is_refused(tmp_path, capsys)
     train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={out}", "run.log_every=5"])  # NOHASH change
     assert "reusing finished run" in capsys.readouterr().out
     assert (out / "final" / "model.safetensors").stat().st_mtime_ns == stamp
-    with pytest.raises(ConfigError, match="holds a run with another config or starting checkpoint"):
+    with pytest.raises(ConfigError, match=r"holds a run with another config \(config hash \w{12}, this one \w{12}"):
         train("sft", None, [*SFT_TINY, "train.steps=3", f"run.out_dir={out}"])
+    with pytest.raises(ConfigError, match=r"another starting checkpoint .*starting checkpoint none \(from scratch\), this one \w{12}\)"):
+        train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={out}", f"model.path={out / 'final'}"])
     meta = json.loads((out / "final" / "dare.json").read_text())
     assert meta["baseline"] == "sft" and meta["init"] is None and meta["steps"] == 2
     assert (out / "config.yaml").read_text().count("config_hash: sha256:" + meta["config_hash"]) == 1

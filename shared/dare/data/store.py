@@ -23,6 +23,12 @@ def recorded_hashes() -> dict[str, str]:
 def build(task: str, split: str, root: Path | None = None, source: Path | None = None) -> Path:
     """Build a split (generated, from `source`, or downloaded) and write it atomically; the same
     input gives the same bytes, so the DVC hash of `data/` is reproducible."""
+    return atomic_write(split_path(task, split, root), encode(task, split, source))
+
+
+def encode(task: str, split: str, source: Path | None = None) -> bytes:
+    """The parquet bytes of a split as this code builds it. They also depend on the pyarrow that
+    writes them (its version is in the file's footer): the recorded hashes hold for the pinned one."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -33,15 +39,18 @@ def build(task: str, split: str, root: Path | None = None, source: Path | None =
         for i, r in enumerate(rows)], schema=_schema())
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd", write_statistics=False)
-    return atomic_write(split_path(task, split, root), buf.getvalue())
+    return buf.getvalue()
 
 
 def stale(task: str, split: str, path: Path) -> bool:
     """A split that only code builds (offline, no original files to build it from instead) whose
-    bytes differ from what this code builds (its recorded sha256)."""
+    bytes differ from its recorded sha256 and from what this code builds here. The second check
+    keeps a file this code wrote with another pyarrow (whose footer differs, so its sha256 does)
+    from being rebuilt at every load."""
     t, recorded = TASKS[task], recorded_hashes().get(f"{task}/{split}")
     only_code = t.offline and not (getattr(t, "files", None) or {}).get(split)
-    return bool(only_code and recorded and sha256_file(path) != recorded)
+    return bool(only_code and recorded and sha256_file(path) != recorded
+                and path.read_bytes() != encode(task, split))
 
 
 def how_to_get(task: str) -> str:

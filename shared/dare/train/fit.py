@@ -65,8 +65,12 @@ def fit(algorithm: ModuleType, cfg, run_dir: str | Path, *, name: str, force: bo
     status_path = run_dir / "run.json"
     status = json.loads(status_path.read_text()) if status_path.is_file() else {}
     if status and (status.get("config_hash"), status.get("init_fingerprint")) != (digest, init):
-        raise ConfigError(f"{run_dir}: holds a run with another config or starting checkpoint (config hash "
-                          f"{status.get('config_hash', '?')[:12]}, this one {digest[:12]}); choose another "
+        def short(v):
+            return v[:12] if v else "none (from scratch)"
+        what = ("config" if status.get("config_hash") != digest else "starting checkpoint")
+        raise ConfigError(f"{run_dir}: holds a run with another {what} (config hash "
+                          f"{short(status.get('config_hash'))}, this one {short(digest)}; starting checkpoint "
+                          f"{short(status.get('init_fingerprint'))}, this one {short(init)}); choose another "
                           f"run.out_dir or delete it")
     if status.get("status") == "done" and (run_dir / "final" / "dare.json").is_file() and not force:
         print(f"[{name}] reusing finished run {run_dir}", flush=True)
