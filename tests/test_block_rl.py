@@ -125,6 +125,9 @@ def test_tracerl_advantages_are_group_z_scores_with_the_accuracy_filter():
     assert torch.allclose(adv[0], z) and (adv[1] == 0).all() and (adv[2] == 0).all()
     unfiltered = tracerl.advantages(rewards, run_config("tracerl", filter_low=0.0, filter_high=1.0))
     assert torch.allclose(unfiltered[1], (rewards[1] - 0.9) / math.sqrt(0.09)) and (unfiltered[2] == 0).all()
+    partial = torch.tensor([[0.75, 0.5, 1.0, 0.5], [1.0, 1.0, 0.75, 1.0], [0.25, 0.0, 0.0, 0.0]])  # cell accuracies
+    kept = tracerl.kept_groups(partial, run_config("tracerl")).flatten().tolist()
+    assert kept == [True, False, False]  # mean rewards 0.6875, 0.9375, 0.0625 (all three have a reward > 0)
 
 
 def test_tracerl_loss_hand_computed_and_ratio_one_at_the_old_policy():

@@ -63,8 +63,10 @@ def check_config(cfg) -> None:
 
 
 def kept_groups(rewards: torch.Tensor, cfg) -> torch.Tensor:
-    """(P, 1) bool: groups whose accuracy (share of reward > 0) lies in [filter_low, filter_high]."""
-    accuracy = (rewards > 0).float().mean(dim=1, keepdim=True)
+    """(P, 1) bool: groups whose accuracy, the mean reward, lies in [filter_low, filter_high]. With the
+    reference's binary rewards this is the share correct; with partial credit (Sudoku's cell accuracy)
+    the share of rewards > 0 would be about 1 for every group and drop them all."""
+    accuracy = rewards.float().mean(dim=1, keepdim=True)
     return (accuracy >= cfg.algo.filter_low) & (accuracy <= cfg.algo.filter_high)
 
 
