@@ -234,6 +234,27 @@ def test_rl_baselines_two_steps(name, family, tmp_path, monkeypatch, sft_checkpo
     assert _changed(ckpt, out)
 
 
+def test_a_step_whose_groups_are_all_filtered_makes_no_update(tmp_path, monkeypatch, sft_checkpoint):
+    """TraceRL's accuracy filter (`kept_groups`) drops every group whose mean reward (here 0.5 in every
+    group) lies outside [filter_low, filter_high]: the reference then trains on nothing, so the loop
+    takes no optimizer step (Adam would move the weights on a zero gradient) and logs the share kept;
+    with the default filter the same groups are kept and trained on."""
+    from dare.data import TASKS
+
+    ckpt = sft_checkpoint("sdar")
+    monkeypatch.setattr(TASKS["addition"], "rewards", lambda texts, rows, style="default": [
+        float(i % 2) for i in range(len(texts))])
+    common = [f"model.path={ckpt}", "model.family=sdar", *RL]
+    out = train("tracerl", None, [*common, "algo.filter_low=0.9", "algo.filter_high=1.0", f"run.out_dir={tmp_path / 'none'}"])
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout/kept_groups"] for r in records] == [0.0, 0.0]
+    assert not any("optim/grad_norm" in r or "loss/total" in r for r in records)
+    assert not _changed(ckpt, out)
+    out = train("tracerl", None, [*common, f"run.out_dir={tmp_path / 'all'}"])
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout/kept_groups"] for r in records] == [1.0, 1.0] and _changed(ckpt, out)
+
+
 @pytest.mark.parametrize("name,family", SUPERVISED_RUNS)
 def test_supervised_baselines_two_steps(name, family, tmp_path, sft_checkpoint):
     ckpt = sft_checkpoint(family)

@@ -63,7 +63,8 @@ def check_config(cfg) -> None:
 
 
 def kept_groups(rewards: torch.Tensor, cfg) -> torch.Tensor:
-    """(P, 1) bool: groups whose accuracy, the mean reward, lies in [filter_low, filter_high]. With the
+    """(P, 1) bool: groups whose accuracy, the mean reward, lies in [filter_low, filter_high] (also the
+    loop's hook: a step that keeps none makes no update, as the reference then trains on nothing). With the
     reference's binary rewards this is the share correct; with partial credit (Sudoku's cell accuracy)
     the share of rewards > 0 would be about 1 for every group and drop them all."""
     accuracy = rewards.float().mean(dim=1, keepdim=True)

@@ -31,6 +31,8 @@ Three rules hold for every hook:
                  uses_reference(cfg)                     optional     False: no reference model is kept
                  uses_old_logps(cfg)                     optional     True: False skips the old log-probs
                  rollout_options(cfg)                    optional     {}: decoding settings the algorithm needs
+                 kept_groups(rewards, cfg)               optional     (P, 1) bool, all True: the groups trained on;
+                                                                      a step that keeps none makes no update
                  value_model(cfg)                        optional     None; {"lr": ..., "path": ...} trains a value
                                                                       model beside the policy (`dare.train.critic`),
                                                                       and then the three hooks below are required:
@@ -69,6 +71,10 @@ def _no_rollout_options(cfg) -> dict:
     return {}
 
 
+def _all_groups(rewards, cfg):
+    return rewards.new_ones(rewards.shape[0], 1, dtype=bool)
+
+
 def _no_value_model(cfg) -> None:
     return None
 
@@ -103,6 +109,7 @@ class RLHooks:
     uses_reference: Callable[[Any], bool] = _no_reference
     uses_old_logps: Callable[[Any], bool] = _old_logps
     rollout_options: Callable[[Any], dict] = _no_rollout_options
+    kept_groups: Callable[..., Any] = _all_groups
     value_model: Callable[[Any], dict | None] = _no_value_model
     token_values: Callable[..., Any] = _needs_value_hooks
     value_advantages: Callable[..., Any] = _needs_value_hooks

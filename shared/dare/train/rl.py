@@ -22,6 +22,10 @@ the sampler counts them; `batch.block_size` lets a noise sampler draw per block.
 The loop knows nothing about any particular algorithm: what noise an estimator needs, how
 log-probs are estimated and what the loss is all come from the baseline's `algorithm.py`, read
 into `RLHooks` (the contract and the optional hooks' defaults: `dare.train.hooks`).
+An algorithm that filters groups (`kept_groups`, e.g. TraceRL's accuracy filter) still sees the whole
+batch in its hooks; a step where it keeps none makes no update at all (no forward for the old log-probs,
+no optimizer step: Adam's moments would otherwise move the weights on a zero gradient), and every step
+logs the share kept (`rollout/kept_groups`).
 The same noise draw is used for the policy, old and reference log-probs of an update, so
 their ratio compares like with like. With one update per batch (mu = 1) the old log-probs equal the current ones by
 construction, so they are not recomputed: `old = logps.detach()` (ratio = 1).
@@ -180,49 +184,53 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                             int(totals["rows"]), compute)
             t_rollout = time.perf_counter() - tic
 
-            noises = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(mu)]
+            kept = dist.sum({"groups": float(hooks.kept_groups(rewards.view(-1, G), cfg).sum())})["groups"]
+            sums, t_value, t_logp, t_update = {"rollout/kept_groups": kept / n_prompts}, 0.0, 0.0, 0.0
+            if kept:  # a step whose groups the algorithm all drops trains on nothing: no optimizer step
+                noises = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(mu)]
 
-            # --- the value model: token advantages from its values before the update, then its mu updates
-            tic = time.perf_counter()
-            value_sums = {}
-            if critic is not None:
-                critic.model.eval()
-                with torch.no_grad(), critic.autocast():
-                    old_values = torch.cat(per_micro(lambda b, z: hooks.token_values(critic.model, b, z, cfg),
-                                                     batch, noises[0], micro))
-                token_advantages, returns, value_mask = hooks.value_advantages(old_values, batch, noises[0], cfg)
-                batch = replace(batch, token_advantages=token_advantages, returns=returns, old_values=old_values,
-                                value_mask=value_mask)
+                # --- the value model: token advantages from its values before the update, then its mu updates
+                tic = time.perf_counter()
+                value_sums = {}
+                if critic is not None:
+                    critic.model.eval()
+                    with torch.no_grad(), critic.autocast():
+                        old_values = torch.cat(per_micro(lambda b, z: hooks.token_values(critic.model, b, z, cfg),
+                                                         batch, noises[0], micro))
+                    token_advantages, returns, value_mask = hooks.value_advantages(old_values, batch, noises[0], cfg)
+                    batch = replace(batch, token_advantages=token_advantages, returns=returns, old_values=old_values,
+                                    value_mask=value_mask)
 
-                def value_loss(mb, z, it, j):
-                    loss, metrics = hooks.value_loss(hooks.token_values(critic.model, mb, z, cfg), mb, z, cfg)
-                    return loss, {f"value/{k}": v for k, v in metrics.items()}
+                    def value_loss(mb, z, it, j):
+                        loss, metrics = hooks.value_loss(hooks.token_values(critic.model, mb, z, cfg), mb, z, cfg)
+                        return loss, {f"value/{k}": v for k, v in metrics.items()}
 
-                value_sums = updates(critic, batch, noises, micro, "value/loss", "value/grad_norm", value_loss)
-            t_value = time.perf_counter() - tic
+                    value_sums = updates(critic, batch, noises, micro, "value/loss", "value/grad_norm", value_loss)
+                t_value = time.perf_counter() - tic
 
-            # --- old and reference log-probs, on the same noise draws the updates will use
-            tic = time.perf_counter()
-            with torch.no_grad():
-                old = ref = None
-                if (mu > 1 or cfg.rl.recompute_old_logps) and uses_old:
-                    with trainer.autocast():
-                        old = [per_micro(lambda b, z: hooks.token_logps(policy, b, z, cfg), batch, z, micro) for z in noises]
-                if use_ref:
-                    with trainer.reference() as ref_model:
-                        ref = [per_micro(lambda b, z: hooks.token_logps(ref_model, b, z, cfg), batch, z, micro)
-                               for z in noises]
-            t_logp = time.perf_counter() - tic
+                # --- old and reference log-probs, on the same noise draws the updates will use
+                tic = time.perf_counter()
+                with torch.no_grad():
+                    old = ref = None
+                    if (mu > 1 or cfg.rl.recompute_old_logps) and uses_old:
+                        with trainer.autocast():
+                            old = [per_micro(lambda b, z: hooks.token_logps(policy, b, z, cfg), batch, z, micro) for z in noises]
+                    if use_ref:
+                        with trainer.reference() as ref_model:
+                            ref = [per_micro(lambda b, z: hooks.token_logps(ref_model, b, z, cfg), batch, z, micro)
+                                   for z in noises]
+                t_logp = time.perf_counter() - tic
 
-            # --- mu policy updates on this batch, each accumulated over the micro-batches
-            tic = time.perf_counter()
+                # --- mu policy updates on this batch, each accumulated over the micro-batches
+                tic = time.perf_counter()
 
-            def policy_loss(mb, z, it, j):
-                logps = hooks.token_logps(policy, mb, z, cfg)
-                return hooks.loss(logps, old[it][j] if old else logps.detach(), ref[it][j] if ref else None, mb, z, cfg)
+                def policy_loss(mb, z, it, j):
+                    logps = hooks.token_logps(policy, mb, z, cfg)
+                    return hooks.loss(logps, old[it][j] if old else logps.detach(), ref[it][j] if ref else None, mb, z, cfg)
 
-            sums = {**updates(trainer, batch, noises, micro, "loss/total", "optim/grad_norm", policy_loss), **value_sums}
-            t_update = time.perf_counter() - tic
+                sums.update(updates(trainer, batch, noises, micro, "loss/total", "optim/grad_norm", policy_loss))
+                sums.update(value_sums)
+                t_update = time.perf_counter() - tic
             times = {"time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update,
                      **({"time/value_s": t_value} if critic is not None else {})}
             val = {}
@@ -302,5 +310,5 @@ def step_metrics(dist, batch: RLBatch, out, mu: int, sums: dict, lr: float, time
             "rollout/zero_std_groups": stats["zero_std"] / (rows / G),
             "rollout/response_tokens": batch.num_tokens / rows, **sums, "optim/lr": lr,
             "perf/rollout_tokens_per_s": stats["new_tokens"] / times["time/rollout_s"],
-            "perf/train_tokens_per_s": stats["seq_tokens"] * mu / (times["time/logp_s"] + times["time/update_s"]),
+            "perf/train_tokens_per_s": stats["seq_tokens"] * mu / max(times["time/logp_s"] + times["time/update_s"], 1e-9),
             **times}
