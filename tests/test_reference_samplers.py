@@ -31,6 +31,7 @@ from dare.config import DecodingConfig, ScratchModelConfig
 from dare.models import facts, new_model
 from dare.models.tokenizer import char_tokenizer
 from dare.rollout import generate, left_pad
+from dare.utils import UserError
 
 PROMPTS = [[5, 6, 7], [5, 6, 7, 8, 9, 10, 11], [9, 8], [4, 5, 6, 7, 8]]
 
@@ -223,3 +224,131 @@ def test_confidence_eos_eot_inf_by_hand():
     assert x0.tolist() == [[0, 1, 2]]
     assert conf[0, 0].item() == pytest.approx(math.exp(9) / (math.exp(9) + math.exp(3) + math.exp(1)))
     assert conf[0, 1].item() == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# CJ-GRPO's decoding companions: EOSER and the ascending step-size schedule (ASS)
+
+
+def eos_at(seed: int, where: tuple, G: int):
+    """A tiny LLaDA (head x 4, never MASK) whose EOS logit is raised by 2 at the response positions
+    `where` (counted from the end of the sequence, so a left-padded batch and a prompt alone see the
+    same): EOS is predicted there with a confidence EOSER's damping reorders."""
+    tok = char_tokenizer("0123456789+=", "llada")
+    model = new_model("llada", tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64),
+                      seed=seed).eval()
+    f = facts(model)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head.mul_(4)
+        head[f.mask_token_id] = 0
+    bias = torch.zeros(G)
+    bias[list(where)] = 2.0
+
+    def raise_eos(module, inputs, out):
+        out.logits[:, -G:, f.eos_token_id] += bias
+        return out
+
+    model.register_forward_hook(raise_eos)
+    return model
+
+
+CJ_MODELS = {"even": ((3, 6, 10, 12, 15), dict(gen_length=16, block_length=8, steps=8)),
+             "ass1": ((1, 4, 6, 10, 12, 15), dict(gen_length=16, steps=4, schedule="ass", ass_blocks=1)),
+             "ass3": ((1, 4, 6, 10, 12, 18), dict(gen_length=19, steps=4, schedule="ass", ass_blocks=3))}
+# (seed, layout, eos_gamma_min) -> (tokens, step maps) of the ORIGINAL, yjyddq/EOSER-ASS-RL@5affb4e
+# `eval/generate.py`: `eoser_generate` (even, gamma_min 0.2), `generate` (even, 1.0), `eoser_ass_generate`
+# (gamma_min 0.01) and `ass_generate` (1.0) with `block_num` 1 or 3, T = 0, one prompt at a time (batch
+# 1, no padding), run in a scratch folder on `eos_at`'s weights; the step maps were read from the
+# states the original passed to the model (the step after which each position is no longer masked).
+CJ_CASES = {
+    (0, 'even', 0.2): (
+        [[18, 18, 18, 1, 18, 18, 1, 18, 4, 4, 1, 4, 1, 4, 9, 1], [18, 18, 18, 1, 18, 18, 1, 18, 4, 4, 1, 9, 1, 9, 9, 1], [18, 18, 18, 1, 18, 18, 1, 18, 4, 4, 1, 4, 1, 9, 4, 1], [18, 18, 18, 1, 18, 18, 1, 18, 4, 4, 1, 4, 1, 9, 4, 1]],
+        [[2, 2, 0, 3, 1, 1, 3, 0, 4, 4, 7, 5, 7, 5, 6, 6], [2, 2, 1, 3, 0, 0, 3, 1, 4, 4, 7, 5, 7, 5, 6, 6], [2, 2, 1, 3, 0, 0, 3, 1, 4, 4, 7, 5, 7, 6, 5, 6], [2, 2, 1, 3, 1, 0, 3, 0, 4, 4, 7, 5, 7, 6, 5, 6]]),
+    (0, 'even', 1.0): (
+        [[18, 18, 18, 1, 18, 18, 1, 18, 4, 4, 1, 4, 1, 9, 9, 1], [4, 4, 18, 1, 18, 18, 1, 18, 9, 9, 1, 9, 1, 9, 9, 1], [18, 18, 18, 1, 18, 18, 1, 18, 9, 4, 1, 9, 1, 9, 9, 1], [18, 18, 18, 1, 18, 18, 1, 18, 9, 4, 1, 9, 1, 9, 9, 1]],
+        [[3, 3, 2, 0, 2, 1, 0, 1, 6, 5, 5, 6, 4, 7, 7, 4], [3, 3, 2, 0, 1, 1, 0, 2, 7, 7, 5, 5, 4, 6, 6, 4], [3, 3, 2, 0, 1, 1, 0, 2, 7, 5, 4, 7, 5, 6, 6, 4], [3, 3, 2, 0, 2, 1, 0, 1, 7, 5, 5, 7, 4, 6, 6, 4]]),
+    (0, 'ass1', 0.01): (
+        [[4, 1, 4, 4, 1, 18, 1, 18, 18, 18, 1, 18, 1, 18, 18, 1], [4, 1, 4, 4, 1, 18, 1, 18, 18, 18, 1, 18, 1, 18, 18, 1], [4, 1, 4, 4, 1, 18, 1, 18, 18, 18, 1, 18, 1, 18, 18, 1], [4, 1, 4, 4, 1, 18, 1, 18, 18, 18, 1, 18, 1, 18, 18, 1]],
+        [[3, 3, 3, 3, 3, 2, 3, 2, 2, 2, 3, 1, 3, 1, 0, 3], [3, 3, 3, 3, 3, 2, 3, 2, 2, 0, 3, 1, 3, 2, 1, 3], [3, 3, 3, 3, 3, 2, 3, 2, 2, 1, 3, 0, 3, 2, 1, 3], [3, 3, 3, 3, 3, 2, 3, 2, 2, 2, 3, 1, 3, 0, 1, 3]]),
+    (0, 'ass1', 1.0): (
+        [[4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 18, 1, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 18, 4, 1], [18, 1, 18, 18, 1, 18, 1, 18, 18, 18, 1, 18, 1, 18, 18, 1], [18, 1, 18, 18, 1, 18, 1, 18, 18, 18, 1, 18, 1, 18, 18, 1]],
+        [[3, 1, 3, 3, 2, 3, 0, 3, 3, 3, 2, 2, 1, 3, 3, 2], [3, 1, 3, 3, 2, 3, 2, 3, 3, 3, 1, 3, 2, 2, 3, 0], [3, 2, 3, 3, 0, 3, 2, 3, 3, 3, 1, 3, 2, 3, 2, 1], [3, 2, 3, 3, 1, 3, 0, 3, 3, 2, 2, 3, 1, 3, 3, 2]]),
+    (0, 'ass3', 0.01): (
+        [[18, 1, 18, 18, 1, 18, 1, 18, 18, 18, 1, 18, 1, 18, 18, 18, 18, 18, 1], [18, 1, 18, 18, 1, 18, 1, 4, 4, 4, 1, 4, 1, 4, 4, 4, 4, 4, 1], [18, 1, 18, 18, 1, 18, 1, 18, 18, 18, 1, 18, 1, 18, 18, 18, 18, 18, 1], [18, 1, 18, 18, 1, 18, 1, 18, 18, 18, 1, 18, 1, 18, 18, 18, 18, 18, 1]],
+        [[1, 1, 0, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 1, 0, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 1, 0, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]]),
+    (0, 'ass3', 1.0): (
+        [[18, 1, 18, 18, 1, 18, 1, 18, 18, 18, 1, 18, 1, 18, 18, 18, 18, 18, 1], [18, 1, 18, 18, 1, 18, 1, 4, 4, 4, 1, 4, 1, 4, 4, 4, 4, 4, 1], [18, 1, 18, 18, 1, 18, 1, 18, 18, 18, 1, 18, 1, 18, 18, 18, 18, 18, 1], [18, 1, 18, 18, 1, 18, 1, 18, 18, 18, 1, 18, 1, 18, 18, 18, 18, 18, 1]],
+        [[1, 0, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 0, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 0, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 0, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]]),
+    (1, 'even', 0.2): (
+        [[4, 4, 4, 1, 4, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1], [4, 4, 4, 1, 4, 4, 1, 4, 0, 0, 1, 4, 1, 0, 4, 1], [4, 4, 4, 1, 4, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1], [4, 4, 4, 1, 4, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1]],
+        [[3, 1, 1, 2, 3, 0, 2, 0, 7, 5, 6, 5, 7, 4, 4, 6], [3, 3, 1, 2, 0, 0, 2, 1, 5, 5, 6, 4, 7, 7, 4, 6], [3, 0, 0, 2, 1, 1, 2, 3, 5, 4, 7, 7, 6, 5, 4, 6], [3, 3, 1, 2, 0, 0, 2, 1, 7, 4, 6, 5, 7, 5, 4, 6]]),
+    (1, 'even', 1.0): (
+        [[4, 4, 4, 1, 4, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1], [4, 4, 4, 1, 4, 4, 1, 4, 0, 0, 1, 0, 1, 0, 0, 1], [4, 4, 4, 1, 4, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1], [4, 4, 4, 1, 4, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1]],
+        [[3, 2, 2, 0, 3, 1, 0, 1, 7, 6, 4, 6, 5, 7, 5, 4], [3, 3, 2, 0, 1, 1, 0, 2, 5, 6, 4, 6, 5, 7, 7, 4], [3, 3, 1, 0, 2, 2, 0, 1, 7, 6, 5, 6, 4, 7, 5, 4], [3, 3, 2, 0, 1, 1, 0, 2, 7, 5, 4, 6, 5, 7, 6, 4]]),
+    (1, 'ass1', 0.01): (
+        [[4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1]],
+        [[3, 3, 3, 3, 2, 3, 3, 3, 3, 1, 2, 3, 2, 1, 0, 2], [3, 2, 3, 3, 2, 3, 3, 3, 3, 3, 2, 0, 3, 1, 1, 2], [3, 3, 3, 1, 2, 3, 2, 3, 3, 1, 2, 3, 2, 3, 0, 3], [3, 3, 3, 3, 2, 3, 3, 3, 3, 1, 2, 1, 2, 3, 0, 2]]),
+    (1, 'ass1', 1.0): (
+        [[4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 1]],
+        [[3, 2, 3, 3, 0, 3, 2, 3, 3, 3, 1, 3, 1, 3, 2, 2], [3, 2, 3, 3, 0, 3, 1, 3, 3, 3, 1, 3, 2, 3, 2, 2], [3, 1, 3, 3, 2, 3, 0, 3, 3, 2, 2, 3, 1, 3, 3, 2], [3, 2, 3, 3, 2, 3, 2, 3, 3, 3, 0, 3, 1, 3, 2, 1]]),
+    (1, 'ass3', 0.01): (
+        [[4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 4, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 4, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 4, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 4, 4, 4, 1]],
+        [[0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 1, 0, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 1, 0, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 1, 0, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]]),
+    (1, 'ass3', 1.0): (
+        [[4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 4, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 4, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 4, 4, 4, 1], [4, 1, 4, 4, 1, 4, 1, 4, 4, 4, 1, 4, 1, 4, 4, 4, 4, 4, 1]],
+        [[1, 0, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 0, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 0, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 0, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]]),
+}
+
+
+@pytest.mark.parametrize("case", list(CJ_CASES), ids=[str(c) for c in CJ_CASES])
+def test_eoser_and_ass_match_the_original_token_for_token(case):
+    seed, layout, gamma = case
+    where, settings = CJ_MODELS[layout]
+    model = eos_at(seed, where, settings["gen_length"])
+    ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
+    out = generate(model, ids, mask, DecodingConfig(**settings, eos_gamma_min=gamma))
+    tokens, step_maps = CJ_CASES[case]
+    assert out.responses.tolist() == tokens
+    assert out.step_map.tolist() == step_maps
+
+
+def test_eoser_changes_what_the_original_decodes():
+    """The pinned cases are not vacuous: damping EOS moves its commits later (and changes tokens)."""
+    for seed in (0, 1):
+        for layout, gamma in (("even", 0.2), ("ass1", 0.01), ("ass3", 0.01)):
+            assert CJ_CASES[(seed, layout, gamma)][1] != CJ_CASES[(seed, layout, 1.0)][1], (seed, layout)
+
+
+def test_ass_plan_and_eos_gamma_by_hand():
+    from dare.rollout.llada import ass_plan, eos_gamma
+
+    assert ass_plan(256, 8, 1) == [(256, list(range(8)), [1, 2, 4, 8, 16, 32, 64, 129])]  # the last step: the rest
+    assert ass_plan(256, 8, 4) == [(31, [0, 1, 2, 3, 4], [1, 2, 4, 8, 16]), (32, [5], [32]), (64, [6], [64]),
+                                   (129, [7], [129])]
+    assert ass_plan(19, 4, 3) == [(3, [0, 1], [1, 2]), (4, [2], [4]), (12, [3], [12])]
+    even = DecodingConfig(gen_length=16, block_length=8, steps=8, eos_gamma_min=0.2)
+    # the index inside the block over the TOTAL steps: block 2's steps restart at 0.2 and stop at 0.2 + 0.8 * 3/7
+    assert [eos_gamma(even, i, 4 + i) for i in range(4)] == pytest.approx([0.2 + 0.8 * i / 7 for i in range(4)])
+    ass = DecodingConfig(gen_length=16, steps=4, schedule="ass", eos_gamma_min=0.01)
+    assert [eos_gamma(ass, 0, s) for s in range(4)] == pytest.approx([0.01 + 0.99 * (2 ** (s + 1) - 1) / 16
+                                                                       for s in range(4)])
+    assert eos_gamma(DecodingConfig(), 0, 0) == 1.0  # off
+
+
+def test_ass_and_eoser_settings_are_checked_before_decoding():
+    from dare.config import Invalid
+
+    with pytest.raises(Invalid, match=r"steps must be floor\(log2 gen_length\) = 4 for gen_length 16, got 5"):
+        DecodingConfig(gen_length=16, steps=5, schedule="ass").validate()
+    with pytest.raises(Invalid, match=r"must be in \[1, steps = 4\]"):
+        DecodingConfig(gen_length=16, steps=4, schedule="ass", ass_blocks=5).validate()
+    with pytest.raises(Invalid, match="no parallel rule"):
+        DecodingConfig(gen_length=16, steps=4, schedule="ass", threshold=0.9).validate()
+    with pytest.raises(Invalid, match="eos_gamma_min <= eos_gamma_max"):
+        DecodingConfig(eos_gamma_min=0.5, eos_gamma_max=0.4).validate()
+    DecodingConfig(gen_length=19, block_length=32, steps=4, schedule="ass").validate()  # block_length unused
+    sdar = sharp("sdar", 0)
+    ids, mask = left_pad(PROMPTS, facts(sdar).pad_token_id)
+    with pytest.raises(UserError, match="options of the masked sampler.*block sampler"):
+        generate(sdar, ids, mask, DecodingConfig(gen_length=8, steps=4, eos_gamma_min=0.01))

@@ -229,6 +229,18 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
     max_post_steps: int = 16
     record_trajectory: bool = False
     """Keep the response after every step (CJ-GRPO, MDPO, TraceRL need the trajectory)."""
+    schedule: Literal["even", "ass"] = field(default="even", metadata=ADDED)
+    """Masked sampler: how many tokens each step commits. even: each block's masks split evenly over
+    its steps (LLaDA); ass: CJ-GRPO's ascending step size, step i commits 2^i tokens and the last step
+    the rest, with steps = floor(log2 gen_length) and `ass_blocks` blocks carved from the largest
+    powers of two (`block_length` is not used then; `dare.rollout.llada.ass_plan`)."""
+    ass_blocks: int = field(default=1, metadata=ADDED)
+    """ASS: the number of blocks (CJ-GRPO's `block_num`)."""
+    eos_gamma_min: float = field(default=1.0, metadata=ADDED)
+    """EOSER (CJ-GRPO's EOS early rejection), masked sampler: the confidence of a position whose
+    prediction is EOS is multiplied by gamma, which rises from `eos_gamma_min` to `eos_gamma_max` over
+    the steps (`dare.rollout.llada.eos_gamma`); 1 and 1 = off. CJ-GRPO trains with 0.01."""
+    eos_gamma_max: float = field(default=1.0, metadata=ADDED)
     whole_last_block: bool = field(default=True, metadata=ADDED)
     """Block sampler: decode the last block whole, past `gen_length` (both originals do); False ends
     the canvas at `gen_length`, so a trainer that scores the `gen_length` tokens sees exactly the
@@ -252,12 +264,24 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
         check(self.top_k >= 0, "must be >= 0", "top_k")
         check(0 < self.eps < 1, "must be in (0, 1)", "eps")
         check(0 <= self.editing_threshold <= 1, "must be in [0, 1]", "editing_threshold")
+        check(0 <= self.eos_gamma_min <= self.eos_gamma_max, "need 0 <= eos_gamma_min <= eos_gamma_max",
+              "eos_gamma_min", "eos_gamma_max")
+        if self.schedule == "ass":
+            check(self.gen_length >= 2 and self.steps == self.gen_length.bit_length() - 1,
+                  f"the ascending schedule commits 1, 2, 4, ... tokens: steps must be floor(log2 gen_length) = "
+                  f"{max(self.gen_length.bit_length() - 1, 1)} for gen_length {self.gen_length}, got {self.steps}",
+                  "steps", "schedule")
+            check(1 <= self.ass_blocks <= self.steps, f"must be in [1, steps = {self.steps}]", "ass_blocks")
+            check(self.threshold == 0 and self.factor == 0, "the ascending schedule fixes each step's count: "
+                  "no parallel rule (threshold, factor)", "schedule", "threshold", "factor")
 
     def validate_blocks(self):
         """The masked sampler's semi-AR layout (the only sampler that uses `block_length`: the block
         sampler takes the model's own block, Dream's has none). Checked here for sampler=masked, for
         sampler=auto where the config names a bidirectional `model.family` (`check_across_sections`), and
-        otherwise by the sampler once the model is loaded."""
+        otherwise by the sampler once the model is loaded. The ascending schedule makes its own blocks."""
+        if self.schedule == "ass":
+            return
         check(self.gen_length % self.block_length == 0,
               f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
               "gen_length", "block_length")

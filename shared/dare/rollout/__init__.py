@@ -57,8 +57,14 @@ def on_device(generator, device) -> torch.Generator | None:
 
 
 def generate(model, prompt_ids, prompt_mask, decoding, generator=None) -> RolloutOutput:
+    name = sampler_name(model, decoding)
+    eoser = (decoding.eos_gamma_min, decoding.eos_gamma_max) != (1.0, 1.0)
+    if name != "masked" and (decoding.schedule != "even" or eoser):
+        raise UserError(f"decoding: the ascending schedule (schedule=ass) and EOSER (eos_gamma_min/max) are options "
+                        f"of the masked sampler (LLaDA-style, as CJ-GRPO defines them); this model decodes with the "
+                        f"{name} sampler")
     generator = on_device(generator, next(model.parameters()).device)
-    return SAMPLERS[sampler_name(model, decoding)](model, prompt_ids, prompt_mask, decoding, generator)
+    return SAMPLERS[name](model, prompt_ids, prompt_mask, decoding, generator)
 
 
 def replay(out: RolloutOutput) -> torch.Tensor:

@@ -18,6 +18,18 @@ Fast-dLLM options:
   one, until the block is clean (steps become nominal). `factor=f`: the factor rule.
   Both apply with or without a cache.
 
+CJ-GRPO's decoding companions (yjyddq/EOSER-ASS-RL @5affb4e, `eval/generate.py`; any method and
+evaluation can use them):
+- `schedule="ass"` (ascending step size): step i commits 2^i tokens, the last step the rest, in
+  steps = floor(log2 gen_length); with `ass_blocks` = k > 1 the last block holds 2^(S-1) + 1 + the
+  remainder and is decoded in the last step, the k - 2 before it 2^(S-2), ..., one step each, and
+  the first block the small steps 0..S-k (`ass_plan`).
+- `eos_gamma_min/max` (EOSER): a position whose prediction is EOS has its confidence multiplied by
+  gamma_s (`eos_gamma`): with the even schedule gamma rises linearly with the step index INSIDE the
+  block over the TOTAL step count, so in semi-AR decoding it restarts every block and never reaches
+  eos_gamma_max (as the code does it); with ASS it follows (2^(s+1) - 1) / 2^S of the global step s.
+  Only EOS is damped (not the end-of-turn token), as in the code.
+
 Differences from the references, none of which change their greedy outputs:
 1. Gumbel-max is computed in log space, `argmax(logits - T * log(-log u))`, in float64; the
    reference's `exp(logits) / (-log u)^T` has the same argmax but can overflow.
@@ -55,16 +67,49 @@ def _guided_logits(model, x, attention_mask, prompt_positions, mask_id: int, cfg
     return un + (cfg_scale + 1) * (cond - un)
 
 
+def ass_plan(gen_length: int, steps: int, n_blocks: int) -> list[tuple[int, list[int], list[int]]]:
+    """CJ-GRPO's ascending schedule: [(block size, its global step indices, tokens each commits)].
+    One block of 10 in 3 steps: [(10, [0, 1, 2], [1, 2, 7])]; 19 in 4 steps and 3 blocks:
+    [(3, [0, 1], [1, 2]), (4, [2], [4]), (12, [3], [12])]."""
+    S = gen_length.bit_length() - 1  # floor(log2 gen_length) = steps (checked by DecodingConfig)
+    if n_blocks == 1:
+        return [(gen_length, list(range(S)), [2 ** i for i in range(S - 1)] + [gen_length - 2 ** (S - 1) + 1])]
+    last = 2 ** (S - 1) + 1 + gen_length - 2 ** S
+    middle = [(2 ** p, [p], [2 ** p]) for p in range(S - n_blocks + 1, S - 1)]
+    first = 2 ** (S - n_blocks + 1) - 1
+    return [(first, list(range(S - n_blocks + 1)), [2 ** i for i in range(S - n_blocks + 1)]), *middle,
+            (last, [S - 1], [last])]
+
+
+def eos_gamma(decoding, local_step: int, global_step: int) -> float:
+    """EOSER's factor on an EOS prediction's confidence at a step (1 when off): linear in the step
+    index inside the block over the total step count (even schedule), (2^(s+1) - 1) / 2^S of the
+    global step s (ascending schedule); the maximum when there is one step."""
+    lo, hi, S = decoding.eos_gamma_min, decoding.eos_gamma_max, decoding.steps
+    if (lo, hi) == (1.0, 1.0) or S <= 1:
+        return hi
+    if decoding.schedule == "ass":
+        return lo + (hi - lo) * (2 ** (global_step + 1) - 1) / 2 ** S
+    return lo + (hi - lo) * min(max(local_step, 0), S - 1) / (S - 1)
+
+
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decoding,
              generator: torch.Generator | None = None) -> RolloutOutput:
     f = facts(model)
-    G, BL = decoding.gen_length, decoding.block_length
-    n_blocks = G // BL
-    if G % BL or decoding.steps % n_blocks:
-        raise UserError(f"decoding: gen_length ({G}) must be a multiple of block_length ({BL}) and steps "
-                        f"({decoding.steps}) a multiple of the number of blocks ({n_blocks}) for the masked sampler")
-    steps_per_block = decoding.steps // n_blocks
+    G = decoding.gen_length
+    if decoding.schedule == "ass":
+        plan = ass_plan(G, decoding.steps, decoding.ass_blocks)
+    else:
+        BL = decoding.block_length
+        n_blocks = G // BL
+        if G % BL or decoding.steps % n_blocks:
+            raise UserError(f"decoding: gen_length ({G}) must be a multiple of block_length ({BL}) and steps "
+                            f"({decoding.steps}) a multiple of the number of blocks ({n_blocks}) for the masked "
+                            "sampler")
+        spb = decoding.steps // n_blocks
+        even = num_transfer_tokens(torch.tensor([BL]), spb)[0].tolist()
+        plan = [(BL, list(range(b * spb, (b + 1) * spb)), even) for b in range(n_blocks)]
     mask_id, shift = f.mask_token_id, f.logits_shift
 
     x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
@@ -75,7 +120,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     trajectory = []
     nfe = step = 0
 
-    def commit(lo: int, hi: int, logits: torch.Tensor, quota: torch.Tensor, span: tuple[int, int]) -> None:
+    def commit(lo: int, hi: int, logits: torch.Tensor, quota: torch.Tensor, span: tuple[int, int],
+               gamma: float) -> None:
         """Commit in x[:, lo:hi] from the block's logits; the positions are ranked over x[:, span]
         with -inf outside the block, the row the reference ranks (its choice among ties)."""
         nonlocal step
@@ -84,6 +130,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
         until_clean = decoding.cache in ("prefix", "dual") or decoding.threshold > 0 or decoding.factor > 0
         x0, conf = predict(logits, masked, decoding, generator, f.eos_token_id, f.eot_token_id,
                            forbid=mask_id if until_clean else None)
+        if gamma != 1.0:  # EOSER
+            conf = torch.where(masked & (x0 == f.eos_token_id), conf * gamma, conf)
         row = torch.full((B, span[1] - span[0]), -torch.inf, dtype=conf.dtype, device=device)
         row[:, lo - span[0]:hi - span[0]] = conf
         chosen = commit_rule(row, decoding, quota)[:, lo - span[0]:hi - span[0]]
@@ -93,22 +141,26 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
         if decoding.record_trajectory:
             trajectory.append(x[:, P:].clone())
 
-    for b in range(n_blocks):
-        lo, hi = P + b * BL, P + (b + 1) * BL
-        quota = num_transfer_tokens((x[:, lo:hi] == mask_id).sum(dim=1), steps_per_block)
+    lo = P
+    for size, steps, counts in plan:
+        hi, n = lo + size, len(counts)
+        quota = torch.tensor(counts, device=device).expand(B, n)
+        gamma = [eos_gamma(decoding, i, steps[i]) for i in range(n)]
         parallel = decoding.threshold > 0 or decoding.factor > 0
         i = 0
         if decoding.cache not in ("prefix", "dual"):  # "auto" / "none": the reference, no cache
-            while (x[:, lo:hi] == mask_id).any() and (parallel or i < steps_per_block):
+            while (x[:, lo:hi] == mask_id).any() and (parallel or i < n):
                 logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, decoding.cfg_scale)
                 nfe += 1
-                commit(lo, hi, logits[:, lo:hi], quota[:, min(i, steps_per_block - 1)], (0, P + G))
+                commit(lo, hi, logits[:, lo:hi], quota[:, min(i, n - 1)], (0, P + G), gamma[min(i, n - 1)])
                 i += 1
+            lo = hi
             continue
         # Fast-dLLM: a full forward fills the cache and makes the block's first commit
         out = model(x, attention_mask, use_cache=True)
         nfe += 1
-        commit(lo, hi, align(model, out.logits, attention_mask=attention_mask)[:, lo:hi], quota[:, 0], (0, P + G))
+        commit(lo, hi, align(model, out.logits, attention_mask=attention_mask)[:, lo:hi], quota[:, 0], (0, P + G),
+               gamma[0])
         i = 1
         start = lo - 1 if shift else lo  # a shifted model reads position s's logit at s - 1
         cache = out.past_key_values
@@ -121,9 +173,10 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
                 raw = model(x[:, start:hi], attention_mask[:, start:hi], past_key_values=cache,
                             replace_position=start).logits
             nfe += 1
-            commit(lo, hi, raw[:, :BL], quota[:, min(i, steps_per_block - 1)],
-                   (lo, P + G) if decoding.cache == "prefix" else (lo, hi))
+            commit(lo, hi, raw[:, :size], quota[:, min(i, n - 1)],
+                   (lo, P + G) if decoding.cache == "prefix" else (lo, hi), gamma[min(i, n - 1)])
             i += 1
+        lo = hi
 
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
