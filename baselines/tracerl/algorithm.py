@@ -48,7 +48,7 @@ import torch
 from dare.models import facts
 from dare.train import noise
 from dare.train.critic import diffusion_values
-from dare.train.estimators import diffusion_logps
+from dare.train.estimators import per_round, trajectory_logps
 from dare.train.rl import group_advantages
 
 RECIPE = "rl"
@@ -90,35 +90,12 @@ def uses_reference(cfg) -> bool:
 def sample_noise(batch, generator: torch.Generator, cfg) -> torch.Tensor:
     """No randomness: the trace round of every position (B, P + G); -1 on the prompt (never
     masked), `noise.NEVER` for completion positions no step committed (masked in every round)."""
-    P = batch.prompt_length
-    if batch.block_size is None:  # masked models: the whole completion is one segment
-        segment = torch.zeros_like(batch.step_map)
-    else:
-        segment = noise.blocks(batch.attention_mask, batch.block_size)[:, P:]
-    rounds = noise.trace_rounds(batch.step_map, segment, cfg.algo.shrink)
-    prompt = torch.full_like(batch.sequences[:, :P], -1)
-    return torch.cat([prompt, rounds], dim=1)
-
-
-def per_round(score, batch, rounds: torch.Tensor) -> torch.Tensor:
-    """(B, G) `score(x, where)` at every completion token, where x is the trajectory state of round r
-    (tokens of round >= r masked) and `where` the tokens of round r: one forward per round."""
-    P = batch.prompt_length
-    scored = rounds[:, P:]
-    out = torch.zeros(scored.shape, dtype=torch.float32, device=scored.device)
-    n_rounds = int(torch.where(scored < noise.NEVER, scored, -1).max()) + 1
-    for r in range(n_rounds):
-        where = rounds == r
-        out = out + score(where, rounds >= r)[:, P:]
-    return out
+    return noise.rollout_rounds(batch, cfg.algo.shrink)
 
 
 def token_logps(model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
     """(B, G) log pi(o_k | the trajectory state before o_k's trace step)."""
-    mask_id = facts(model).mask_token_id
-    return per_round(lambda where, masked: diffusion_logps(
-        model, torch.where(masked, mask_id, batch.sequences), batch.sequences, where, batch.attention_mask,
-        compute=batch.compute), batch, rounds)
+    return trajectory_logps(model, batch, rounds)
 
 
 def token_values(value_model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
@@ -135,8 +112,7 @@ def trace_steps(batch, rounds: torch.Tensor) -> torch.Tensor:
     P = batch.prompt_length
     r = rounds[:, P:]
     on = batch.response_mask & (r < noise.NEVER)
-    segment = (noise.blocks(batch.attention_mask, batch.block_size)[:, P:] if batch.block_size is not None
-               else torch.zeros_like(r))
+    segment = noise.rollout_segments(batch)
     key = torch.where(on, segment * (int(r[on].max()) + 1 if on.any() else 1) + r, -1)
     steps = torch.full_like(key, -1)
     for i in range(key.shape[0]):

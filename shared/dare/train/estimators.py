@@ -10,6 +10,10 @@ materializes full-vocabulary logits.
 - `diffusion_hidden(model, x_noisy, clean)`: the hidden states those log-probs are read from (a
   value head reads them too).
 - `completion_logps(model, batch, masked)`: the same at every completion position of an RL batch.
+- `trajectory_logps(model, batch, rounds)`: the same along the rollout's own decoding trajectory:
+  each completion token scored in the state just before the round that committed it (`rounds` from
+  `noise.trace_rounds`; one forward per round, all blocks of a round at once): TraceRL, CJ-GRPO.
+  `per_round(score, batch, rounds)` runs any per-position score (a value head) the same way.
 - `block_diffusion_logps(model, x_noisy, clean, where)`: the same for block-diffusion models
   (SDAR, LLaDA2.x) through their `[noisy ; clean]` training layout, in one forward.
 - `elbo(model, ids, attention_mask, maskable, draws, normalize, compute)`: the Monte Carlo
@@ -126,6 +130,29 @@ def completion_logps(model, batch, masked: torch.Tensor) -> torch.Tensor:
     scored = noise.completion(batch.attention_mask, batch.prompt_length)
     logps = diffusion_logps(model, x, batch.sequences, scored, batch.attention_mask, compute=batch.compute)
     return logps[:, batch.prompt_length:]
+
+
+def per_round(score, batch, rounds: torch.Tensor) -> torch.Tensor:
+    """(B, G) `score(where, masked)` at every completion token, one call per round r: `masked` the
+    positions of round >= r (the trajectory state before round r: earlier rounds clean), `where`
+    those of round r. `rounds` (B, P + G): -1 on the prompt, `noise.NEVER` where nothing was committed."""
+    P = batch.prompt_length
+    scored = rounds[:, P:]
+    out = torch.zeros(scored.shape, dtype=torch.float32, device=scored.device)
+    n_rounds = int(torch.where(scored < noise.NEVER, scored, -1).max()) + 1
+    for r in range(n_rounds):
+        out = out + score(rounds == r, rounds >= r)[:, P:]
+    return out
+
+
+def trajectory_logps(model, batch, rounds: torch.Tensor) -> torch.Tensor:
+    """(B, G) log pi(o_k | the trajectory state before o_k's round): the rollout's own denoising
+    transitions, replayed from its step map (each token is committed once, so the state before round
+    r is the final completion with every token of round >= r masked)."""
+    mask_id = facts(model).mask_token_id
+    return per_round(lambda where, masked: diffusion_logps(
+        model, torch.where(masked, mask_id, batch.sequences), batch.sequences, where, batch.attention_mask,
+        compute=batch.compute), batch, rounds)
 
 
 def block_diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, where: torch.Tensor,

@@ -152,3 +152,18 @@ def trace_rounds(step_map: torch.Tensor, segment: torch.Tensor, shrink: int = 1)
     rank = torch.arange(len(uniq), device=key.device) - torch.searchsorted(group, group, side="left")
     rounds = (rank // shrink)[inverse]
     return torch.where(committed, rounds, NEVER)
+
+
+def rollout_segments(batch) -> torch.Tensor:
+    """(B, G) the segment of each completion position of an RL batch: its block for a block-causal
+    model (counted as the sampler counts them, `blocks`), 0 everywhere for a masked model."""
+    if batch.block_size is None:
+        return torch.zeros_like(batch.step_map)
+    return blocks(batch.attention_mask, batch.block_size)[:, batch.prompt_length:]
+
+
+def rollout_rounds(batch, shrink: int = 1) -> torch.Tensor:
+    """(B, P + G) the trajectory round of every position of an RL batch (`trace_rounds` over
+    `rollout_segments`): -1 on the prompt (never masked), `NEVER` where no step committed."""
+    rounds = trace_rounds(batch.step_map, rollout_segments(batch), shrink)
+    return torch.cat([torch.full_like(batch.sequences[:, :batch.prompt_length], -1), rounds], dim=1)
