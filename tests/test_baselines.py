@@ -206,7 +206,11 @@ def _check_run(out):
     assert any(r["optim/grad_norm"] > 0 for r in records)
 
 
-RL_RUNS = [(n, f) for n in ("d1", "coupled_grpo", "wd1", "tracerl") for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")]
+RL_RUNS = [(n, f) for n in ("d1", "coupled_grpo", "wd1", "tracerl", "cj_grpo")
+           for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")]
+RL_EXTRA = {  # CJ-GRPO decodes with ASS (steps = log2 of the 4 tokens) and EOSER; block models with their own schedule
+    ("cj_grpo", "llada"): ["rl.decoding.steps=2"], ("cj_grpo", "dream"): ["rl.decoding.steps=2"],
+    **{("cj_grpo", f): ["rl.decoding.schedule=even", "rl.decoding.eos_gamma_min=1"] for f in ("sdar", "sdar_moe", "llada2")}}
 SUPERVISED_RUNS = [(n, f) for n in ("sft", "peft") for f in ("llada", "dream", "sdar", "llada2")] + [
     ("vrpo", f) for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")]
 
@@ -229,7 +233,8 @@ def test_rl_baselines_two_steps(name, family, tmp_path, monkeypatch, sft_checkpo
     ckpt = sft_checkpoint(family)
     monkeypatch.setattr(TASKS["addition"], "rewards", lambda texts, rows, style="default": [
         float(i % 2) for i in range(len(texts))])
-    out = train(name, None, [f"model.path={ckpt}", f"model.family={family}", *RL, f"run.out_dir={tmp_path / name}"])
+    out = train(name, None, [f"model.path={ckpt}", f"model.family={family}", *RL, *RL_EXTRA.get((name, family), []),
+                             f"run.out_dir={tmp_path / name}"])
     _check_run(out)
     assert _changed(ckpt, out)
 

@@ -1,0 +1,96 @@
+"""CJ-GRPO (Yang et al., "Taming Masked Diffusion Language Models via Consistency Trajectory
+Reinforcement Learning with Fewer Decoding Step", arXiv:2509.23924, §3; reference code
+`yjyddq/EOSER-ASS-RL` @5affb4e, `cj-grpo/cj_grpo_trainer_*.py`).
+
+Consistency-trajectory GRPO: the policy ratio is taken on the rollout's own denoising transitions
+x_s -> x_{s+1} instead of a one-step estimate from a fully masked answer. The rollout records which
+step committed each token (the step map); each token is committed once, so the state x_s is the final
+completion with every token of step >= s masked, and one forward per step scores the tokens U_s that
+step s unmasked (`dare.train.estimators.trajectory_logps`; no prompt masking, no random masking).
+Block models (SDAR, LLaDA2.x; DARE's extension): a transition is (block, local step), and one forward
+through the `[x_t ; x_0]` layout scores local step s of every block (each block sees the clean blocks
+before it, as the block sampler showed it).
+
+    A_i    = r_i - mean(r_group)                               (no std scaling, as d1)
+    rho    = exp(log pi(x_{s+1}^k | x_s) - log pi_old(x_{s+1}^k | x_s))     for k in U_s
+    KL     = exp(ref - logp) - (ref - logp) - 1               (k3, against the reference model)
+    L      = 1/B sum_i 1/S_i sum_s 1/|U_s,i| sum_{k in U_s,i} [ -min(rho A_i, clip(rho, 1 - eps, 1 + eps) A_i)
+                                                               + beta KL ]
+
+S_i is the number of transitions of sequence i. The reference pools each step's mean over the
+micro-batch (`(loss * U_s).sum() / U_s.sum() / steps`): with a fixed schedule every row commits the
+same number of tokens per step, so the two agree; with threshold decoding they weight differently.
+As the code does it, every completion position is in the loss, tokens after EOS included
+(`completion_mask` is never applied). The paper's decoding companions, EOSER and the ascending
+step-size schedule (ASS), are sampler options (`rl.decoding.eos_gamma_min`, `rl.decoding.schedule=ass`)
+usable by any method and by evaluation (`dare.rollout.llada`).
+
+One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
+    rollout (step map) -> rewards -> advantages -> sample_noise: the rounds (no randomness)
+    -> old/ref token_logps (one forward per step) -> mu x [token_logps -> loss -> optimizer step]
+"""
+
+import torch
+
+from dare.train import noise
+from dare.train.estimators import trajectory_logps
+from dare.train.rl import group_advantages
+
+RECIPE = "rl"
+
+
+def check_config(cfg) -> None:
+    if cfg.rl.group_size < 2:
+        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group-mean baseline needs at least 2 completions")
+    if cfg.rl.decoding.editing_threshold > 0:
+        raise ValueError("rl.decoding.editing_threshold > 0: token editing rewrites committed tokens, so the step "
+                         "map no longer gives the states the sampler saw; CJ-GRPO needs each token committed once")
+
+
+def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
+    """(P, G) rewards -> (P, G) advantages: the group mean is the baseline, no std division."""
+    return group_advantages(rewards, baseline="mean", std="none")
+
+
+def uses_reference(cfg) -> bool:
+    return cfg.algo.beta > 0
+
+
+def sample_noise(batch, generator: torch.Generator, cfg) -> torch.Tensor:
+    """No randomness: the step (within its block, for block models) that committed each position,
+    (B, P + G); -1 on the prompt, `noise.NEVER` where no step committed."""
+    return noise.rollout_rounds(batch, shrink=1)
+
+
+def token_logps(model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
+    """(B, G) log pi(x_{s+1}^k | x_s) for each completion token k, s its commit step."""
+    return trajectory_logps(model, batch, rounds)
+
+
+def transition_weights(batch, rounds: torch.Tensor) -> torch.Tensor:
+    """(B, G) 1 / (|U_s,i| S_i) on every committed completion token, 0 elsewhere: the per-transition
+    mean, then the mean over the sequence's transitions (a transition: (block, step))."""
+    r = rounds[:, batch.prompt_length:]
+    on = r < noise.NEVER
+    key = torch.where(on, noise.rollout_segments(batch) * (int(r[on].max()) + 1 if on.any() else 1) + r, 0)
+    counts = torch.zeros(key.shape[0], int(key.max()) + 1, device=key.device).scatter_add_(1, key, on.float())
+    per_transition = counts.gather(1, key).clamp(min=1)
+    transitions = (counts > 0).sum(dim=1, keepdim=True).clamp(min=1)
+    return on.float() / per_transition / transitions
+
+
+def loss(logps, old_logps, ref_logps, batch, rounds, cfg):
+    eps, beta = cfg.algo.epsilon, cfg.algo.beta
+    weight = transition_weights(batch, rounds) / max(batch.num_sequences, 1)  # sums to 1 over the step's rows
+    adv = batch.advantages[:, None]
+    ratio = torch.exp(logps - old_logps)
+    clipped = ratio.clamp(1 - eps, 1 + eps)
+    policy = torch.min(ratio * adv, clipped * adv)
+    if ref_logps is not None:
+        delta = ref_logps - logps
+        kl = torch.exp(delta) - delta - 1
+    else:
+        kl = torch.zeros_like(logps)
+    loss = ((-policy + beta * kl) * weight).sum()
+    return loss, {"loss/policy": (-(policy * weight).sum()).item(), "loss/kl": (kl * weight).sum().item(),
+                  "stats/clip_ratio": ((((ratio - clipped).abs() > 0).float()) * weight).sum().item()}
