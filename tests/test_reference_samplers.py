@@ -352,3 +352,89 @@ def test_ass_and_eoser_settings_are_checked_before_decoding():
     ids, mask = left_pad(PROMPTS, facts(sdar).pad_token_id)
     with pytest.raises(UserError, match="options of the masked sampler.*block sampler"):
         generate(sdar, ids, mask, DecodingConfig(gen_length=8, steps=4, eos_gamma_min=0.01))
+
+
+# ------------------------------------------------------------------------------------------------
+# MDPO's sampler: MaskGIT schedule, top-p confidences, running-confidence remasking (RCR)
+
+
+def soft_llada(seed: int):
+    """A tiny LLaDA whose head is scaled by 4 (not 40): confidences stay below 1, so RCR's ranking of
+    stored confidences has no ties with the positions it counts as 1.0. Its MASK row is zero."""
+    tok = char_tokenizer("0123456789+=", "llada")
+    model = new_model("llada", tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64),
+                      seed=seed).eval()
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head.mul_(4)
+        head[facts(model).mask_token_id] = 0
+    return model
+
+
+# (seed, gen, block, steps, top_p, rcr) -> (tokens, step maps) of the ORIGINAL, autonomousvision/mdpo@e6ae439
+# `src/mdlm_generation_utils.py::diffusion_generate` (conf_alg "llada", mode "linear", T = 0), one prompt at
+# a time, run in a scratch folder on `soft_llada`'s weights; a position's step is the LAST step after which
+# it went from masked to committed, read from the states the original passed to the model.
+MDPO_CASES = {
+    (0, 16, 8, 8, None, False): (
+        [[4, 4, 18, 18, 18, 18, 18, 18, 4, 4, 9, 9, 9, 9, 9, 9], [4, 4, 18, 18, 18, 18, 18, 18, 4, 4, 9, 9, 9, 9, 9, 9], [18, 18, 18, 18, 18, 18, 18, 18, 4, 4, 4, 4, 9, 9, 9, 9], [18, 18, 18, 18, 18, 18, 18, 18, 4, 4, 4, 4, 9, 9, 9, 9]],
+        [[3, 3, 2, 2, 1, 1, 0, 0, 4, 4, 6, 6, 7, 7, 5, 5], [3, 3, 2, 0, 0, 2, 1, 1, 4, 4, 6, 5, 5, 6, 7, 7], [3, 3, 2, 1, 0, 0, 2, 1, 4, 4, 5, 5, 6, 6, 7, 7], [3, 3, 2, 2, 1, 1, 0, 0, 5, 4, 4, 5, 6, 6, 7, 7]]),
+    (0, 16, 8, 8, None, True): (
+        [[4, 4, 18, 18, 18, 18, 18, 18, 4, 4, 9, 9, 9, 9, 9, 9], [9, 9, 9, 18, 18, 9, 18, 18, 9, 9, 9, 9, 9, 9, 9, 9], [9, 9, 18, 18, 18, 18, 18, 18, 4, 4, 4, 4, 9, 9, 9, 9], [9, 9, 18, 18, 18, 18, 18, 18, 4, 4, 4, 4, 9, 9, 9, 9]],
+        [[3, 3, 2, 2, 1, 1, 0, 0, 4, 4, 6, 6, 6, 6, 7, 7], [6, 6, 7, 0, 0, 7, 1, 1, 6, 6, 5, 5, 5, 5, 5, 5], [6, 6, 2, 1, 0, 0, 2, 1, 4, 4, 4, 4, 7, 7, 6, 6], [6, 6, 2, 2, 1, 1, 0, 0, 4, 4, 4, 4, 7, 7, 6, 6]]),
+    (0, 10, 10, 4, 0.95, False): (
+        [[9, 9, 4, 4, 4, 18, 18, 18, 18, 18], [4, 4, 9, 9, 18, 9, 9, 9, 18, 18], [9, 4, 4, 4, 18, 18, 18, 9, 18, 18], [9, 9, 4, 4, 4, 18, 18, 18, 18, 18]],
+        [[3, 3, 2, 2, 2, 1, 1, 0, 0, 0], [1, 1, 3, 2, 0, 2, 2, 3, 0, 0], [3, 2, 2, 2, 0, 0, 0, 3, 1, 1], [3, 3, 2, 2, 2, 1, 1, 0, 0, 0]]),
+    (0, 10, 10, 4, 0.95, True): (
+        [[9, 9, 4, 4, 4, 18, 18, 18, 18, 18], [9, 9, 9, 9, 18, 9, 9, 9, 18, 18], [9, 4, 4, 4, 18, 18, 18, 9, 18, 18], [9, 9, 4, 4, 4, 18, 18, 18, 18, 18]],
+        [[3, 3, 2, 2, 2, 1, 1, 0, 0, 0], [3, 3, 2, 2, 0, 2, 2, 2, 0, 0], [3, 2, 2, 2, 0, 0, 0, 3, 1, 1], [3, 3, 2, 2, 2, 1, 1, 0, 0, 0]]),
+    (1, 16, 8, 8, None, False): (
+        [[4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 4, 0, 0, 0, 0, 4], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]],
+        [[3, 1, 1, 2, 2, 3, 0, 0, 7, 7, 6, 6, 5, 5, 4, 4], [3, 3, 2, 2, 0, 0, 1, 1, 5, 5, 4, 6, 6, 7, 7, 4], [3, 0, 0, 1, 1, 2, 2, 3, 6, 5, 5, 7, 7, 6, 4, 4], [3, 3, 2, 0, 0, 1, 1, 2, 6, 5, 5, 7, 7, 6, 4, 4]]),
+    (1, 16, 8, 8, None, True): (
+        [[4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 0, 0, 4, 4], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]],
+        [[5, 5, 5, 6, 6, 5, 5, 5, 6, 6, 7, 7, 4, 4, 4, 4], [5, 5, 6, 6, 5, 5, 5, 5, 6, 7, 4, 4, 7, 6, 4, 4], [5, 5, 5, 5, 5, 6, 5, 6, 7, 4, 7, 6, 6, 4, 4, 4], [5, 5, 6, 5, 5, 5, 5, 6, 6, 4, 4, 7, 6, 7, 4, 4]]),
+    (1, 10, 10, 4, 0.95, False): (
+        [[4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4]],
+        [[3, 3, 2, 1, 1, 2, 2, 0, 0, 0], [0, 2, 1, 0, 0, 1, 2, 3, 3, 2], [3, 0, 0, 1, 2, 2, 3, 2, 0, 1], [3, 3, 2, 0, 0, 1, 2, 2, 1, 0]]),
+    (1, 10, 10, 4, 0.95, True): (
+        [[4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4]],
+        [[2, 2, 3, 1, 1, 1, 3, 2, 2, 2], [2, 1, 1, 2, 2, 1, 3, 2, 2, 3], [2, 2, 2, 1, 1, 3, 2, 3, 2, 1], [2, 2, 1, 2, 2, 1, 3, 3, 1, 2]]),
+}
+
+
+@pytest.mark.parametrize("case", list(MDPO_CASES), ids=[str(c) for c in MDPO_CASES])
+def test_mdpo_sampler_and_rcr_match_the_original_token_for_token(case):
+    seed, G, BL, steps, top_p, rcr = case
+    model = soft_llada(seed)
+    ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
+    out = generate(model, ids, mask, DecodingConfig(sampler="mdpo", gen_length=G, block_length=BL, steps=steps,
+                                                    top_p=top_p or 1.0, rcr=rcr))
+    tokens, step_maps = MDPO_CASES[case]
+    assert out.responses.tolist() == tokens
+    assert out.step_map.tolist() == step_maps
+
+
+def test_rcr_changes_what_the_original_decodes():
+    """Not vacuous: in every pinned layout RCR decodes differently from the plain schedule."""
+    for seed in (0, 1):
+        for G, BL, steps, top_p in ((16, 8, 8, None), (10, 10, 4, 0.95)):
+            assert MDPO_CASES[(seed, G, BL, steps, top_p, True)] != MDPO_CASES[(seed, G, BL, steps, top_p, False)]
+
+
+def test_maskgit_quota_is_the_floor_rule():
+    from dare.rollout.mdpo import maskgit_quota
+
+    assert maskgit_quota(10, 4) == [3, 2, 3, 2]  # 10 - floor(10 * (1 - t/4)): 3, 5, 8, 10 committed
+    assert maskgit_quota(8, 4) == [2, 2, 2, 2] and sum(maskgit_quota(7, 3)) == 7
+
+
+def test_rcr_is_an_option_of_the_mdpo_sampler_for_bidirectional_models():
+    from dare.config import Invalid
+
+    with pytest.raises(Invalid, match="set sampler=mdpo"):
+        DecodingConfig(sampler="masked", rcr=True).validate()
+    sdar = sharp("sdar", 0)
+    ids, mask = left_pad(PROMPTS, facts(sdar).pad_token_id)
+    with pytest.raises(UserError, match="mdpo sampler decodes bidirectional"):
+        generate(sdar, ids, mask, DecodingConfig(sampler="mdpo", gen_length=8, block_length=8, steps=4))
