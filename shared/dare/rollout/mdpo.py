@@ -17,6 +17,11 @@ commit (the sum of the remaining quotas), ranking the whole row with every posit
 stored confidence (prompt, padding, later blocks) counted as 1.0. Committed tokens can so be revised,
 earlier blocks' too; `step_map` gives each position's LAST commit.
 
+With `record_trajectory` the output also keeps, per step, MDPO's `intermediate_results` (x0-hat: the
+canvas with every masked position replaced by its prediction, later blocks included) as `predictions`
+and its `intermediate_confidence` as `confidences` (without RCR the confidence of each position's
+prediction; with RCR the stored confidences after the step, 0 where none).
+
 Differences from the reference: randomness comes from an explicit generator (`torch.multinomial`
 instead of `Categorical.sample`, same distribution); the reference decodes one prompt at a time,
 here rows are batched with left padding hidden from attention (positions from each prompt's first
@@ -60,21 +65,23 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     L = P + G
     step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
     stored = torch.zeros(B, L, dtype=torch.float64, device=device)  # RCR: each token's last commit confidence
-    trajectory, nfe, step = [], 0, 0
+    trajectory, predictions, confidences, nfe, step = [], [], [], 0, 0
 
     for b in range(n_blocks):
         hi = P + (b + 1) * BL
         quota = maskgit_quota(BL, spb)
         for i in range(spb):
             masked = x == mask_id
-            logits = token_logits(model, x, attention_mask)[:, P:hi]
+            logits = token_logits(model, x, attention_mask)[:, P:]
             nfe += 1
-            conf, x0 = sample_tokens(logits.reshape(-1, logits.shape[-1]), decoding, generator)
-            conf = torch.full((B, L), -torch.inf, dtype=torch.float64, device=device).index_copy_(
-                1, torch.arange(P, hi, device=device), conf.view(B, -1).double())
+            predicted, x0 = sample_tokens(logits.reshape(-1, logits.shape[-1]), decoding, generator)
+            predicted, x0 = predicted.view(B, G).double(), x0.view(B, G)
+            conf = torch.full((B, L), -torch.inf, dtype=torch.float64, device=device)
+            conf[:, P:hi] = predicted[:, :hi - P]
             conf = torch.where(masked, conf, -torch.inf)
-            proposal = x.clone()
-            proposal[:, P:hi] = torch.where(masked[:, P:hi], x0.view(B, -1), x[:, P:hi])
+            proposal = torch.cat([x[:, :P], torch.where(masked[:, P:], x0, x[:, P:])], dim=1)
+            if decoding.record_trajectory:  # MDPO's x0-hat at this step: every masked position predicted
+                predictions.append(proposal[:, P:].clone())
             k = sum(quota[i:]) if decoding.rcr else quota[i]
             chosen = commit_quota(conf, torch.full((B,), k, device=device))
             x = torch.where(chosen, proposal, x)
@@ -90,8 +97,11 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             step += 1
             if decoding.record_trajectory:
                 trajectory.append(x[:, P:].clone())
+                confidences.append((stored[:, P:] if decoding.rcr else predicted).float())
 
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
                          response_mask=response_mask(responses, f.stop_ids), step_map=step_map, nfe=nfe,
-                         sampler="mdpo", trajectory=torch.stack(trajectory) if trajectory else None)
+                         sampler="mdpo", trajectory=torch.stack(trajectory) if trajectory else None,
+                         predictions=torch.stack(predictions) if predictions else None,
+                         confidences=torch.stack(confidences) if confidences else None)
