@@ -138,6 +138,11 @@ def test_chunked_log_probs_equal_the_full_logits(tiny):
         got = masked_logps(model, x, ids, where, chunk=2)
     torch.testing.assert_close(got[where], full[where], rtol=1e-5, atol=1e-5)
     assert (got[~where] == 0).all()
+    with torch.no_grad():  # tempered (MDPO): log_softmax(logits / T), chunked and full alike
+        warm = torch.log_softmax(token_logits(model, x).float() / 0.4, -1).gather(-1, ids[..., None]).squeeze(-1)
+        for kw in (dict(chunk=2), dict(chunk=0)):
+            got = masked_logps(model, x, ids, where, temperature=0.4, **kw)
+            torch.testing.assert_close(got[where], warm[where], rtol=1e-5, atol=1e-5)
 
 
 def test_memory_bounded_backward_matches_autograd(tiny):

@@ -352,3 +352,110 @@ def test_ass_and_eoser_settings_are_checked_before_decoding():
     ids, mask = left_pad(PROMPTS, facts(sdar).pad_token_id)
     with pytest.raises(UserError, match="options of the masked sampler.*block sampler"):
         generate(sdar, ids, mask, DecodingConfig(gen_length=8, steps=4, eos_gamma_min=0.01))
+
+
+# ------------------------------------------------------------------------------------------------
+# MDPO's sampler: MaskGIT schedule, top-p confidences, running-confidence remasking (RCR)
+
+
+def soft_llada(seed: int):
+    """A tiny LLaDA whose head is scaled by 4 (not 40): confidences stay below 1, so RCR's ranking of
+    stored confidences has no ties with the positions it counts as 1.0. Its MASK row is zero."""
+    tok = char_tokenizer("0123456789+=", "llada")
+    model = new_model("llada", tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64),
+                      seed=seed).eval()
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head.mul_(4)
+        head[facts(model).mask_token_id] = 0
+    return model
+
+
+# (seed, gen, block, steps, top_p, rcr) -> (tokens, step maps) of the ORIGINAL, autonomousvision/mdpo@e6ae439
+# `src/mdlm_generation_utils.py::diffusion_generate` (conf_alg "llada", mode "linear", T = 0), one prompt at
+# a time, run in a scratch folder on `soft_llada`'s weights; a position's step is the LAST step after which
+# it went from masked to committed, read from the states the original passed to the model.
+MDPO_CASES = {
+    (0, 16, 8, 8, None, False): (
+        [[4, 4, 18, 18, 18, 18, 18, 18, 4, 4, 9, 9, 9, 9, 9, 9], [4, 4, 18, 18, 18, 18, 18, 18, 4, 4, 9, 9, 9, 9, 9, 9], [18, 18, 18, 18, 18, 18, 18, 18, 4, 4, 4, 4, 9, 9, 9, 9], [18, 18, 18, 18, 18, 18, 18, 18, 4, 4, 4, 4, 9, 9, 9, 9]],
+        [[3, 3, 2, 2, 1, 1, 0, 0, 4, 4, 6, 6, 7, 7, 5, 5], [3, 3, 2, 0, 0, 2, 1, 1, 4, 4, 6, 5, 5, 6, 7, 7], [3, 3, 2, 1, 0, 0, 2, 1, 4, 4, 5, 5, 6, 6, 7, 7], [3, 3, 2, 2, 1, 1, 0, 0, 5, 4, 4, 5, 6, 6, 7, 7]]),
+    (0, 16, 8, 8, None, True): (
+        [[4, 4, 18, 18, 18, 18, 18, 18, 4, 4, 9, 9, 9, 9, 9, 9], [9, 9, 9, 18, 18, 9, 18, 18, 9, 9, 9, 9, 9, 9, 9, 9], [9, 9, 18, 18, 18, 18, 18, 18, 4, 4, 4, 4, 9, 9, 9, 9], [9, 9, 18, 18, 18, 18, 18, 18, 4, 4, 4, 4, 9, 9, 9, 9]],
+        [[3, 3, 2, 2, 1, 1, 0, 0, 4, 4, 6, 6, 6, 6, 7, 7], [6, 6, 7, 0, 0, 7, 1, 1, 6, 6, 5, 5, 5, 5, 5, 5], [6, 6, 2, 1, 0, 0, 2, 1, 4, 4, 4, 4, 7, 7, 6, 6], [6, 6, 2, 2, 1, 1, 0, 0, 4, 4, 4, 4, 7, 7, 6, 6]]),
+    (0, 10, 10, 4, 0.95, False): (
+        [[9, 9, 4, 4, 4, 18, 18, 18, 18, 18], [4, 4, 9, 9, 18, 9, 9, 9, 18, 18], [9, 4, 4, 4, 18, 18, 18, 9, 18, 18], [9, 9, 4, 4, 4, 18, 18, 18, 18, 18]],
+        [[3, 3, 2, 2, 2, 1, 1, 0, 0, 0], [1, 1, 3, 2, 0, 2, 2, 3, 0, 0], [3, 2, 2, 2, 0, 0, 0, 3, 1, 1], [3, 3, 2, 2, 2, 1, 1, 0, 0, 0]]),
+    (0, 10, 10, 4, 0.95, True): (
+        [[9, 9, 4, 4, 4, 18, 18, 18, 18, 18], [9, 9, 9, 9, 18, 9, 9, 9, 18, 18], [9, 4, 4, 4, 18, 18, 18, 9, 18, 18], [9, 9, 4, 4, 4, 18, 18, 18, 18, 18]],
+        [[3, 3, 2, 2, 2, 1, 1, 0, 0, 0], [3, 3, 2, 2, 0, 2, 2, 2, 0, 0], [3, 2, 2, 2, 0, 0, 0, 3, 1, 1], [3, 3, 2, 2, 2, 1, 1, 0, 0, 0]]),
+    (1, 16, 8, 8, None, False): (
+        [[4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 4, 0, 0, 0, 0, 4], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]],
+        [[3, 1, 1, 2, 2, 3, 0, 0, 7, 7, 6, 6, 5, 5, 4, 4], [3, 3, 2, 2, 0, 0, 1, 1, 5, 5, 4, 6, 6, 7, 7, 4], [3, 0, 0, 1, 1, 2, 2, 3, 6, 5, 5, 7, 7, 6, 4, 4], [3, 3, 2, 0, 0, 1, 1, 2, 6, 5, 5, 7, 7, 6, 4, 4]]),
+    (1, 16, 8, 8, None, True): (
+        [[4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 0, 0, 4, 4], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]],
+        [[5, 5, 5, 6, 6, 5, 5, 5, 6, 6, 7, 7, 4, 4, 4, 4], [5, 5, 6, 6, 5, 5, 5, 5, 6, 7, 4, 4, 7, 6, 4, 4], [5, 5, 5, 5, 5, 6, 5, 6, 7, 4, 7, 6, 6, 4, 4, 4], [5, 5, 6, 5, 5, 5, 5, 6, 6, 4, 4, 7, 6, 7, 4, 4]]),
+    (1, 10, 10, 4, 0.95, False): (
+        [[4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4]],
+        [[3, 3, 2, 1, 1, 2, 2, 0, 0, 0], [0, 2, 1, 0, 0, 1, 2, 3, 3, 2], [3, 0, 0, 1, 2, 2, 3, 2, 0, 1], [3, 3, 2, 0, 0, 1, 2, 2, 1, 0]]),
+    (1, 10, 10, 4, 0.95, True): (
+        [[4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4]],
+        [[2, 2, 3, 1, 1, 1, 3, 2, 2, 2], [2, 1, 1, 2, 2, 1, 3, 2, 2, 3], [2, 2, 2, 1, 1, 3, 2, 3, 2, 1], [2, 2, 1, 2, 2, 1, 3, 3, 1, 2]]),
+}
+
+
+@pytest.mark.parametrize("case", list(MDPO_CASES), ids=[str(c) for c in MDPO_CASES])
+def test_mdpo_sampler_and_rcr_match_the_original_token_for_token(case):
+    seed, G, BL, steps, top_p, rcr = case
+    model = soft_llada(seed)
+    ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
+    out = generate(model, ids, mask, DecodingConfig(sampler="mdpo", gen_length=G, block_length=BL, steps=steps,
+                                                    top_p=top_p or 1.0, rcr=rcr))
+    tokens, step_maps = MDPO_CASES[case]
+    assert out.responses.tolist() == tokens
+    assert out.step_map.tolist() == step_maps
+
+
+def test_rcr_changes_what_the_original_decodes():
+    """Not vacuous: in every pinned layout RCR decodes differently from the plain schedule."""
+    for seed in (0, 1):
+        for G, BL, steps, top_p in ((16, 8, 8, None), (10, 10, 4, 0.95)):
+            assert MDPO_CASES[(seed, G, BL, steps, top_p, True)] != MDPO_CASES[(seed, G, BL, steps, top_p, False)]
+
+
+def test_maskgit_quota_is_the_floor_rule():
+    from dare.rollout.mdpo import maskgit_quota
+
+    assert maskgit_quota(10, 4) == [3, 2, 3, 2]  # 10 - floor(10 * (1 - t/4)): 3, 5, 8, 10 committed
+    assert maskgit_quota(8, 4) == [2, 2, 2, 2] and sum(maskgit_quota(7, 3)) == 7
+
+
+def test_rcr_is_an_option_of_the_mdpo_sampler_for_bidirectional_models():
+    from dare.config import Invalid
+
+    with pytest.raises(Invalid, match="set sampler=mdpo"):
+        DecodingConfig(sampler="masked", rcr=True).validate()
+    sdar = sharp("sdar", 0)
+    ids, mask = left_pad(PROMPTS, facts(sdar).pad_token_id)
+    with pytest.raises(UserError, match="mdpo sampler decodes bidirectional"):
+        generate(sdar, ids, mask, DecodingConfig(sampler="mdpo", gen_length=8, block_length=8, steps=4))
+
+
+# rcr -> (intermediate_results, intermediate_confidence) of the same original (`soft_llada(0)`, gen 8, block 4,
+# 4 steps, T = 0), per prompt and step, confidences rounded to 6 decimals: MDPO's training data
+MDPO_STEPS = {
+    False: ([[[18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 4, 4, 4, 4], [18, 18, 18, 18, 4, 4, 9, 9]], [[18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 9, 9, 9, 9], [18, 18, 18, 18, 9, 9, 9, 9]], [[18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 4, 4, 4, 4], [18, 18, 18, 18, 4, 9, 9, 4]], [[18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 4, 4, 4, 4], [18, 18, 18, 18, 4, 4, 9, 9]]],
+            [[[0.102, 0.10201, 0.102011, 0.102012, 0.10202, 0.102037, 0.102056, 0.102067], [0.094489, 0.094446, 0.12872, 0.128729, 0.09446, 0.094548, 0.094591, 0.094563], [0.132667, 0.132616, 0.132619, 0.132698, 0.094423, 0.09442, 0.094419, 0.094415], [0.127283, 0.127185, 0.127175, 0.127269, 0.109739, 0.109736, 0.096245, 0.096257]], [[0.099307, 0.099313, 0.099344, 0.099377, 0.099387, 0.099371, 0.099348, 0.099344], [0.091531, 0.091507, 0.123923, 0.123857, 0.091578, 0.091599, 0.091587, 0.091561], [0.124748, 0.124826, 0.124842, 0.124795, 0.097475, 0.097472, 0.097438, 0.097408], [0.106271, 0.106373, 0.106467, 0.106476, 0.11106, 0.111175, 0.11198, 0.111918]], [[0.105341, 0.105318, 0.105326, 0.105359, 0.105388, 0.105389, 0.105361, 0.105331], [0.12406, 0.100184, 0.100199, 0.123894, 0.100294, 0.100309, 0.100287, 0.100258], [0.116661, 0.116758, 0.11684, 0.116856, 0.0985, 0.098482, 0.098482, 0.098493], [0.110488, 0.110556, 0.110612, 0.110614, 0.103029, 0.104779, 0.104798, 0.102883]], [[0.103353, 0.103353, 0.103352, 0.103359, 0.103374, 0.10339, 0.103399, 0.103398], [0.124719, 0.096652, 0.096659, 0.124809, 0.096723, 0.096744, 0.096741, 0.096727], [0.129151, 0.129171, 0.129206, 0.129238, 0.093177, 0.093158, 0.093145, 0.093147], [0.123819, 0.123785, 0.123804, 0.12386, 0.106114, 0.106077, 0.099337, 0.099353]]]),
+    True: ([[[18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 4, 4, 4, 4], [18, 18, 18, 18, 4, 4, 9, 9]], [[18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 9, 9, 9, 9], [9, 9, 18, 18, 9, 9, 9, 9]], [[18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 4, 4, 4, 4], [18, 18, 18, 18, 4, 9, 9, 4]], [[18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 18, 18, 18, 18], [18, 18, 18, 18, 4, 4, 4, 4], [18, 18, 18, 18, 4, 4, 9, 9]]],
+            [[[0.102, 0.10201, 0.102011, 0.102012, 0.0, 0.0, 0.0, 0.0], [0.094489, 0.094446, 0.102011, 0.102012, 0.0, 0.0, 0.0, 0.0], [0.094489, 0.094446, 0.102011, 0.102012, 0.094423, 0.09442, 0.094419, 0.094415], [0.094489, 0.094446, 0.102011, 0.102012, 0.094423, 0.09442, 0.096245, 0.096257]], [[0.099307, 0.099313, 0.099344, 0.099377, 0.0, 0.0, 0.0, 0.0], [0.091531, 0.091507, 0.099344, 0.099377, 0.0, 0.0, 0.0, 0.0], [0.091531, 0.091507, 0.099344, 0.099377, 0.097475, 0.097472, 0.097438, 0.097408], [0.117085, 0.117044, 0.099344, 0.099377, 0.097475, 0.097472, 0.097438, 0.097408]], [[0.105341, 0.105318, 0.105326, 0.105359, 0.0, 0.0, 0.0, 0.0], [0.105341, 0.100184, 0.100199, 0.105359, 0.0, 0.0, 0.0, 0.0], [0.105341, 0.100184, 0.100199, 0.105359, 0.0985, 0.098482, 0.098482, 0.098493], [0.105341, 0.100184, 0.100199, 0.105359, 0.0985, 0.104779, 0.104798, 0.098493]], [[0.103353, 0.103353, 0.103352, 0.103359, 0.0, 0.0, 0.0, 0.0], [0.103353, 0.096652, 0.096659, 0.103359, 0.0, 0.0, 0.0, 0.0], [0.103353, 0.096652, 0.096659, 0.103359, 0.093177, 0.093158, 0.093145, 0.093147], [0.103353, 0.096652, 0.096659, 0.103359, 0.093177, 0.093158, 0.099337, 0.099353]]]),
+}
+
+
+@pytest.mark.parametrize("rcr", [False, True])
+def test_mdpo_sampler_records_the_original_predictions_and_confidences(rcr):
+    model = soft_llada(0)
+    ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
+    out = generate(model, ids, mask, DecodingConfig(sampler="mdpo", gen_length=8, block_length=4, steps=4, rcr=rcr,
+                                                    record_trajectory=True))
+    predictions, confidences = MDPO_STEPS[rcr]
+    assert out.predictions.transpose(0, 1).tolist() == predictions
+    assert torch.allclose(out.confidences.transpose(0, 1), torch.tensor(confidences), atol=2e-6)

@@ -12,6 +12,8 @@ sampler otherwise):
              decoding (`dare.rollout.llada`); Dream runs here too through its aligned logits
     dream    Dream's own algorithms: origin, maskgit_plus, topk_margin, entropy (`dare.rollout.dream`)
     block    SDAR / LLaDA2 block diffusion with a cache of committed blocks (`dare.rollout.block`)
+    mdpo     MDPO's sampler: MaskGIT schedule, top-p/top-k confidences, running-confidence
+             remasking (`rcr`, `dare.rollout.mdpo`)
 
 The output (`RolloutOutput`) carries the sequences (prompt + `gen_length` tokens), the response
 mask (up to and including the first EOS), the number of forward passes (NFE), the step that
@@ -20,7 +22,7 @@ committed each generated position and, with `record_trajectory`, the response af
 
 import torch
 
-from dare.rollout import block, dream, llada
+from dare.rollout import block, dream, llada, mdpo
 from dare.rollout.core import RolloutOutput, decode_responses, left_pad, response_mask
 from dare.models import facts
 from dare.utils import UserError
@@ -36,7 +38,8 @@ def _lmdeploy(model, prompt_ids, prompt_mask, decoding, generator=None):
     raise UserError("decoding.sampler=lmdeploy: the lmdeploy engine is not implemented yet; use sampler=block")
 
 
-SAMPLERS = {"masked": llada.generate, "dream": dream.generate, "block": block.generate, "lmdeploy": _lmdeploy}
+SAMPLERS = {"masked": llada.generate, "dream": dream.generate, "block": block.generate, "lmdeploy": _lmdeploy,
+            "mdpo": mdpo.generate}
 
 
 def sampler_name(model, decoding) -> str:

@@ -25,6 +25,11 @@ class RolloutOutput:
     sampler: str = "masked"
     trajectory: torch.Tensor | None = None
     """(steps, B, G): the response after every step, when `record_trajectory` is set."""
+    predictions: torch.Tensor | None = None
+    """(steps, B, G): the sampler's full prediction x0-hat after every step (masked positions filled
+    with their predictions), when `record_trajectory` is set and the sampler keeps it (mdpo)."""
+    confidences: torch.Tensor | None = None
+    """(steps, B, G) float32: the confidence of each position at every step, beside `predictions`."""
     logps: torch.Tensor | None = None
     """(B, G) float32: the log-probability of each generated token under the distribution it was
     drawn from at the step that (last) committed it, 0 where nothing was committed (block sampler)."""
