@@ -1,6 +1,7 @@
-"""Trajectory methods on masked models (CJ-GRPO): the trainer replays the sampler's own states
-from the step map (ASS + EOSER rollouts, left-padded batches), and the loss matches hand-computed
-values."""
+"""Trajectory methods on masked models: CJ-GRPO's trainer replays the sampler's own states from the
+step map (ASS + EOSER rollouts, left-padded batches); MDPO's trains each chosen step on the sampler's
+state and full prediction (with and without RCR), with the reference code's step advantages; both
+losses match hand-computed values."""
 
 import math
 from types import SimpleNamespace
@@ -123,3 +124,97 @@ def test_cj_grpo_refuses_token_editing():
     cfg.rl.decoding.editing_threshold = 0.5
     with pytest.raises(ValueError, match="editing_threshold"):
         cj.check_config(cfg)
+
+
+# ------------------------------------------------------------------------------------------------
+# MDPO: step advantages from intermediate rewards, the trained steps' states and predictions
+
+
+def test_mdpo_step_advantages_equal_the_reference_code():
+    """adv-v4 and the per-step group normalization: the expected values were printed by the lines of
+    autonomousvision/mdpo@e6ae439 `mdpo_trainer.py` (_generate_and_score_completions) run on these
+    rewards in a scratch folder (2 groups of 4, 5 steps), with its top-2 steps by |A|."""
+    from baselines.mdpo import algorithm as mdpo
+
+    rewards = torch.tensor([[0., 0., 1., 1., 0.], [0., 1., 1., 1., 1.], [1., 0., 0., 1., 1.], [0., 0., 0., 0., 1.],
+                            [1., 1., 1., 1., 1.], [0., 0., 0., 0., 0.], [0., 1., 0., 1., 0.], [0., 0., 1., 0., 1.]])
+    expected = [[-0.56363, 0.0, 1.22444, -1.22459, -1.39065], [0.33818, 1.35859, 0.0, 0.0, 0.19866],
+                [1.23999, -1.01895, 0.0, 1.22459, 0.19866], [-1.01454, -0.33965, -1.22444, 0.0, 0.99332],
+                [1.44321, 0.43908, 0.54766, 0.86588, 0.38727], [-0.86593, -1.31723, -0.54766, -0.86588, -0.38727],
+                [-0.28864, 1.02452, -1.09533, 0.86588, -1.16181], [-0.28864, -0.14636, 1.09533, -0.86588, 1.16181]]
+    adv = mdpo.step_advantages(rewards, 4)
+    assert torch.allclose(adv, torch.tensor(expected), atol=1e-5)
+    noise = mdpo.sample_noise(SimpleNamespace(step_rewards=rewards, group_size=4), None, run_config("mdpo", train_steps=2))
+    assert noise["steps"].tolist() == [[4, 3], [1, 0], [0, 3], [2, 0], [0, 3], [1, 0], [4, 2], [4, 2]]
+    assert torch.allclose(noise["advantages"], adv.gather(1, noise["steps"]))
+
+
+def mdpo_batch(rcr: bool):
+    model = tiny_llada()
+    decoding = DecodingConfig(sampler="mdpo", gen_length=8, block_length=4, steps=4, temperature=1.0, rcr=rcr,
+                              record_trajectory=True)
+    out, batch = rollout_batch(model, decoding, seed=2)
+    from dataclasses import replace
+    batch = replace(batch, mask_token_id=facts(model).mask_token_id, predictions=out.predictions.transpose(0, 1),
+                    confidences=out.confidences.transpose(0, 1), trajectory=out.trajectory.transpose(0, 1))
+    return model, out, batch
+
+
+@pytest.mark.parametrize("rcr", [False, True])
+def test_mdpo_trains_each_step_on_the_sampler_state_and_its_prediction(rcr):
+    """The input of trained step s is the canvas the sampler decoded step s from (all MASK before step
+    0; with RCR, re-masked tokens are masked again), the targets its full prediction at that step, and
+    the log-prob is the model's log-softmax of logits / (T + eps) there (T: the config's rollout temperature)."""
+    from baselines.mdpo import algorithm as mdpo
+
+    model, out, batch = mdpo_batch(rcr)
+    steps = torch.tensor([[3, 0], [1, 2], [2, 1]])
+    inputs, targets, masked = mdpo.step_inputs(batch, steps)
+    mask_id = facts(model).mask_token_id
+    for b in range(3):
+        for k, s in enumerate(steps[b].tolist()):
+            before = out.trajectory[s - 1, b] if s else torch.full_like(out.responses[b], mask_id)
+            assert torch.equal(inputs[b, k], before) and torch.equal(targets[b, k], out.predictions[s, b])
+            assert torch.equal(masked[b, k], before == mask_id)
+    with torch.no_grad():
+        cfg = run_config("mdpo")  # the paper's rollout temperature, 0.4: the log-probs divide by 0.4 + eps
+        logps = mdpo.token_logps(model, batch, {"steps": steps}, cfg)
+        for b, prompt in enumerate(PROMPTS):
+            for k in range(2):
+                x = torch.cat([torch.tensor(prompt), inputs[b, k]])[None]
+                logp = torch.log_softmax(model(x).logits.float() / (0.4 + torch.finfo(torch.float32).eps), -1)
+                expected = logp[0, len(prompt):].gather(-1, targets[b, k][:, None])[:, 0]
+                assert torch.allclose(logps[b, k][masked[b, k]], expected[masked[b, k]], atol=1e-5)
+                assert (logps[b, k][~masked[b, k]] == 0).all()
+
+
+def test_mdpo_loss_hand_computed():
+    """One completion per group of 2 rows, K = 1 trained step: lambda = G / (|M| + 1e-4), the surrogate
+    weighted by lambda and the rollout confidence, the k2 KL by the confidence only, each pair's sum
+    divided by |M| + 1e-4, the mean over pairs."""
+    from baselines.mdpo import algorithm as mdpo
+
+    mask = 30
+    trajectory = torch.tensor([[[1, mask, mask], [1, 2, mask]], [[mask, 3, mask], [4, 3, mask]]])  # (B, S, G)
+    batch = SimpleNamespace(trajectory=trajectory, predictions=trajectory.clone(), mask_token_id=mask,
+                            confidences=torch.tensor([[[0.5, 0.5, 0.5], [0.2, 0.4, 0.8]], [[0.9, 0.1, 0.3], [1., 1., 1.]]]),
+                            responses=torch.zeros(2, 3), num_sequences=2)
+    noise = {"steps": torch.tensor([[1], [0]]), "advantages": torch.tensor([[0.7], [-1.2]])}
+    # row 0 trains step 1: its input is the state after step 0, [1, M, M]: masked {1, 2}; row 1 step 0: all masked
+    old = torch.tensor([[[-1.0, -2.0, -0.5]], [[-0.3, -1.0, -2.0]]])
+    delta = torch.tensor([[[9.0, 0.1, -0.3]], [[0.2, -0.1, 0.05]]])
+    ref = old + 0.3
+    cfg = run_config("mdpo", epsilon=0.2, beta=0.5)
+    loss, _ = mdpo.loss(old + delta, old, ref, batch, noise, cfg)
+    rows = [(0, [1, 2], 0.7, [0.2, 0.4, 0.8]), (1, [0, 1, 2], -1.2, [0.9, 0.1, 0.3])]
+    expected = 0.0
+    for b, positions, a, conf in rows:
+        lam = 3 / (len(positions) + 1e-4)
+        total = 0.0
+        for k in positions:
+            rho = math.exp(delta[b, 0, k])
+            surrogate = min(rho * a, min(max(rho, 0.8), 1.2) * a)
+            logp = float(old[b, 0, k] + delta[b, 0, k])
+            total += (-surrogate * lam + 0.5 * (float(ref[b, 0, k]) - logp) ** 2 / 2) * conf[k]
+        expected += total / (len(positions) + 1e-4) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-5)

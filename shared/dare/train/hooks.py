@@ -33,6 +33,8 @@ Three rules hold for every hook:
                  rollout_options(cfg)                    optional     {}: decoding settings the algorithm needs
                  kept_groups(rewards, cfg)               optional     (P, 1) bool, all True: the groups trained on;
                                                                       a step that keeps none makes no update
+                 rewards_per_step(cfg)                   optional     False; True: the loop also scores the sampler's
+                                                                      prediction after every step (`batch.step_rewards`)
                  value_model(cfg)                        optional     None; {"lr": ..., "path": ...} trains a value
                                                                       model beside the policy (`dare.train.critic`),
                                                                       and then the three hooks below are required:
@@ -75,6 +77,10 @@ def _all_groups(rewards, cfg):
     return rewards.new_ones(rewards.shape[0], 1, dtype=bool)
 
 
+def _final_rewards_only(cfg) -> bool:
+    return False
+
+
 def _no_value_model(cfg) -> None:
     return None
 
@@ -110,6 +116,7 @@ class RLHooks:
     uses_old_logps: Callable[[Any], bool] = _old_logps
     rollout_options: Callable[[Any], dict] = _no_rollout_options
     kept_groups: Callable[..., Any] = _all_groups
+    rewards_per_step: Callable[[Any], bool] = _final_rewards_only
     value_model: Callable[[Any], dict | None] = _no_value_model
     token_values: Callable[..., Any] = _needs_value_hooks
     value_advantages: Callable[..., Any] = _needs_value_hooks

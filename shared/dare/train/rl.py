@@ -25,7 +25,9 @@ into `RLHooks` (the contract and the optional hooks' defaults: `dare.train.hooks
 An algorithm that filters groups (`kept_groups`, e.g. TraceRL's accuracy filter) still sees the whole
 batch in its hooks; a step where it keeps none makes no update at all (no forward for the old log-probs,
 no optimizer step: Adam's moments would otherwise move the weights on a zero gradient), and every step
-logs the share kept (`rollout/kept_groups`).
+logs the share kept (`rollout/kept_groups`). An algorithm that rewards intermediate states
+(`rewards_per_step`, MDPO) gets the task's reward of the sampler's full prediction after every step
+in `batch.step_rewards`, beside the predictions and confidences (the mdpo sampler records them).
 The same noise draw is used for the policy, old and reference log-probs of an update, so
 their ratio compares like with like. With one update per batch (mu = 1) the old log-probs equal the current ones by
 construction, so they are not recomputed: `old = logps.detach()` (ratio = 1).
@@ -97,6 +99,15 @@ class RLBatch:
     """(B, G) per-token returns, the value model's targets; None without one."""
     old_values: torch.Tensor | None = None
     """(B, G) the value model's values before this step's update; None without one."""
+    mask_token_id: int | None = None
+    """The model's mask token (`facts(model).mask_token_id`), for hooks that rebuild the sampler's states."""
+    step_rewards: torch.Tensor | None = None
+    """(B, S) the reward of the sampler's full prediction x0-hat after each of its S steps, when the
+    algorithm asks for it (`rewards_per_step`; MDPO's intermediate rewards); None otherwise."""
+    predictions: torch.Tensor | None = None
+    """(B, S, G) those predictions (`RolloutOutput.predictions`, row-major), beside `step_rewards`."""
+    confidences: torch.Tensor | None = None
+    """(B, S, G) the sampler's confidences at each step (`RolloutOutput.confidences`), beside them."""
     value_mask: torch.Tensor | None = None
     """(B, G) bool: the tokens the value model trains on (from `value_advantages`, on the whole batch,
     so a micro-batch that splits a group still knows which rows count); None without one."""
@@ -177,11 +188,21 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             rewards = torch.tensor(task.rewards(texts, [rows[i] for i in row_of], style=cfg.data.reward),
                                    dtype=torch.float32, device=out.sequences.device)
             advantages = hooks.advantages(rewards.view(-1, G), cfg).reshape(-1)
+            per_step = {}
+            if hooks.rewards_per_step(cfg):  # every step's full prediction, scored like the final answer
+                if out.predictions is None:
+                    raise UserError(f"the algorithm scores the prediction after every decoding step, which the "
+                                    f"{out.sampler} sampler does not record: set rl.decoding.sampler=mdpo")
+                per_step = {"step_rewards": torch.tensor(
+                    [task.rewards(decode_responses(tokenizer, p, f.stop_ids), [rows[i] for i in row_of],
+                                  style=cfg.data.reward) for p in out.predictions],
+                    dtype=torch.float32, device=out.sequences.device).T,
+                    "predictions": out.predictions.transpose(0, 1), "confidences": out.confidences.transpose(0, 1)}
             totals = dist.sum({"tokens": float(out.response_mask.sum()), "rows": float(len(row_of))})
             trajectory = out.trajectory.transpose(0, 1) if out.trajectory is not None else None
             batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
                             rewards, advantages, G, trajectory, f.block_size, out.logps, totals["tokens"],
-                            int(totals["rows"]), compute)
+                            int(totals["rows"]), compute, mask_token_id=f.mask_token_id, **per_step)
             t_rollout = time.perf_counter() - tic
 
             kept = dist.sum({"groups": float(hooks.kept_groups(rewards.view(-1, G), cfg).sum())})["groups"]
