@@ -190,16 +190,20 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
     block sampler, others the masked-diffusion one); the rest are its options. Fields a sampler
     does not use are ignored by it (and listed in its module docstring)."""
 
-    sampler: Literal["auto", "masked", "dream", "block", "lmdeploy", "mdpo"] = "auto"
+    sampler: Literal["auto", "masked", "dream", "block", "lmdeploy", "mdpo", "agrpo"] = "auto"
     """masked: LLaDA's semi-autoregressive sampler with Fast-dLLM's caches and parallel decoding;
     dream: Dream's `diffusion_generate` algorithms; block: SDAR/LLaDA2 block diffusion; mdpo: MDPO's
-    sampler (MaskGIT schedule, top-p/top-k confidences, optional running-confidence remasking `rcr`)."""
+    sampler (MaskGIT schedule, top-p/top-k confidences, optional running-confidence remasking `rcr`);
+    agrpo: AGRPO's (gen_length / steps tokens per step, top-k/top-p truncation, the drawn log-probs,
+    entropies and supports recorded)."""
     gen_length: int = 256
     block_length: int = 32
     """Semi-AR block (masked sampler). The block sampler uses the model's own block size."""
     steps: int = 128
     """Masked: total steps over all blocks. Block: denoising steps per block. Dream: total steps."""
-    remasking: Literal["low_confidence", "random"] = "low_confidence"
+    remasking: Literal["low_confidence", "random", "entropy"] = "low_confidence"
+    """Which masked positions a step commits: the most confident, random ones, or (agrpo sampler) the
+    lowest-entropy ones."""
     temperature: float = 0.0
     cfg_scale: float = 0.0
     cache: Literal["auto", "none", "prefix", "dual"] = "auto"
@@ -255,6 +259,8 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
         check(self.block_length > 0, "must be positive", "block_length")
         if self.sampler in ("masked", "mdpo"):
             self.validate_blocks()
+        check(self.remasking != "entropy" or self.sampler == "agrpo", "entropy remasking is an option of AGRPO's "
+              "sampler: set sampler=agrpo", "remasking", "sampler")
         check(self.steps > 0, "must be positive", "steps")
         check(self.temperature >= 0, "must be >= 0", "temperature")
         check(self.cfg_scale >= 0, "must be >= 0", "cfg_scale")
