@@ -408,7 +408,7 @@ def test_mdpo_sampler_and_rcr_match_the_original_token_for_token(case):
     seed, G, BL, steps, top_p, rcr = case
     model = soft_llada(seed)
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
-    out = generate(model, ids, mask, DecodingConfig(sampler="mdpo", gen_length=G, block_length=BL, steps=steps,
+    out = generate(model, ids, mask, DecodingConfig(sampler="maskgit", gen_length=G, block_length=BL, steps=steps,
                                                     top_p=top_p or 1.0, rcr=rcr))
     tokens, step_maps = MDPO_CASES[case]
     assert out.responses.tolist() == tokens
@@ -423,7 +423,7 @@ def test_rcr_changes_what_the_original_decodes():
 
 
 def test_maskgit_quota_is_the_floor_rule():
-    from dare.rollout.mdpo import maskgit_quota
+    from dare.rollout.maskgit import maskgit_quota
 
     assert maskgit_quota(10, 4) == [3, 2, 3, 2]  # 10 - floor(10 * (1 - t/4)): 3, 5, 8, 10 committed
     assert maskgit_quota(8, 4) == [2, 2, 2, 2] and sum(maskgit_quota(7, 3)) == 7
@@ -432,12 +432,12 @@ def test_maskgit_quota_is_the_floor_rule():
 def test_rcr_is_an_option_of_the_mdpo_sampler_for_bidirectional_models():
     from dare.config import Invalid
 
-    with pytest.raises(Invalid, match="set sampler=mdpo"):
+    with pytest.raises(Invalid, match="set sampler=maskgit"):
         DecodingConfig(sampler="masked", rcr=True).validate()
     sdar = sharp("sdar", 0)
     ids, mask = left_pad(PROMPTS, facts(sdar).pad_token_id)
-    with pytest.raises(UserError, match="mdpo sampler decodes bidirectional"):
-        generate(sdar, ids, mask, DecodingConfig(sampler="mdpo", gen_length=8, block_length=8, steps=4))
+    with pytest.raises(UserError, match="maskgit sampler decodes bidirectional"):
+        generate(sdar, ids, mask, DecodingConfig(sampler="maskgit", gen_length=8, block_length=8, steps=4))
 
 
 # rcr -> (intermediate_results, intermediate_confidence) of the same original (`soft_llada(0)`, gen 8, block 4,
@@ -454,7 +454,7 @@ MDPO_STEPS = {
 def test_mdpo_sampler_records_the_original_predictions_and_confidences(rcr):
     model = soft_llada(0)
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
-    out = generate(model, ids, mask, DecodingConfig(sampler="mdpo", gen_length=8, block_length=4, steps=4, rcr=rcr,
+    out = generate(model, ids, mask, DecodingConfig(sampler="maskgit", gen_length=8, block_length=4, steps=4, rcr=rcr,
                                                     record_trajectory=True))
     predictions, confidences = MDPO_STEPS[rcr]
     assert out.predictions.transpose(0, 1).tolist() == predictions
@@ -522,7 +522,7 @@ def test_agrpo_sampler_matches_the_original_token_for_token(case):
     seed, G, BL, steps, remasking = case
     model = eos_first_block(G) if seed == "first_block_eos" else soft_llada(seed)
     ids, mask = left_pad(AGRPO_PROMPTS, facts(model).pad_token_id)
-    out = generate(model, ids, mask, DecodingConfig(sampler="agrpo", gen_length=G, block_length=BL, steps=steps,
+    out = generate(model, ids, mask, DecodingConfig(sampler="truncated", gen_length=G, block_length=BL, steps=steps,
                                                     remasking=remasking))
     tokens, step_maps, logps, entropies = AGRPO_CASES[case]
     assert out.responses.tolist() == tokens
@@ -536,7 +536,7 @@ def test_agrpo_sampler_records_the_support_it_drew_from():
     recorded log-prob is that of the truncated, tempered distribution."""
     model = soft_llada(1)
     ids, mask = left_pad(AGRPO_PROMPTS, facts(model).pad_token_id)
-    decoding = DecodingConfig(sampler="agrpo", gen_length=8, block_length=4, steps=4, temperature=0.7, top_k=3,
+    decoding = DecodingConfig(sampler="truncated", gen_length=8, block_length=4, steps=4, temperature=0.7, top_k=3,
                               remasking="random", record_trajectory=True)
     out = generate(model, ids, mask, decoding, torch.Generator().manual_seed(0))
     assert (out.supports.sum(-1) == 3).all()

@@ -167,3 +167,24 @@ def test_schema_1_results_still_load(tmp_path):
     assert r.schema_version == "1" and r.training.recipe_hash is None
     assert r.provenance.hardware.hardware_class() == "x86_64 (?)"
     assert read_result(write_result(make_result(), tmp_path / "new.json")).schema_version == SCHEMA_VERSION == "2"
+
+
+def test_a_published_result_names_run_folders_as_runs_not_machine_paths(tmp_path, monkeypatch):
+    """A run made with DARE_RUNS=/somewhere/runs publishes its command and config with `runs/...`
+    (the folder a default checkout uses), so the committed copy names no machine path."""
+    from dare.results import publish
+
+    monkeypatch.setenv("DARE_RUNS", str(tmp_path / "scratch" / "runs"))
+    root = tmp_path / "scratch" / "runs"
+    src = root / "sweeps" / "x" / "eval" / "result_addition.json"
+    src.parent.mkdir(parents=True)
+    (src.parent / "config.yaml").write_text(f"# dare eval {root}/sweeps/x/train/final\nmodel: {{path: {root}/sft/a/final}}\n")
+    command = f"dare train d1 model.path={root}/sft/a/final run.out_dir={root}/sweeps/x/train"
+    result = make_result(artifacts={"config": "config.yaml"})
+    result["training"]["command"] = command
+    write_result(result, src)
+    out = publish(src, tmp_path / "board")
+    text = out.read_text() + (out.parent / "config.yaml").read_text()
+    assert str(tmp_path) not in text
+    assert read_result(out).training.command == "dare train d1 model.path=runs/sft/a/final run.out_dir=runs/sweeps/x/train"
+    assert "model: {path: runs/sft/a/final}" in (out.parent / "config.yaml").read_text()

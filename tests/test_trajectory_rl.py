@@ -151,7 +151,7 @@ def test_mdpo_step_advantages_equal_the_reference_code():
 
 def mdpo_batch(rcr: bool):
     model = tiny_llada()
-    decoding = DecodingConfig(sampler="mdpo", gen_length=8, block_length=4, steps=4, temperature=1.0, rcr=rcr,
+    decoding = DecodingConfig(sampler="maskgit", gen_length=8, block_length=4, steps=4, temperature=1.0, rcr=rcr,
                               record_trajectory=True)
     out, batch = rollout_batch(model, decoding, seed=2)
     from dataclasses import replace

@@ -4,7 +4,7 @@ Models", arXiv:2508.13148; reference code `autonomousvision/mdpo` @e6ae439,
 
 Denoising as an MDP with rewards on intermediate states: after every step s the sampler's full
 prediction x0-hat^(s) (every masked position filled with its prediction) is scored with the task's
-reward (the loop's `rewards_per_step`, the mdpo sampler's `predictions`). With r_s the reward of
+reward (the loop's `rewards_per_step`, the maskgit sampler's `predictions`). With r_s the reward of
 step s of a completion (S steps; "adv-v4", as the code does it):
 
     A_s  = [r_0 if s = 0 else r_s - r_{s-1}] + 1 + [mean(r_{s+1..S-1}) if s < S-1 else r_{S-1}]
@@ -20,13 +20,14 @@ c_k is the rollout confidence of position k at step s:
     L        = mean over (completion, trained step) of  sum_{k in M_s} l_k c_k / (|M_s| + 1e-4)
 
 One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
-    rollout (mdpo sampler: states, predictions, confidences) -> final and per-step rewards
+    rollout (maskgit sampler: states, predictions, confidences) -> final and per-step rewards
     -> sample_noise: the step advantages and the K trained steps -> ref token_logps
     -> [token_logps -> loss -> optimizer step]   (mu = 1, as the code requires)
 """
 
 import torch
 
+from dare.train import noise
 from dare.train.estimators import diffusion_logps
 from dare.train.rl import group_advantages
 
@@ -36,9 +37,9 @@ RECIPE = "rl"
 def check_config(cfg) -> None:
     if cfg.rl.group_size < 2:
         raise ValueError(f"rl.group_size={cfg.rl.group_size}: the per-step group normalization needs 2 completions")
-    if cfg.rl.decoding.sampler != "mdpo":
+    if cfg.rl.decoding.sampler != "maskgit":
         raise ValueError(f"rl.decoding.sampler={cfg.rl.decoding.sampler!r}: MDPO trains on the full predictions and "
-                         "confidences of every step, which the mdpo sampler records: set rl.decoding.sampler=mdpo")
+                         "confidences of every step, which the maskgit sampler records: set rl.decoding.sampler=maskgit")
     if cfg.algo.train_steps > cfg.rl.decoding.steps:
         raise ValueError(f"algo.train_steps={cfg.algo.train_steps}: more than the {cfg.rl.decoding.steps} decoding steps")
 
@@ -82,11 +83,8 @@ def sample_noise(batch, generator: torch.Generator, cfg) -> dict:
 def step_inputs(batch, steps: torch.Tensor):
     """(inputs, targets, masked), each (B, K, G): the state before each trained step (all MASK before the
     first), that step's prediction x0-hat, and the positions masked in the state."""
-    mask_id = batch.mask_token_id
-    states = torch.cat([torch.full_like(batch.trajectory[:, :1], mask_id), batch.trajectory[:, :-1]], dim=1)
-    index = steps[..., None].expand(-1, -1, states.shape[-1])
-    inputs = states.gather(1, index)
-    return inputs, batch.predictions.gather(1, index), inputs == mask_id
+    inputs, masked = noise.trajectory_states(batch.trajectory, steps, batch.mask_token_id)
+    return inputs, batch.predictions.gather(1, steps[..., None].expand(-1, -1, inputs.shape[-1])), masked
 
 
 def token_logps(model, batch, noise: dict, cfg) -> torch.Tensor:

@@ -37,5 +37,5 @@ class Config:
     # Rollout: MDPO's sampler, temperature 0.4, 512 tokens in one block (pure diffusion), 128 steps, no RCR.
     rl: RLConfig = field(default_factory=lambda: RLConfig(
         prompts_per_step=2, group_size=8, num_iterations=1,
-        decoding=DecodingConfig(sampler="mdpo", gen_length=512, block_length=512, steps=128, temperature=0.4)))
+        decoding=DecodingConfig(sampler="maskgit", gen_length=512, block_length=512, steps=128, temperature=0.4)))
     algo: MDPO = field(default_factory=MDPO)

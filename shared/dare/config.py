@@ -190,11 +190,11 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
     block sampler, others the masked-diffusion one); the rest are its options. Fields a sampler
     does not use are ignored by it (and listed in its module docstring)."""
 
-    sampler: Literal["auto", "masked", "dream", "block", "lmdeploy", "mdpo", "agrpo"] = "auto"
+    sampler: Literal["auto", "masked", "dream", "block", "lmdeploy", "maskgit", "truncated"] = "auto"
     """masked: LLaDA's semi-autoregressive sampler with Fast-dLLM's caches and parallel decoding;
-    dream: Dream's `diffusion_generate` algorithms; block: SDAR/LLaDA2 block diffusion; mdpo: MDPO's
+    dream: Dream's `diffusion_generate` algorithms; block: SDAR/LLaDA2 block diffusion; maskgit: MDPO's
     sampler (MaskGIT schedule, top-p/top-k confidences, optional running-confidence remasking `rcr`);
-    agrpo: AGRPO's (gen_length / steps tokens per step, top-k/top-p truncation, the drawn log-probs,
+    truncated: AGRPO's (gen_length / steps tokens per step, top-k/top-p truncation, the drawn log-probs,
     entropies and supports recorded)."""
     gen_length: int = 256
     block_length: int = 32
@@ -202,7 +202,7 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
     steps: int = 128
     """Masked: total steps over all blocks. Block: denoising steps per block. Dream: total steps."""
     remasking: Literal["low_confidence", "random", "entropy"] = "low_confidence"
-    """Which masked positions a step commits: the most confident, random ones, or (agrpo sampler) the
+    """Which masked positions a step commits: the most confident, random ones, or (truncated sampler) the
     lowest-entropy ones."""
     temperature: float = 0.0
     cfg_scale: float = 0.0
@@ -247,8 +247,8 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
     the steps (`dare.rollout.llada.eos_gamma`); 1 and 1 = off. CJ-GRPO trains with 0.01."""
     eos_gamma_max: float = field(default=1.0, metadata=ADDED)
     rcr: bool = field(default=False, metadata=ADDED)
-    """mdpo sampler: running-confidence remasking (committed tokens whose confidence falls behind are
-    re-masked and decoded again; `dare.rollout.mdpo`)."""
+    """maskgit sampler: running-confidence remasking (committed tokens whose confidence falls behind are
+    re-masked and decoded again; `dare.rollout.maskgit`)."""
     whole_last_block: bool = field(default=True, metadata=ADDED)
     """Block sampler: decode the last block whole, past `gen_length` (both originals do); False ends
     the canvas at `gen_length`, so a trainer that scores the `gen_length` tokens sees exactly the
@@ -257,10 +257,10 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
     def validate(self):
         check(self.gen_length > 0, "must be positive", "gen_length")
         check(self.block_length > 0, "must be positive", "block_length")
-        if self.sampler in ("masked", "mdpo"):
+        if self.sampler in ("masked", "maskgit"):
             self.validate_blocks()
-        check(self.remasking != "entropy" or self.sampler == "agrpo", "entropy remasking is an option of AGRPO's "
-              "sampler: set sampler=agrpo", "remasking", "sampler")
+        check(self.remasking != "entropy" or self.sampler == "truncated", "entropy remasking is an option of AGRPO's "
+              "sampler: set sampler=truncated", "remasking", "sampler")
         check(self.steps > 0, "must be positive", "steps")
         check(self.temperature >= 0, "must be >= 0", "temperature")
         check(self.cfg_scale >= 0, "must be >= 0", "cfg_scale")
@@ -274,8 +274,8 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
         check(self.top_k >= 0, "must be >= 0", "top_k")
         check(0 < self.eps < 1, "must be in (0, 1)", "eps")
         check(0 <= self.editing_threshold <= 1, "must be in [0, 1]", "editing_threshold")
-        check(not self.rcr or self.sampler == "mdpo", "running-confidence remasking is an option of MDPO's sampler: "
-              "set sampler=mdpo", "rcr", "sampler")
+        check(not self.rcr or self.sampler == "maskgit", "running-confidence remasking is an option of MDPO's sampler: "
+              "set sampler=maskgit", "rcr", "sampler")
         check(0 <= self.eos_gamma_min <= self.eos_gamma_max, "need 0 <= eos_gamma_min <= eos_gamma_max",
               "eos_gamma_min", "eos_gamma_max")
         if self.schedule == "ass":

@@ -271,7 +271,8 @@ PUBLISHED_SAMPLES = 64
 
 def publish(result_path: str | Path, dest_root: str | Path) -> Path:
     """Copy a valid result, with its config and its first `PUBLISHED_SAMPLES` samples (the result
-    records the whole file's count and sha256), to `dest_root/<run_id>/`; the training run's
+    records the whole file's count and sha256), to `dest_root/<run_id>/`, run-folder paths in its
+    commands and config written as `runs/...` (`portable`); the training run's
     metrics.jsonl (runs/<baseline>/<key>/ for results under its eval/ folder) comes along for the
     leaderboard's training curves. A result already there (same run id: the same training run and
     the same evaluation) is left as it is, so publishing twice adds nothing."""
@@ -292,7 +293,7 @@ def publish(result_path: str | Path, dest_root: str | Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     art = result.artifacts
     if art.config and (result_path.parent / art.config).is_file():
-        shutil.copyfile(result_path.parent / art.config, dest / art.config)
+        atomic_write(dest / art.config, portable((result_path.parent / art.config).read_text()))
     if art.samples and (result_path.parent / art.samples).is_file():
         whole = result_path.parent / art.samples
         lines = whole.read_text().splitlines(keepends=True)
@@ -307,7 +308,17 @@ def publish(result_path: str | Path, dest_root: str | Path) -> Path:
     if result_path.parent.parent.name == "eval" and curves.is_file():
         shutil.copyfile(curves, dest / "metrics.jsonl")
     write_result(result, dest / result_path.name)
+    atomic_write(dest / result_path.name, portable((dest / result_path.name).read_text()))  # its commands
     return dest / result_path.name
+
+
+def portable(text: str) -> str:
+    """`text` with paths under this machine's runs folder (`$DARE_RUNS`, e.g. /scratch/me/runs/sft/...)
+    written as `runs/...`, the folder a default checkout uses: a published result names no machine
+    path, and its command reruns from a checkout."""
+    from dare.utils import runs_dir
+
+    return text.replace(str(runs_dir().resolve()) + "/", "runs/")
 
 
 def _reject_constant(name: str):

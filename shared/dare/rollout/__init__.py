@@ -12,10 +12,10 @@ sampler otherwise):
              decoding (`dare.rollout.llada`); Dream runs here too through its aligned logits
     dream    Dream's own algorithms: origin, maskgit_plus, topk_margin, entropy (`dare.rollout.dream`)
     block    SDAR / LLaDA2 block diffusion with a cache of committed blocks (`dare.rollout.block`)
-    mdpo     MDPO's sampler: MaskGIT schedule, top-p/top-k confidences, running-confidence
-             remasking (`rcr`, `dare.rollout.mdpo`)
-    agrpo    AGRPO's sampler: a fixed count per step, top-k/top-p truncation, the drawn log-probs,
-             entropies and supports recorded (`dare.rollout.agrpo`)
+    maskgit  MDPO's sampler: MaskGIT schedule, top-p/top-k confidences, running-confidence
+             remasking (`rcr`, `dare.rollout.maskgit`)
+    truncated AGRPO's sampler: a fixed count per step, top-k/top-p truncation, the drawn log-probs,
+             entropies and supports recorded (`dare.rollout.truncated`)
 
 The output (`RolloutOutput`) carries the sequences (prompt + `gen_length` tokens), the response
 mask (up to and including the first EOS), the number of forward passes (NFE), the step that
@@ -24,7 +24,7 @@ committed each generated position and, with `record_trajectory`, the response af
 
 import torch
 
-from dare.rollout import agrpo, block, dream, llada, mdpo
+from dare.rollout import block, dream, llada, maskgit, truncated
 from dare.rollout.core import RolloutOutput, decode_responses, left_pad, response_mask
 from dare.models import facts
 from dare.utils import UserError
@@ -41,7 +41,7 @@ def _lmdeploy(model, prompt_ids, prompt_mask, decoding, generator=None):
 
 
 SAMPLERS = {"masked": llada.generate, "dream": dream.generate, "block": block.generate, "lmdeploy": _lmdeploy,
-            "mdpo": mdpo.generate, "agrpo": agrpo.generate}
+            "maskgit": maskgit.generate, "truncated": truncated.generate}
 
 
 def sampler_name(model, decoding) -> str:

@@ -27,13 +27,13 @@ class RolloutOutput:
     """(steps, B, G): the response after every step, when `record_trajectory` is set."""
     predictions: torch.Tensor | None = None
     """(steps, B, G): the sampler's full prediction x0-hat after every step (masked positions filled
-    with their predictions), when `record_trajectory` is set and the sampler keeps it (mdpo)."""
+    with their predictions), when `record_trajectory` is set and the sampler keeps it (maskgit)."""
     confidences: torch.Tensor | None = None
     """(steps, B, G) float32: the confidence of each position at every step, beside `predictions`."""
     entropies: torch.Tensor | None = None
-    """(B, G) float32: the entropy of the distribution each token was drawn from (agrpo sampler)."""
+    """(B, G) float32: the entropy of the distribution each token was drawn from (truncated sampler)."""
     supports: torch.Tensor | None = None
-    """(B, G, V) bool: the top-k/top-p support each token was drawn from, with `record_trajectory` (agrpo)."""
+    """(B, G, V) bool: the top-k/top-p support each token was drawn from, with `record_trajectory` (truncated)."""
     logps: torch.Tensor | None = None
     """(B, G) float32: the log-probability of each generated token under the distribution it was
     drawn from at the step that (last) committed it, 0 where nothing was committed (block sampler)."""

@@ -167,3 +167,14 @@ def rollout_rounds(batch, shrink: int = 1) -> torch.Tensor:
     `rollout_segments`): -1 on the prompt (never masked), `NEVER` where no step committed."""
     rounds = trace_rounds(batch.step_map, rollout_segments(batch), shrink)
     return torch.cat([torch.full_like(batch.sequences[:, :batch.prompt_length], -1), rounds], dim=1)
+
+
+def trajectory_states(trajectory: torch.Tensor, steps: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampler's recorded states before the given steps: `trajectory` (B, S, G) the completion
+    after every step, `steps` (B, K) -> (states (B, K, G), masked (B, K, G) bool): the canvas each
+    step decoded from (all MASK before step 0) and its masked positions. Unlike `trace_rounds` (which
+    rebuilds states from the step map) this reads the recorded states, so samplers that re-mask
+    committed tokens (RCR) are replayed exactly."""
+    before = torch.cat([torch.full_like(trajectory[:, :1], mask_id), trajectory[:, :-1]], dim=1)
+    states = before.gather(1, steps[..., None].expand(-1, -1, trajectory.shape[-1]))
+    return states, states == mask_id

@@ -27,7 +27,7 @@ batch in its hooks; a step where it keeps none makes no update at all (no forwar
 no optimizer step: Adam's moments would otherwise move the weights on a zero gradient), and every step
 logs the share kept (`rollout/kept_groups`). An algorithm that rewards intermediate states
 (`rewards_per_step`, MDPO) gets the task's reward of the sampler's full prediction after every step
-in `batch.step_rewards`, beside the predictions and confidences (the mdpo sampler records them).
+in `batch.step_rewards`, beside the predictions and confidences (the maskgit sampler records them).
 The same noise draw is used for the policy, old and reference log-probs of an update, so
 their ratio compares like with like. With one update per batch (mu = 1) the old log-probs equal the current ones by
 construction, so they are not recomputed: `old = logps.detach()` (ratio = 1).
@@ -192,7 +192,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             if hooks.rewards_per_step(cfg):  # every step's full prediction, scored like the final answer
                 if out.predictions is None:
                     raise UserError(f"the algorithm scores the prediction after every decoding step, which the "
-                                    f"{out.sampler} sampler does not record: set rl.decoding.sampler=mdpo")
+                                    f"{out.sampler} sampler does not record: set rl.decoding.sampler=maskgit")
                 per_step = {"step_rewards": torch.tensor(
                     [task.rewards(decode_responses(tokenizer, p, f.stop_ids), [rows[i] for i in row_of],
                                   style=cfg.data.reward) for p in out.predictions],

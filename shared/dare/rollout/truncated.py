@@ -56,12 +56,12 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
              generator: torch.Generator | None = None) -> RolloutOutput:
     f = facts(model)
     if f.attention == "block_causal":
-        raise UserError("decoding.sampler=agrpo: AGRPO's sampler decodes bidirectional (masked) models; this model "
+        raise UserError("decoding.sampler=truncated: AGRPO's sampler decodes bidirectional (masked) models; this model "
                         "is block-causal: use sampler=block")
     G, BL, steps = decoding.gen_length, decoding.block_length, decoding.steps
     U = G // steps if G % steps == 0 else 0
     if not U or G % BL or BL % U:
-        raise UserError(f"decoding: the agrpo sampler commits gen_length / steps tokens per step: gen_length ({G}) "
+        raise UserError(f"decoding: the truncated sampler commits gen_length / steps tokens per step: gen_length ({G}) "
                         f"must be a multiple of steps ({steps}) and of block_length ({BL}), and block_length a "
                         f"multiple of the tokens per step ({G / steps:g})")
     mask_id, eos = f.mask_token_id, f.eos_token_id
@@ -118,5 +118,5 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
                          response_mask=response_mask(responses, f.stop_ids), step_map=step_map, nfe=nfe,
-                         sampler="agrpo", trajectory=torch.stack(trajectory) if trajectory else None, logps=logps,
+                         sampler="truncated", trajectory=torch.stack(trajectory) if trajectory else None, logps=logps,
                          entropies=entropies, supports=supports)

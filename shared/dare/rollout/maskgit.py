@@ -52,13 +52,13 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
              generator: torch.Generator | None = None) -> RolloutOutput:
     f = facts(model)
     if f.attention == "block_causal":
-        raise UserError("decoding.sampler=mdpo: the mdpo sampler decodes bidirectional (masked) models; this model is "
+        raise UserError("decoding.sampler=maskgit: the maskgit sampler decodes bidirectional (masked) models; this model is "
                         "block-causal: use sampler=block")
     G, BL = decoding.gen_length, decoding.block_length
     n_blocks = G // BL
     if G % BL or decoding.steps % n_blocks:
         raise UserError(f"decoding: gen_length ({G}) must be a multiple of block_length ({BL}) and steps "
-                        f"({decoding.steps}) a multiple of the number of blocks ({n_blocks}) for the mdpo sampler")
+                        f"({decoding.steps}) a multiple of the number of blocks ({n_blocks}) for the maskgit sampler")
     spb, mask_id = decoding.steps // n_blocks, f.mask_token_id
     x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
     (B, P), device = prompt_ids.shape, x.device
@@ -102,6 +102,6 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
                          response_mask=response_mask(responses, f.stop_ids), step_map=step_map, nfe=nfe,
-                         sampler="mdpo", trajectory=torch.stack(trajectory) if trajectory else None,
+                         sampler="maskgit", trajectory=torch.stack(trajectory) if trajectory else None,
                          predictions=torch.stack(predictions) if predictions else None,
                          confidences=torch.stack(confidences) if confidences else None)
