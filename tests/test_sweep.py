@@ -321,3 +321,15 @@ def test_slurm_multi_task_run_forms_one_process_group(tmp_path, on_cluster):
     on_cluster.wait_empty()
     assert state(run)[0] == "done" and results_of(run)
     assert json.loads((run.dir / "train" / "run.json").read_text())["world_size"] == 2
+
+
+def test_sweeps_with_the_same_folder_and_file_name_get_their_own_run_folders(tmp_path):
+    """reproductions/tiny/sdar/sweep.yaml and reproductions/sudoku/sdar/sweep.yaml both end in
+    sdar/sweep: their runs (and their init runs) must not share a folder."""
+    from dare.app.sweep import sweep_folder
+
+    repo = tmp_path / "repo" / "reproductions"
+    assert sweep_folder(repo / "tiny" / "sdar" / "sweep.yaml") == Path("tiny/sdar/sweep")
+    assert sweep_folder(repo / "sudoku" / "sdar" / "sweep.yaml") == Path("sudoku/sdar/sweep")
+    assert sweep_folder(repo / "tiny" / "sweep.yaml") == Path("tiny/sweep")
+    assert sweep_folder(tmp_path / "mine" / "grid.yaml") == Path("mine/grid")

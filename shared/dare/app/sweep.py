@@ -156,7 +156,7 @@ def load_sweep(path: str | Path) -> Sweep:
         _fail(path, f"eval.config: {eval_config} not found")
     if eval_config:
         load_eval_config(eval_config)  # benchmark names checked before anything is submitted
-    out = Path(data.get("out_dir") or runs_dir() / "sweeps" / path.parent.name / path.stem)
+    out = Path(data.get("out_dir") or runs_dir() / "sweeps" / sweep_folder(path))
     init = None
     if data.get("init"):
         init_config = (path.parent / (data["init"].get("config") or "")).resolve()
@@ -410,6 +410,16 @@ def _queued_jobs() -> set[str]:
     except (OSError, subprocess.TimeoutExpired):
         return set()
     return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+def sweep_folder(path: Path) -> Path:
+    """Where a sweep's runs go under `runs/sweeps/`: its path below `reproductions/` without the suffix
+    (`reproductions/sudoku/sdar/sweep.yaml` -> `sudoku/sdar/sweep`), so two sweeps that share a folder
+    name and a file name (`tiny/sdar/sweep.yaml`) never share an init run; elsewhere `<folder>/<stem>`."""
+    parts = path.resolve().parts
+    if "reproductions" in parts[:-1]:
+        return Path(*parts[len(parts) - parts[::-1].index("reproductions"):]).with_suffix("")
+    return Path(path.parent.name) / path.stem
 
 
 def state(run: Run, queued: set[str] | None = None) -> tuple[str, str]:
