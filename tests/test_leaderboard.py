@@ -324,6 +324,8 @@ def test_browser_shows_the_leaderboard(runs, tmp_path):
         driver.quit()
         app.terminate()
         app.wait(timeout=30)
+    with pytest.raises(OSError):  # stopping `dare leaderboard` stops its server (no orphaned streamlit)
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
 def test_committed_demo_and_baseline_results_appear(monkeypatch):

@@ -21,7 +21,6 @@ import argparse
 import importlib.metadata
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -126,10 +125,9 @@ def cmd_leaderboard(ns) -> int:
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", ns.address,
            "--server.port", str(ns.port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     print(f"leaderboard on http://{ns.address}:{ns.port}  (Ctrl-C to stop)", flush=True)
-    try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 0
+    # this process becomes the server, so a signal to `dare leaderboard` (Ctrl-C, a scheduler's or a
+    # test's SIGTERM) stops the server itself instead of leaving an orphaned streamlit behind
+    os.execve(sys.executable, cmd, env)
 
 
 def cmd_data(ns) -> int:
