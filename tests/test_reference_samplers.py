@@ -231,17 +231,11 @@ def test_confidence_eos_eot_inf_by_hand():
 
 
 def eos_at(seed: int, where: tuple, G: int):
-    """A tiny LLaDA (head x 4, never MASK) whose EOS logit is raised by 2 at the response positions
+    """`soft_llada(seed)` (head x 4, never MASK) whose EOS logit is raised by 2 at the response positions
     `where` (counted from the end of the sequence, so a left-padded batch and a prompt alone see the
     same): EOS is predicted there with a confidence EOSER's damping reorders."""
-    tok = char_tokenizer("0123456789+=", "llada")
-    model = new_model("llada", tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64),
-                      seed=seed).eval()
+    model = soft_llada(seed)
     f = facts(model)
-    with torch.no_grad():
-        head = model.get_output_embeddings().weight
-        head.mul_(4)
-        head[f.mask_token_id] = 0
     bias = torch.zeros(G)
     bias[list(where)] = 2.0
 
@@ -313,10 +307,17 @@ def test_eoser_and_ass_match_the_original_token_for_token(case):
     assert out.step_map.tolist() == step_maps
 
 
-def test_eoser_changes_what_the_original_decodes():
-    """The pinned cases are not vacuous: damping EOS moves its commits later (and changes tokens)."""
+def test_eoser_changes_what_the_sampler_decodes():
+    """EOSER is not a no-op: on every pinned layout, damping EOS changes the order our sampler commits
+    in (as it does the original's)."""
     for seed in (0, 1):
         for layout, gamma in (("even", 0.2), ("ass1", 0.01), ("ass3", 0.01)):
+            where, settings = CJ_MODELS[layout]
+            model = eos_at(seed, where, settings["gen_length"])
+            ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
+            damped = generate(model, ids, mask, DecodingConfig(**settings, eos_gamma_min=gamma)).step_map
+            plain = generate(model, ids, mask, DecodingConfig(**settings)).step_map
+            assert not torch.equal(damped, plain), (seed, layout)
             assert CJ_CASES[(seed, layout, gamma)][1] != CJ_CASES[(seed, layout, 1.0)][1], (seed, layout)
 
 
@@ -415,10 +416,17 @@ def test_mdpo_sampler_and_rcr_match_the_original_token_for_token(case):
     assert out.step_map.tolist() == step_maps
 
 
-def test_rcr_changes_what_the_original_decodes():
-    """Not vacuous: in every pinned layout RCR decodes differently from the plain schedule."""
+def test_rcr_changes_what_the_sampler_decodes():
+    """RCR is not a no-op: in every pinned layout our sampler decodes differently with it (as the original)."""
     for seed in (0, 1):
+        model = soft_llada(seed)
+        ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
         for G, BL, steps, top_p in ((16, 8, 8, None), (10, 10, 4, 0.95)):
+            runs = [generate(model, ids, mask, DecodingConfig(sampler="maskgit", gen_length=G, block_length=BL,
+                                                              steps=steps, top_p=top_p or 1.0, rcr=rcr))
+                    for rcr in (False, True)]
+            assert not (torch.equal(runs[0].responses, runs[1].responses)
+                        and torch.equal(runs[0].step_map, runs[1].step_map)), (seed, G)
             assert MDPO_CASES[(seed, G, BL, steps, top_p, True)] != MDPO_CASES[(seed, G, BL, steps, top_p, False)]
 
 

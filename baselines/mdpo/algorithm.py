@@ -53,7 +53,8 @@ def rewards_per_step(cfg) -> bool:
 
 
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
-    """The final answers' group z-scores, for the logs: MDPO's loss uses the step advantages below."""
+    """The final answers' group z-scores (the hook contract's `batch.advantages`); MDPO's loss does not
+    read them: it uses the step advantages of `sample_noise`."""
     return group_advantages(rewards, baseline="mean", std="sample")
 
 
