@@ -315,6 +315,9 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0
     """Linear warmup, in optimizer steps."""
+    warmup_ratio: float = field(default=0.0, metadata=ADDED)
+    """Linear warmup as a share of the optimizer steps, ceil(ratio x steps) as transformers counts it
+    (TRL references' `warmup_ratio`); only with warmup_steps = 0."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """After warmup: constant, or decay towards `min_lr_ratio * lr` as transformers' linear / cosine
     (with min lr) schedules do (the floor is reached one step after the last)."""
@@ -347,6 +350,9 @@ class TrainConfig:
         check(self.logit_chunk >= 0, "must be >= 0 (0: full logits)", "logit_chunk")
         check(self.lr > 0, "must be positive", "lr")
         check(0 <= self.warmup_steps <= self.steps, "must be within [0, train.steps]", "warmup_steps")
+        check(0 <= self.warmup_ratio <= 1, "must be within [0, 1]", "warmup_ratio")
+        check(not (self.warmup_ratio and self.warmup_steps), "set warmup_steps or warmup_ratio, not both",
+              "warmup_ratio", "warmup_steps")
         check(0 <= self.min_lr_ratio <= 1, "must be within [0, 1]", "min_lr_ratio")
         check(all(0 <= b < 1 for b in self.betas), "must be within [0, 1)", "betas")
         check(self.max_grad_norm >= 0, "must be >= 0", "max_grad_norm")

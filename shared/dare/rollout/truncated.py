@@ -37,7 +37,7 @@ def truncate(logits: torch.Tensor, decoding) -> tuple[torch.Tensor, torch.Tensor
     if decoding.temperature == 0:
         return logits, support
     logits = logits / decoding.temperature
-    if decoding.top_k:
+    if decoding.top_k and decoding.top_k < logits.shape[-1]:  # a k beyond the vocabulary keeps it all
         remove = logits < logits.topk(decoding.top_k)[0][..., -1, None]
         logits = logits.masked_fill(remove, -torch.inf)
         support &= ~remove

@@ -70,15 +70,17 @@ def make_optimizer(model: torch.nn.Module, train) -> torch.optim.Optimizer:
 def lr_factor(step: int, total: int, train) -> float:
     """Multiplier of `train.lr` for optimizer step `step` (0-based) out of `total`.
 
-    Warmup: (step + 1) / warmup_steps, so the first step already moves (HF's ramp starts at 0).
+    Warmup: (step + 1) / warmup, so the first step already moves (HF's ramp starts at 0); warmup is
+    `warmup_steps` or ceil(`warmup_ratio` x total).
     Decay, as transformers' `get_linear_schedule_with_warmup` / `get_cosine_with_min_lr_schedule_with_warmup`
     (what the TRL/HF references use): progress = (step - warmup) / (total - warmup), so the last step
     runs at floor + (1 - floor) / (total - warmup) (linear) and the floor would be reached one step later."""
-    if step < train.warmup_steps:
-        return (step + 1) / train.warmup_steps
+    warmup = train.warmup_steps or math.ceil(train.warmup_ratio * total)
+    if step < warmup:
+        return (step + 1) / warmup
     if train.schedule == "constant":
         return 1.0
-    progress = (step - train.warmup_steps) / max(1, total - train.warmup_steps)
+    progress = (step - warmup) / max(1, total - warmup)
     floor = train.min_lr_ratio
     if train.schedule == "linear":
         return floor + (1 - floor) * max(0.0, 1 - progress)

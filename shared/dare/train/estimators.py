@@ -60,9 +60,12 @@ class Compute:
 def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: torch.Tensor,
                  attention_mask: torch.Tensor | None = None, chunk: int = 1024,
                  cu_seqlens: torch.Tensor | None = None, pack: bool = False, min_padding: float = 0.0,
-                 compute: Compute | None = None, temperature: float = 1.0) -> torch.Tensor:
+                 compute: Compute | None = None, temperature: float = 1.0,
+                 support: torch.Tensor | None = None) -> torch.Tensor:
     """(B, L) log p(targets | x_masked) at `where` (0 elsewhere), in float32, from the logits divided
-    by `temperature` (MDPO scores its rollouts' tempered distribution).
+    by `temperature` (MDPO scores its rollouts' tempered distribution) and, with `support` (N, V) bool,
+    one row per scored position in row-major order (`where.nonzero()`), renormalized over the tokens it
+    keeps: the top-k/top-p distribution a truncating sampler drew from (AGRPO).
 
     chunk > 0: the cross-entropy is taken from hidden states `chunk` positions at a time, so the
     (B, L, V) logits never exist; chunk = 0: full logits (the naive path, for comparison).
@@ -79,13 +82,17 @@ def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: to
         cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=x_masked.device)
         cu[1:] = lengths.cumsum(0)
         packed = masked_logps(model, x_masked[keep][None], targets[keep][None], where[keep][None], None, chunk, cu,
-                              temperature=temperature)
+                              temperature=temperature, support=support)  # packing keeps the row-major order
         out = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
         out[keep] = packed[0]
         return out
     if chunk == 0:
-        logits = token_logits(model, x_masked, attention_mask, cu_seqlens=cu_seqlens)  # (B, L, V)
-        logps = torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        logits = token_logits(model, x_masked, attention_mask, cu_seqlens=cu_seqlens).float() / temperature  # (B, L, V)
+        if support is not None:
+            kept = torch.ones_like(logits, dtype=torch.bool)
+            kept[where] = support
+            logits = logits.masked_fill(~kept, -torch.inf)
+        logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         return torch.where(where, logps, 0.0)
     hidden = token_hidden(model, x_masked, attention_mask, cu_seqlens=cu_seqlens)  # (B, L, H), aligned
     head = output_head(model)
@@ -94,24 +101,28 @@ def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: to
     for s in range(0, len(rows), chunk):
         r, c = rows[s:s + chunk], cols[s:s + chunk]
         logits = head(hidden[r, c]).float() / temperature  # (chunk, V)
+        if support is not None:
+            logits = logits.masked_fill(~support[s:s + chunk], -torch.inf)
         out[r, c] = -F.cross_entropy(logits, targets[r, c], reduction="none")
     return out
 
 
 def diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, where: torch.Tensor,
                     attention_mask: torch.Tensor | None = None, compute: Compute | None = None,
-                    temperature: float = 1.0) -> torch.Tensor:
+                    temperature: float = 1.0, support: torch.Tensor | None = None) -> torch.Tensor:
     """(B, L) log p(clean_i | x_noisy) at `where`, as the model factorizes it: one forward on
     `x_noisy` for bidirectional models (`masked_logps`); for block-causal models (SDAR, LLaDA2.x)
     the block-diffusion layout `[x_noisy ; clean]` (`block_diffusion_logps`), where each block's
     noisy tokens are predicted from that block of `x_noisy` and the clean blocks before it, blocks
     counted from each row's first real token (as the block sampler counts them)."""
     if facts(model).attention == "block_causal":
-        if temperature != 1.0:
-            raise ValueError("tempered log-probs (temperature != 1) are implemented for bidirectional models only")
+        if temperature != 1.0 or support is not None:
+            raise ValueError("tempered or truncated log-probs (temperature != 1, a support) are implemented for "
+                             "bidirectional models only")
         chunk = compute.chunk if compute is not None else 1024
         return block_diffusion_logps(model, x_noisy, clean, where, attention_mask, chunk=chunk)
-    return masked_logps(model, x_noisy, clean, where, attention_mask, compute=compute, temperature=temperature)
+    return masked_logps(model, x_noisy, clean, where, attention_mask, compute=compute, temperature=temperature,
+                        support=support)
 
 
 def diffusion_hidden(model, x_noisy: torch.Tensor, clean: torch.Tensor,

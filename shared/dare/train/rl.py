@@ -108,6 +108,14 @@ class RLBatch:
     """(B, S, G) those predictions (`RolloutOutput.predictions`, row-major), beside `step_rewards`."""
     confidences: torch.Tensor | None = None
     """(B, S, G) the sampler's confidences at each step (`RolloutOutput.confidences`), beside them."""
+    eos_token_id: int | None = None
+    """The model's EOS (`facts(model).eos_token_id`), for hooks that find where a completion's text ends."""
+    rollout_entropies: torch.Tensor | None = None
+    """(B, G) the entropy of the distribution each token was drawn from, when the sampler records it
+    (the truncated sampler; AGRPO's importance sampling over steps)."""
+    supports: torch.Tensor | None = None
+    """(B, G, V) bool: the top-k/top-p support each token was drawn from (the truncated sampler, with
+    `record_trajectory`), so the trainer scores the same truncated distribution; None otherwise."""
     value_mask: torch.Tensor | None = None
     """(B, G) bool: the tokens the value model trains on (from `value_advantages`, on the whole batch,
     so a micro-batch that splits a group still knows which rows count); None without one."""
@@ -202,7 +210,8 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             trajectory = out.trajectory.transpose(0, 1) if out.trajectory is not None else None
             batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
                             rewards, advantages, G, trajectory, f.block_size, out.logps, totals["tokens"],
-                            int(totals["rows"]), compute, mask_token_id=f.mask_token_id, **per_step)
+                            int(totals["rows"]), compute, mask_token_id=f.mask_token_id, eos_token_id=f.eos_token_id,
+                            rollout_entropies=out.entropies, supports=out.supports, **per_step)
             t_rollout = time.perf_counter() - tic
 
             kept = dist.sum({"groups": float(hooks.kept_groups(rewards.view(-1, G), cfg).sum())})["groups"]
