@@ -249,6 +249,12 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
     rcr: bool = field(default=False, metadata=ADDED)
     """maskgit sampler: running-confidence remasking (committed tokens whose confidence falls behind are
     re-masked and decoded again; `dare.rollout.maskgit`)."""
+    tree: tuple[int, ...] = field(default=(), metadata=ADDED)
+    """Tree rollouts (masked sampler, d-TreeRPO): the branching width of each level, e.g. (4, 4). The
+    steps are split evenly over the levels; every node continues decoding its parent's canvas for its
+    level's steps, so siblings share the parent's state exactly. Rows come in groups of prod(tree)
+    identical prompts, one tree per group, whose leaves fill the group's rows in path order
+    (`dare.rollout.tree`); () = independent rollouts."""
     whole_last_block: bool = field(default=True, metadata=ADDED)
     """Block sampler: decode the last block whole, past `gen_length` (both originals do); False ends
     the canvas at `gen_length`, so a trainer that scores the `gen_length` tokens sees exactly the
@@ -278,6 +284,12 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
               "set sampler=maskgit", "rcr", "sampler")
         check(0 <= self.eos_gamma_min <= self.eos_gamma_max, "need 0 <= eos_gamma_min <= eos_gamma_max",
               "eos_gamma_min", "eos_gamma_max")
+        if self.tree:
+            check(all(w >= 1 for w in self.tree) and len(self.tree) <= self.steps,
+                  f"widths must be >= 1, at most steps ({self.steps}) levels", "tree")
+            check(self.sampler in ("auto", "masked") and self.cache in ("auto", "none") and not self.threshold
+                  and not self.factor, "tree rollouts continue the masked sampler's fixed schedule: sampler "
+                  "masked, no KV cache, no parallel rule (threshold, factor)", "tree", "sampler", "cache")
         if self.schedule == "ass":
             check(self.gen_length >= 2 and self.steps == self.gen_length.bit_length() - 1,
                   f"the ascending schedule commits 1, 2, 4, ... tokens: steps must be floor(log2 gen_length) = "

@@ -17,6 +17,10 @@ sampler otherwise):
     truncated AGRPO's sampler: a fixed count per step, top-k/top-p truncation, the drawn log-probs,
              entropies and supports recorded (`dare.rollout.truncated`)
 
+With `decoding.tree` (masked sampler) the rows' G completions grow as one tree per prompt whose
+siblings share their parent's partial canvas (`dare.rollout.tree`, d-TreeRPO); `tree.branch`
+continues any partial masked-sampler rollout as k children.
+
 The output (`RolloutOutput`) carries the sequences (prompt + `gen_length` tokens), the response
 mask (up to and including the first EOS), the number of forward passes (NFE), the step that
 committed each generated position and, with `record_trajectory`, the response after every step.
@@ -24,7 +28,7 @@ committed each generated position and, with `record_trajectory`, the response af
 
 import torch
 
-from dare.rollout import block, dream, llada, maskgit, truncated
+from dare.rollout import block, dream, llada, maskgit, tree, truncated
 from dare.rollout.core import RolloutOutput, decode_responses, left_pad, response_mask
 from dare.models import facts
 from dare.utils import UserError
@@ -68,7 +72,12 @@ def generate(model, prompt_ids, prompt_mask, decoding, generator=None) -> Rollou
         raise UserError(f"decoding: the ascending schedule (schedule=ass) and EOSER (eos_gamma_min/max) are options "
                         f"of the masked sampler (LLaDA-style, as CJ-GRPO defines them); this model decodes with the "
                         f"{name} sampler")
+    if decoding.tree and name != "masked":
+        raise UserError(f"decoding.tree: tree rollouts branch the masked sampler's canvas (LLaDA-style); this model "
+                        f"decodes with the {name} sampler")
     generator = on_device(generator, next(model.parameters()).device)
+    if decoding.tree:
+        return tree.generate(model, prompt_ids, prompt_mask, decoding, generator)
     return SAMPLERS[name](model, prompt_ids, prompt_mask, decoding, generator)
 
 

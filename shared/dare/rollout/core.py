@@ -37,6 +37,8 @@ class RolloutOutput:
     logps: torch.Tensor | None = None
     """(B, G) float32: the log-probability of each generated token under the distribution it was
     drawn from at the step that (last) committed it, 0 where nothing was committed (block sampler)."""
+    steps_done: int = 0
+    """Decoding steps made (the masked sampler; a partial rollout continues from here)."""
 
     @property
     def responses(self) -> torch.Tensor:

@@ -94,9 +94,18 @@ def eos_gamma(decoding, local_step: int, global_step: int) -> float:
 
 
 @torch.no_grad()
-def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decoding,
-             generator: torch.Generator | None = None) -> RolloutOutput:
+def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor | None, decoding,
+             generator: torch.Generator | None = None, start: RolloutOutput | None = None,
+             until: int | None = None) -> RolloutOutput:
+    """Decode [prompt | MASK * gen_length]; or, with `start` (a partial output of this sampler with the
+    same decoding settings, `steps_done` steps in), continue its canvas from the next step: the
+    rollout engine's branching (`dare.rollout.tree`). `until` stops after that many steps in all
+    (the output's `steps_done`). Continuing follows the fixed schedule: no cache, no parallel rule."""
     f = facts(model)
+    if (start is not None or until is not None) and (decoding.cache in ("prefix", "dual") or decoding.threshold > 0
+                                                     or decoding.factor > 0):
+        raise UserError("decoding: a rollout that stops or continues mid-way (tree rollouts) follows the fixed "
+                        "schedule: cache none, no threshold or factor")
     G = decoding.gen_length
     if decoding.schedule == "ass":
         plan = ass_plan(G, decoding.steps, decoding.ass_blocks)
@@ -112,13 +121,19 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
         plan = [(BL, list(range(b * spb, (b + 1) * spb)), even) for b in range(n_blocks)]
     mask_id, shift = f.mask_token_id, f.logits_shift
 
-    x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
-    (B, P), device = prompt_ids.shape, x.device
+    if start is None:
+        x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
+        (B, P), device = prompt_ids.shape, x.device
+        step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
+        trajectory, nfe, step = [], 0, 0
+    else:
+        x, attention_mask, step_map = start.sequences.clone(), start.attention_mask, start.step_map.clone()
+        (B, P), device = (x.shape[0], start.prompt_length), x.device
+        trajectory = list(start.trajectory.unbind(0)) if start.trajectory is not None else []
+        nfe, step = start.nfe, start.steps_done
+    first, until = step, decoding.steps if until is None else until
     prompt_positions = torch.zeros_like(x, dtype=torch.bool)
     prompt_positions[:, :P] = True
-    step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
-    trajectory = []
-    nfe = step = 0
 
     def commit(lo: int, hi: int, logits: torch.Tensor, quota: torch.Tensor, span: tuple[int, int],
                gamma: float) -> None:
@@ -147,9 +162,9 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
         quota = torch.tensor(counts, device=device).expand(B, n)
         gamma = [eos_gamma(decoding, i, steps[i]) for i in range(n)]
         parallel = decoding.threshold > 0 or decoding.factor > 0
-        i = 0
+        i = sum(g < first for g in steps)  # steps of this block a continued canvas has already made
         if decoding.cache not in ("prefix", "dual"):  # "auto" / "none": the reference, no cache
-            while (x[:, lo:hi] == mask_id).any() and (parallel or i < n):
+            while (x[:, lo:hi] == mask_id).any() and (parallel or i < n) and step < until:
                 logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, decoding.cfg_scale)
                 nfe += 1
                 commit(lo, hi, logits[:, lo:hi], quota[:, min(i, n - 1)], (0, P + G), gamma[min(i, n - 1)])
@@ -181,4 +196,5 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
                          response_mask=response_mask(responses, f.stop_ids), step_map=step_map, nfe=nfe,
-                         sampler="masked", trajectory=torch.stack(trajectory) if trajectory else None)
+                         sampler="masked", trajectory=torch.stack(trajectory) if trajectory else None,
+                         steps_done=step)

@@ -108,6 +108,8 @@ class RLBatch:
     """(B, S, G) those predictions (`RolloutOutput.predictions`, row-major), beside `step_rewards`."""
     confidences: torch.Tensor | None = None
     """(B, S, G) the sampler's confidences at each step (`RolloutOutput.confidences`), beside them."""
+    progress: float = 0.0
+    """The share of the run's steps done before this one (step / train.steps), for schedules inside a loss."""
     eos_token_id: int | None = None
     """The model's EOS (`facts(model).eos_token_id`), for hooks that find where a completion's text ends."""
     rollout_entropies: torch.Tensor | None = None
@@ -211,6 +213,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
                             rewards, advantages, G, trajectory, f.block_size, out.logps, totals["tokens"],
                             int(totals["rows"]), compute, mask_token_id=f.mask_token_id, eos_token_id=f.eos_token_id,
+                            progress=step / cfg.train.steps,
                             rollout_entropies=out.entropies, supports=out.supports, **per_step)
             t_rollout = time.perf_counter() - tic
 
