@@ -31,6 +31,11 @@ MASKED_STRATEGIES = {
     "parallel": {"cache": "none", "threshold": 0.9},
     "prefix_cache+parallel": {"cache": "prefix", "threshold": 0.9},
     "dual_cache+parallel": {"cache": "dual", "threshold": 0.9},
+    # the trajectory methods' decoding options (usable by any method and by evaluation)
+    "eoser": {"cache": "none", "eos_gamma_min": 0.01},  # CJ-GRPO's EOS early rejection
+    "ass": {"cache": "none", "schedule": "ass"},  # CJ-GRPO's ascending step size: floor(log2 gen_length) steps
+    "maskgit": {"sampler": "maskgit"},  # MDPO's sampler
+    "maskgit+rcr": {"sampler": "maskgit", "rcr": True},  # with running-confidence remasking
 }
 BLOCK_STRATEGIES = {  # SDAR: denoising steps = block size (one token per step) unless parallel
     "vanilla": {"cache": "none"},
@@ -70,6 +75,8 @@ def rollout_benchmark(checkpoint: str | None, overrides: list[str], repeats: int
         rows, vanilla_tps = [], None
         for name, kw in strategies.items():
             steps = (f.block_size if block else base.gen_length // 2)
+            if kw.get("schedule") == "ass":
+                steps = base.gen_length.bit_length() - 1
             chosen = {**_changed(base), "steps": steps, "sampler": "block" if block else "masked", **kw}
             params = load_config(DecodingConfig, None, [f"{k}={v}" for k, v in chosen.items()])
             times, outcome = [], None
