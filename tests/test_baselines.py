@@ -214,7 +214,8 @@ RL_EXTRA = {  # CJ-GRPO decodes with ASS (steps = log2 of the 4 tokens) and EOSE
     **{("cj_grpo", f): ["rl.decoding.schedule=even", "rl.decoding.eos_gamma_min=1"] for f in ("sdar", "sdar_moe", "llada2")},
     **{("mdpo", f): ["rl.decoding.sampler=maskgit", "algo.train_steps=2"] for f in ("llada", "dream")},  # 2 of the 4 steps
     **{("agrpo", f): ["rl.decoding.sampler=truncated", "rl.decoding.top_k=5", "algo.mc_samples=3"] for f in ("llada", "dream")},
-    **{("d_treerpo", f): ["rl.decoding.sampler=masked", "rl.decoding.tree=[2,2]", "algo.sd_lambda_max=0.5"]
+    **{("d_treerpo", f): ["rl.decoding.sampler=masked", "rl.decoding.tree=[2,2]", "algo.sd_lambda_max=0.5",
+                          "rl.eval_every=1"]  # validation decodes without the tree
        for f in ("llada", "dream")}}  # 2 x 2 leaves = the 4 completions; a self-distillation weight that shows
 SUPERVISED_RUNS = [(n, f) for n in ("sft", "peft") for f in ("llada", "dream", "sdar", "llada2")] + [
     ("vrpo", f) for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")]

@@ -74,12 +74,16 @@ def test_a_one_wide_tree_is_the_plain_rollout_and_branch_continues_exactly():
 
 
 def test_tree_rollouts_refuse_what_they_cannot_continue():
+    """Groups that are not one prompt, a cache, and steps that would commit nothing (the level bounds
+    count steps) are refused."""
     model = tiny_llada()
     ids, mask = left_pad([PROMPTS[0], PROMPTS[1]], facts(model).pad_token_id)
     with pytest.raises(UserError, match="groups of 2 identical prompts"):
         generate(model, ids, mask, dataclasses.replace(DECODING, tree=(2,)))
     with pytest.raises(Exception, match="no KV cache"):
         dataclasses.replace(DECODING, tree=(2,), cache="dual").validate()
+    with pytest.raises(Exception, match="every step must commit a token"):
+        dataclasses.replace(DECODING, tree=(2,), steps=16).validate()
     with pytest.raises(ValueError, match="product of the widths"):
         tree_rpo.check_config(dataclasses.replace(config((2, 2)), rl=dataclasses.replace(config((2, 2)).rl, group_size=8)))
 
@@ -183,3 +187,15 @@ def test_each_transition_is_scored_in_its_parents_canvas():
         direct = direct.gather(-1, out.responses[..., None])[..., 0]
         assert torch.allclose(logps[level == lv], direct[level == lv], atol=1e-5)
     assert (level != noise.NEVER).all()
+    # the loop draws the tree weights on the whole batch, then splits the rows into micro-batches
+    from dare.train.common import take
+
+    batch = dataclasses.replace(batch, rewards=torch.tensor([1.0, 0.0, 1.0, 1.0] * 3), progress=0.5)
+    cfg = config(widths, sd_lambda_max=0.5)
+    z = tree_rpo.sample_noise(batch, None, cfg)
+    old = logps.detach() - 0.1
+    whole, _ = tree_rpo.loss(tree_rpo.token_logps(model, batch, z, cfg), old, None, batch, z, cfg)
+    parts = sum(tree_rpo.loss(tree_rpo.token_logps(model, take(batch, rows, B), take(z, rows, B), cfg),
+                              take(old, rows, B), None, take(batch, rows, B), take(z, rows, B), cfg)[0]
+                for rows in (slice(0, 5), slice(5, B)))
+    assert whole.item() == pytest.approx(parts.item(), abs=1e-6) and abs(whole.item()) > 1e-4

@@ -83,8 +83,8 @@ def step_probs(batch, steps: int) -> torch.Tensor:
 
 def sample_noise(batch, generator: torch.Generator, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """(steps (B, M), weights (B, M)): M decoding steps s <= last per completion from uniforms u, made
-    low-discrepancy by a random permutation of the B*M strata plus a uniform offset (arXiv:2409.02908
-    G.2): floor(u (last + 1)), or by the inverse CDF of `step_probs` with the importance weights
+    low-discrepancy by a random permutation of the B*M strata plus a uniform jitter within each
+    (arXiv:2409.02908 G.2): floor(u (last + 1)), or by the inverse CDF of `step_probs` with the importance weights
     (1 / (last + 1)) / p(s) (`importance_sampling: entropy`; uniform draws weigh 1)."""
     B, M = batch.step_map.shape[0], cfg.algo.mc_samples
     u = torch.rand(B * M, generator=generator, device=generator.device)
@@ -96,7 +96,7 @@ def sample_noise(batch, generator: torch.Generator, cfg) -> tuple[torch.Tensor, 
         probs = step_probs(batch, cfg.rl.decoding.steps)
         steps = torch.searchsorted(probs.cumsum(dim=1), u).clamp(max=last)  # rounding can land past the last step
         return steps, (1.0 / (last + 1)) / probs.gather(1, steps)
-    steps = torch.floor(u * (last + 1)).long()
+    steps = torch.floor(u * (last + 1)).long().clamp(max=last)  # float32 u can round up to 1
     return steps, torch.ones(steps.shape, device=steps.device)
 
 

@@ -56,6 +56,10 @@ def uses_reference(cfg) -> bool:
     return cfg.algo.beta > 0
 
 
+def random_noise(cfg) -> bool:
+    return False  # sample_noise reads the rollout, draws nothing: one draw serves the mu updates
+
+
 def sample_noise(batch, generator: torch.Generator, cfg) -> torch.Tensor:
     """No randomness: the step (within its block, for block models) that committed each position,
     (B, P + G); -1 on the prompt, `noise.NEVER` where no step committed."""

@@ -76,6 +76,10 @@ def schedule(progress: float, cfg) -> tuple[float, float]:
     return lam, max(a.sd_tau_max * (1 - progress) ** a.sd_tau_power, 1e-6)
 
 
+def random_noise(cfg) -> bool:
+    return False  # sample_noise reads the rollout, draws nothing: one draw serves the mu updates
+
+
 def sample_noise(batch, generator, cfg):
     """No randomness: (levels (B, P + G): each token's tree level, -1 on the prompt, NEVER where nothing
     was committed; advantage, policy weight and self-distillation weight, each (B, G))."""

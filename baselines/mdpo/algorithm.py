@@ -74,6 +74,10 @@ def step_advantages(step_rewards: torch.Tensor, group_size: int) -> torch.Tensor
     return normed.view(-1, S)
 
 
+def random_noise(cfg) -> bool:
+    return False  # sample_noise reads the rollout, draws nothing: one draw serves the mu updates
+
+
 def sample_noise(batch, generator: torch.Generator, cfg) -> dict:
     """No randomness: each completion's K trained steps (those with the largest |A_s|) and their advantages."""
     adv = step_advantages(batch.step_rewards, batch.group_size)

@@ -87,6 +87,10 @@ def uses_reference(cfg) -> bool:
     return False  # the KL is taken against pi_old
 
 
+def random_noise(cfg) -> bool:
+    return False  # sample_noise reads the rollout, draws nothing: one draw serves the mu updates
+
+
 def sample_noise(batch, generator: torch.Generator, cfg) -> torch.Tensor:
     """No randomness: the trace round of every position (B, P + G); -1 on the prompt (never
     masked), `noise.NEVER` for completion positions no step committed (masked in every round)."""

@@ -287,6 +287,8 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
         if self.tree:
             check(all(w >= 1 for w in self.tree) and len(self.tree) <= self.steps,
                   f"widths must be >= 1, at most steps ({self.steps}) levels", "tree")
+            check(self.steps <= self.gen_length, f"tree levels are counted in steps: every step must commit a token "
+                  f"(steps {self.steps} <= gen_length {self.gen_length})", "tree", "steps")
             check(self.sampler in ("auto", "masked") and self.cache in ("auto", "none") and not self.threshold
                   and not self.factor, "tree rollouts continue the masked sampler's fixed schedule: sampler "
                   "masked, no KV cache, no parallel rule (threshold, factor)", "tree", "sampler", "cache")

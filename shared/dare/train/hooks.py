@@ -30,6 +30,9 @@ Three rules hold for every hook:
                  loss(logps, old_logps, ref_logps, batch, noise, cfg) (loss, metrics)
                  uses_reference(cfg)                     optional     False: no reference model is kept
                  uses_old_logps(cfg)                     optional     True: False skips the old log-probs
+                 random_noise(cfg)                       optional     True; False: sample_noise is a function of the
+                                                                      batch (draws nothing), so it runs once and the
+                                                                      old and reference log-probs once for the mu updates
                  rollout_options(cfg)                    optional     {}: decoding settings the algorithm needs
                  kept_groups(rewards, cfg)               optional     (P, 1) bool, all True: the groups trained on;
                                                                       a step that keeps none makes no update
@@ -66,6 +69,10 @@ def _no_reference(cfg) -> bool:
 
 
 def _old_logps(cfg) -> bool:
+    return True
+
+
+def _random_noise(cfg) -> bool:
     return True
 
 
@@ -114,6 +121,7 @@ class RLHooks:
     check_config: Callable[[Any], None] = _no_check
     uses_reference: Callable[[Any], bool] = _no_reference
     uses_old_logps: Callable[[Any], bool] = _old_logps
+    random_noise: Callable[[Any], bool] = _random_noise
     rollout_options: Callable[[Any], dict] = _no_rollout_options
     kept_groups: Callable[..., Any] = _all_groups
     rewards_per_step: Callable[[Any], bool] = _final_rewards_only

@@ -29,7 +29,9 @@ logs the share kept (`rollout/kept_groups`). An algorithm that rewards intermedi
 (`rewards_per_step`, MDPO) gets the task's reward of the sampler's full prediction after every step
 in `batch.step_rewards`, beside the predictions and confidences (the maskgit sampler records them).
 The same noise draw is used for the policy, old and reference log-probs of an update, so
-their ratio compares like with like. With one update per batch (mu = 1) the old log-probs equal the current ones by
+their ratio compares like with like; an algorithm whose noise is a function of the batch
+(`random_noise` False: trajectory replays, tree levels) gets one draw, scored once, for its mu updates.
+Validation decodes each prompt once (greedy, no tree). With one update per batch (mu = 1) the old log-probs equal the current ones by
 construction, so they are not recomputed: `old = logps.detach()` (ratio = 1).
 
 Processes: each takes `prompts_per_step / world` prompts (whole groups), rolls out, scores
@@ -220,7 +222,8 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             kept = dist.sum({"groups": float(hooks.kept_groups(rewards.view(-1, G), cfg).sum())})["groups"]
             sums, t_value, t_logp, t_update = {"rollout/kept_groups": kept / n_prompts}, 0.0, 0.0, 0.0
             if kept:  # a step whose groups the algorithm all drops trains on nothing: no optimizer step
-                noises = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(mu)]
+                draws = mu if hooks.random_noise(cfg) else 1  # a deterministic draw is made (and scored) once
+                noises = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(draws)]
 
                 # --- the value model: token advantages from its values before the update, then its mu updates
                 tic = time.perf_counter()
@@ -247,11 +250,13 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                     old = ref = None
                     if (mu > 1 or cfg.rl.recompute_old_logps) and uses_old:
                         with trainer.autocast():
-                            old = [per_micro(lambda b, z: hooks.token_logps(policy, b, z, cfg), batch, z, micro) for z in noises]
+                            old = [per_micro(lambda b, z: hooks.token_logps(policy, b, z, cfg), batch, z, micro)
+                                   for z in noises] * (mu // draws)
                     if use_ref:
                         with trainer.reference() as ref_model:
                             ref = [per_micro(lambda b, z: hooks.token_logps(ref_model, b, z, cfg), batch, z, micro)
-                                   for z in noises]
+                                   for z in noises] * (mu // draws)
+                noises = noises * (mu // draws)
                 t_logp = time.perf_counter() - tic
 
                 # --- mu policy updates on this batch, each accumulated over the micro-batches
@@ -268,7 +273,8 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                      **({"time/value_s": t_value} if critic is not None else {})}
             val = {}
             if val_rows is not None and ((step + 1) % cfg.rl.eval_every == 0 or step + 1 == loop.total):
-                val = validate(policy, trainer, tokenizer, task, val_rows, replace(cfg.rl.decoding, temperature=0.0),
+                greedy = replace(cfg.rl.decoding, temperature=0.0, tree=())
+                val = validate(policy, trainer, tokenizer, task, val_rows, greedy,
                                make_generator(cfg.run.seed, f"val/{step}/{dist.rank}"))
             loop.end_step(step + 1, tokenizer,
                           lambda: {**step_metrics(dist, batch, out, mu, sums, trainer.lr, times), **val}, bool(val))
