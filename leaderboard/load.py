@@ -172,20 +172,27 @@ def _flat(config: dict | None, prefix: str = "") -> dict:
     return out
 
 
-def row_labels(results: list[Result]) -> dict[tuple, str]:
+def row_labels(results: list[Result], within=None) -> dict[tuple, str]:
     """A readable label per recipe: the method name alone when it has one recipe here, else the
-    method with the settings that tell its recipes apart (`sft (steps=40)`)."""
+    method with the settings that tell its recipes apart (`sft (steps=40)`). With `within` (a key of a
+    result, e.g. its model), only settings that tell apart recipes sharing that key count, and every
+    recipe of the method is labelled by them: the same recipe gets the same label on every model."""
+    within = within or (lambda r: None)
     by_method: dict[str, dict[tuple, Result]] = defaultdict(dict)
     for r in results:
         by_method[method_label(r)].setdefault(recipe(r), r)
     labels = {}
     for method, recipes in by_method.items():
-        if len(recipes) == 1:
+        groups: dict = defaultdict(list)
+        for key, r in recipes.items():
+            groups[within(r)].append(key)
+        if all(len(keys) == 1 for keys in groups.values()):
             labels.update({key: method for key in recipes})
             continue
         flats = {key: _flat(r.training.config if r.training else None) for key, r in recipes.items()}
         keys = sorted({k for f in flats.values() for k in f} - {"run.seed"})
-        differ = [k for k in keys if len({repr(f.get(k)) for f in flats.values()}) > 1]
+        differ = [k for k in keys if any(len({repr(flats[x].get(k)) for x in group}) > 1
+                                         for group in groups.values())]
         leaves = [k.rsplit(".", 1)[-1] for k in differ]
         short = {k: (leaf if leaves.count(leaf) == 1 else k) for k, leaf in zip(differ, leaves)}
         for key, r in recipes.items():
@@ -283,11 +290,11 @@ def family_table(items, benchmark: str) -> tuple[list[str], list[dict], list[dic
     cells: dict[tuple[str, str], list[Result]] = defaultdict(list)
     start_of: dict[tuple[str, str], str | None] = {}  # (row label, family) -> the label of its start
     starts, order = [], []
+    labels = row_labels(results, within=lambda r: r.model.name)  # one label per recipe across the families
     for family in families:
         models = sorted({r.model.name for r in results if r.model.family == family})
         for model in models:
             mine = [r for r in results if r.model.family == family and r.model.name == model]
-            labels = row_labels(mine)
             name = (lambda label: f"{label} [{model}]") if len(models) > 1 else (lambda label: label)
             base = base_method(mine)
             starts += [name(base)] if base and name(base) not in starts else []

@@ -398,9 +398,12 @@ def test_committed_results_fill_the_family_table(monkeypatch):
     assert {"llada", "sdar", "llada2"} <= set(families)
     by_method = {row["method"]: row for row in rows}
     assert rows[0]["method"] == "sft"
+    # TraceRL also has a value-model recipe on SDAR: each recipe keeps one label (one row) on every family
+    plain = [m for m in by_method if m.startswith("tracerl (from sft)") and "value_model=True" not in m]
+    assert len(plain) == 1 and any("value_model=True" in m for m in by_method)
     for method in ("d1", "coupled_grpo", "wd1", "tracerl", "peft"):
         for family in ("llada", "sdar", "llada2"):
-            row = by_method[f"{method} (from sft)"]
+            row = by_method[plain[0] if method == "tracerl" else f"{method} (from sft)"]
             assert "seeds)" in row[family] and row[f"{family} Δ"].startswith("+"), (method, family)
     assert all("seeds)" in by_method["vrpo (from sft)"][f] for f in ("llada", "sdar", "llada2"))
     assert {r["detail"] for r in runs} == {f"?run={r['run_id']}" for r in runs}
