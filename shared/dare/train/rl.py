@@ -223,7 +223,8 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             sums, t_value, t_logp, t_update = {"rollout/kept_groups": kept / n_prompts}, 0.0, 0.0, 0.0
             if kept:  # a step whose groups the algorithm all drops trains on nothing: no optimizer step
                 draws = mu if hooks.random_noise(cfg) else 1  # a deterministic draw is made (and scored) once
-                noises = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(draws)]
+                unique = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(draws)]
+                noises = unique * (mu // draws)  # one per update, of the policy and of a value model
 
                 # --- the value model: token advantages from its values before the update, then its mu updates
                 tic = time.perf_counter()
@@ -251,12 +252,11 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                     if (mu > 1 or cfg.rl.recompute_old_logps) and uses_old:
                         with trainer.autocast():
                             old = [per_micro(lambda b, z: hooks.token_logps(policy, b, z, cfg), batch, z, micro)
-                                   for z in noises] * (mu // draws)
+                                   for z in unique] * (mu // draws)
                     if use_ref:
                         with trainer.reference() as ref_model:
                             ref = [per_micro(lambda b, z: hooks.token_logps(ref_model, b, z, cfg), batch, z, micro)
-                                   for z in noises] * (mu // draws)
-                noises = noises * (mu // draws)
+                                   for z in unique] * (mu // draws)
                 t_logp = time.perf_counter() - tic
 
                 # --- mu policy updates on this batch, each accumulated over the micro-batches
