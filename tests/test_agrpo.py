@@ -217,3 +217,14 @@ def test_warmup_ratio_gives_as_many_warmup_steps_as_transformers():
     with pytest.raises(ConfigError, match="not both"):
         from dare.config import load
         load(TrainConfig, overrides=["warmup_steps=2", "warmup_ratio=0.1"])
+
+
+def test_the_truncated_sampler_refuses_a_block_model_by_name():
+    sampler = "truncated"
+    from dare.utils import UserError
+    from test_block_rl import tiny
+
+    model = tiny("sdar")
+    ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
+    with pytest.raises(UserError, match=f"sampler={sampler}: .*block-causal: use sampler=block"):
+        generate(model, ids, mask, dataclasses.replace(DECODING, sampler=sampler))

@@ -444,7 +444,7 @@ def test_rcr_is_an_option_of_the_mdpo_sampler_for_bidirectional_models():
         DecodingConfig(sampler="masked", rcr=True).validate()
     sdar = sharp("sdar", 0)
     ids, mask = left_pad(PROMPTS, facts(sdar).pad_token_id)
-    with pytest.raises(UserError, match="maskgit sampler decodes bidirectional"):
+    with pytest.raises(UserError, match="sampler=maskgit: this sampler decodes bidirectional"):
         generate(sdar, ids, mask, DecodingConfig(sampler="maskgit", gen_length=8, block_length=8, steps=4))
 
 

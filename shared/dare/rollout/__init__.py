@@ -65,8 +65,15 @@ def on_device(generator, device) -> torch.Generator | None:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+BIDIRECTIONAL_ONLY = ("maskgit", "truncated")
+"""Samplers that decode bidirectional (masked) models only."""
+
+
 def generate(model, prompt_ids, prompt_mask, decoding, generator=None) -> RolloutOutput:
     name = sampler_name(model, decoding)
+    if name in BIDIRECTIONAL_ONLY and facts(model).attention == "block_causal":
+        raise UserError(f"decoding.sampler={name}: this sampler decodes bidirectional (masked) models; this model is "
+                        "block-causal: use sampler=block")
     eoser = (decoding.eos_gamma_min, decoding.eos_gamma_max) != (1.0, 1.0)
     if name != "masked" and (decoding.schedule != "even" or eoser):
         raise UserError(f"decoding: the ascending schedule (schedule=ass) and EOSER (eos_gamma_min/max) are options "

@@ -51,9 +51,6 @@ def maskgit_quota(masks: int, steps: int) -> list[int]:
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decoding,
              generator: torch.Generator | None = None) -> RolloutOutput:
     f = facts(model)
-    if f.attention == "block_causal":
-        raise UserError("decoding.sampler=maskgit: the maskgit sampler decodes bidirectional (masked) models; this model is "
-                        "block-causal: use sampler=block")
     G, BL = decoding.gen_length, decoding.block_length
     n_blocks = G // BL
     if G % BL or decoding.steps % n_blocks:

@@ -55,9 +55,6 @@ def truncate(logits: torch.Tensor, decoding) -> tuple[torch.Tensor, torch.Tensor
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decoding,
              generator: torch.Generator | None = None) -> RolloutOutput:
     f = facts(model)
-    if f.attention == "block_causal":
-        raise UserError("decoding.sampler=truncated: AGRPO's sampler decodes bidirectional (masked) models; this model "
-                        "is block-causal: use sampler=block")
     G, BL, steps = decoding.gen_length, decoding.block_length, decoding.steps
     U = G // steps if G % steps == 0 else 0
     if not U or G % BL or BL % U:
