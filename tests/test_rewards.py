@@ -146,3 +146,47 @@ def test_sudoku_cell_accuracy_and_whole_puzzle():
     assert puzzles.sudoku_reward(f"<answer>{spaced}</answer>", puzzle, solution) == 1.0
     # "32" is padded with zeros: only empty cell 1 gets a digit, and it is right
     assert puzzles.sudoku_reward("<answer>32</answer>", puzzle, solution) == pytest.approx(1 / 8)
+
+
+# AGRPO's own reward functions (probablyabot/agrpo @98f1182 rewards.py: thinking_format_reward,
+# answer_format_reward, correctness_reward), run on these completions and references in a scratch folder
+# with this environment's math-verify: (think, answer, correctness).
+AGRPO_GSM8K = [
+    ("<think>\n3 + 4 = 7\n</think>\n<answer>\n\\boxed{7}\n</answer>", "7", (0.5, 0.5, 3.0)),
+    ("<think>x</think><answer>7</answer>", "7", (0.5, 0.5, 3.0)),
+    ("<answer>\\boxed{1,250}</answer>", "1,250", (0.0, 0.5, 3.0)),
+    ("<answer>\\boxed{1250}</answer>", "1,250", (0.0, 0.5, 3.0)),
+    ("<think>\nwork\n</think>\nThe answer is \\boxed{12}", "12", (0.5, 0.0, 3.0)),  # no tag: the first boxed
+    ("<THINK>a</THINK><Answer> 0.5 </Answer>", "1/2", (0.5, 0.5, 3.0)),  # tags case-insensitive
+    ("<think>a</think> no answer tag, the result is 9", "9", (0.5, 0.0, 3.0)),  # math-verify finds the number
+    ("<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5", (0.0, 0.5, 3.0)),
+    ("<answer>\\boxed{3}</answer><answer>\\boxed{4}</answer>", "4", (0.0, 0.5, 0.0)),  # the FIRST answer block
+    ("<think>unclosed <answer>5</answer>", "5", (0.0, 0.5, 3.0)),
+    ("", "5", (0.0, 0.0, 0.0)),
+    ("<answer>\\boxed{-5}</answer>", "-5", (0.0, 0.5, 3.0)),
+    ("<think>7</think><answer>8</answer>", "7", (0.5, 0.5, 0.0)),
+    ("<answer>\\boxed{7} apples</answer>", "72", (0.0, 0.5, 0.0)),
+]
+
+
+@pytest.mark.parametrize("completion, truth, expected", AGRPO_GSM8K, ids=range(len(AGRPO_GSM8K)))
+def test_think_terms_equal_agrpos_own_functions(completion, truth, expected):
+    from dare.rewards import think
+
+    terms = think.terms(completion, truth)
+    assert (terms["think_format"], terms["answer_format"], terms["correctness"]) == expected
+
+
+def test_gsm8k_think_row_prompt_reward_and_accuracy():
+    from dare.data import TASKS
+
+    task = TASKS["gsm8k_think"]
+    row = task.convert({"question": "How many?", "answer": "1000 + 250 = 1250\n#### 1,250"}, "train")
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"] and row["prompt"][1]["content"] == "How many?"
+    assert "<think> tags" in row["prompt"][0]["content"] and "\\boxed{...}" in row["prompt"][0]["content"]
+    assert task.reward(task.target(row), row) == 4.0  # the SFT layout earns every term
+    assert task.reward("<answer>\\boxed{1250}</answer>", row) == 3.5
+    assert task.score("<answer>\\boxed{1250}</answer>", row) == {"accuracy": 1.0}
+    assert task.score("<think>1250</think><answer>\\boxed{125}</answer>", row) == {"accuracy": 0.0}
+    with pytest.raises(Exception, match="d1_format"):
+        task.rewards(["x"], [row], style="d1_format")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dare.data.base import REASONING_FORMAT, Task
 from dare.rewards import formats
 from dare.rewards import math as mathr
+from dare.rewards import think
 
 MATH_INSTRUCTION = ("You are a math expert. You will be given a question to solve. Solve it step by step. "
                     "Wrap the final answer in a \\boxed{}. ")
@@ -52,6 +53,45 @@ class GSM8K(Task):
         completions); accuracy_answer: d1's parser (boxed, then <answer>, then the last number)."""
         return {"accuracy": mathr.gsm8k_opencompass(completion, row["ground_truth"]),
                 "accuracy_answer": mathr.gsm8k_reward(completion, row["ground_truth"])}
+
+
+# AGRPO's system prompt for math (probablyabot/agrpo @98f1182, data.py SYSTEM_PROMPT), word for word.
+THINK_FORMAT = r"""You will be given a math problem.
+Think through the problem step by step, enclosing your reasoning process in <think> tags.
+Provide your final answer in <answer> tags, with only the number or expression enclosed in \boxed{}, as follows:
+<think>
+...
+</think>
+<answer>
+\boxed{...}
+</answer>
+"""
+
+
+class GSM8KThink(GSM8K):
+    """GSM8K as AGRPO trains and evaluates it (`data.py` gsm_train / gsm_test): its system prompt, the
+    question as the user turn, the reference answer as written after "####", and its reward
+    (`dare.rewards.think`: 0.5 + 0.5 for the tags, 3.0 for math-verify correctness). Accuracy is the
+    correctness term alone (its eval.py)."""
+
+    name = "gsm8k_think"
+    version = f"p1.t{think.VERSION}"
+    reward_styles = ("default",)
+
+    def convert(self, record: dict, split: str) -> dict:
+        row = super().convert(record, split)
+        row["prompt"] = [{"role": "system", "content": THINK_FORMAT}, {"role": "user", "content": record["question"]}]
+        return row
+
+    def target(self, row: dict) -> str:
+        return (f"<think>\n{row['extra']['solution']}\n</think>\n<answer>\n\\boxed{{{row['extra']['answer']}}}\n"
+                "</answer>")
+
+    def reward(self, completion: str, row: dict, style: str = "default") -> float:
+        return sum(think.terms(completion, row["extra"]["answer"]).values())
+
+    def score(self, completion: str, row: dict) -> dict[str, float]:
+        return {"accuracy": float(think.correct(completion, row["extra"]["answer"]))}
 
 
 class MATH(Task):
