@@ -166,6 +166,8 @@ AGRPO_GSM8K = [
     ("<answer>\\boxed{-5}</answer>", "-5", (0.0, 0.5, 3.0)),
     ("<think>7</think><answer>8</answer>", "7", (0.5, 0.5, 0.0)),
     ("<answer>\\boxed{7} apples</answer>", "72", (0.0, 0.5, 0.0)),
+    ("<answer>\\boxed{} 7</answer>", "7", (0.0, 0.5, 3.0)),  # an empty box: the block's text
+    ("<answer>\\boxed{7</answer>", "7", (0.0, 0.5, 0.0)),  # unclosed: the block's text, which math-verify rejects
 ]
 
 

@@ -37,8 +37,7 @@ def first_boxed(text: str) -> str | None:
 def final_answer(completion: str) -> str:
     tag = ANSWER.search(completion)
     text = tag.group(1).strip() if tag else completion
-    boxed = first_boxed(text)
-    return text if boxed is None else boxed
+    return first_boxed(text) or text  # an empty or unclosed box: the text itself, as the reference
 
 
 def correct(completion: str, truth: str) -> bool:
