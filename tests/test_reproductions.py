@@ -87,6 +87,27 @@ def test_a_sweeps_evaluation_matches_a_target_of_its_folder():
         assert any(refs), (path, cfg.eval.benchmarks, decoding["gen_length"])
 
 
+def test_a_protocols_decoding_fields_decide_same_decoding(tmp_path):
+    """CJ-GRPO's targets fix the ASS schedule and EOSER: the same block, steps and temperature with even
+    steps is not the paper's protocol; an unknown decoding field is refused by name."""
+    from dare.app.targets import load_targets
+    from dare.config import DecodingConfig, to_dict
+    from dare.utils import UserError
+
+    t = load_targets(ROOT / "cj_grpo" / "targets.yaml")
+    bench = {"name": "gsm8k", "split": "test", "n_shot": 0}
+    ass = to_dict(DecodingConfig(gen_length=256, block_length=256, steps=8, temperature=0.0, schedule="ass",
+                                 eos_gamma_min=0.01))
+    assert t.reference("gsm8k.yaml", bench, ass)["same_decoding"] is True
+    assert t.reference("gsm8k.yaml", bench, {**ass, "schedule": "even"})["same_decoding"] is False
+    assert t.reference("gsm8k.yaml", bench, {**ass, "eos_gamma_min": 1.0})["same_decoding"] is False
+    bad = tmp_path / "targets.yaml"
+    (tmp_path / "gsm8k.yaml").write_text("baseline: d1\n")
+    bad.write_text((ROOT / "cj_grpo" / "targets.yaml").read_text().replace("schedule: ass", "shedule: ass"))
+    with pytest.raises(UserError, match="shedule"):
+        load_targets(bad)
+
+
 @pytest.mark.parametrize("path", EVALS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_eval_configs_load(path):
     from dare.config import EvalRunConfig, load

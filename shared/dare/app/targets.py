@@ -3,7 +3,8 @@
     paper: {arxiv: "2504.12216", table: "d1 Table 1 (+ diffu-GRPO)"}
     base_model: LLaDA-8B-Instruct
     eval: {split: test, block_length: 32, steps_per_token: 0.5, temperature: 0.0, n_shot: 0}  # the paper's protocol
-                                  # (temperature may list the values a best-of report chose from)
+                                  # (temperature may list the values a best-of report chose from; an optional
+                                  # `decoding: {schedule: ass, ...}` names other decoding fields it fixes)
     tolerance: 2.0                # points
     targets:
       - {config: gsm8k.yaml, benchmark: gsm8k, gen_length: 256, value: 79.8}   # percent, as printed
@@ -11,20 +12,23 @@
 Values are in percent, as the papers print them; `result.reference.value` is a fraction like every
 metric in a result. A result matches a target by the training config it was made from, the
 benchmark and the generation length; `same_decoding` says whether it was evaluated with the
-paper's protocol (split, block length, steps = gen_length x steps_per_token, temperature, shots).
+paper's protocol (split, block length, steps = gen_length x steps_per_token, temperature, shots, and
+the decoding fields `eval.decoding` lists).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from dare.config import DecodingConfig
 from dare.utils import UserError
 
 KEYS = {"paper", "base_model", "eval", "tolerance", "targets"}
-EVAL_KEYS = {"split", "block_length", "steps_per_token", "temperature", "n_shot"}
+EVAL_KEYS = {"split", "block_length", "steps_per_token", "temperature", "n_shot", "decoding"}
 TARGET_KEYS = {"config", "benchmark", "gen_length", "value"}
 
 
@@ -54,7 +58,8 @@ class Targets:
         temperatures = p["temperature"] if isinstance(p["temperature"], list) else [p["temperature"]]  # best of
         return (benchmark.get("split") == p["split"] and decoding.get("block_length") == p["block_length"]
                 and decoding.get("steps") == steps and float(decoding.get("temperature") or 0.0) in temperatures
-                and benchmark.get("n_shot", 0) == p.get("n_shot", 0))
+                and benchmark.get("n_shot", 0) == p.get("n_shot", 0)
+                and all(decoding.get(k) == v for k, v in (p.get("decoding") or {}).items()))
 
     def reference(self, config: str | Path | None, benchmark: dict, decoding: dict) -> dict | None:
         """The result's `reference` section for this evaluation, or None when no target matches."""
@@ -77,8 +82,12 @@ def load_targets(path: str | Path) -> Targets:
         raise UserError(f"{path}: missing {sorted(missing)}")
     if not {"arxiv", "table"} <= set(data["paper"] or {}):
         raise UserError(f"{path}: paper needs arxiv and table")
-    if not EVAL_KEYS - {"n_shot"} <= set(data["eval"] or {}):
-        raise UserError(f"{path}: eval needs {sorted(EVAL_KEYS - {'n_shot'})} (the paper's protocol)")
+    if not EVAL_KEYS - {"n_shot", "decoding"} <= set(data["eval"] or {}):
+        raise UserError(f"{path}: eval needs {sorted(EVAL_KEYS - {'n_shot', 'decoding'})} (the paper's protocol)")
+    fields = {f.name for f in dataclasses.fields(DecodingConfig)}
+    unknown = set((data["eval"].get("decoding") or {})) - fields
+    if unknown:
+        raise UserError(f"{path}: eval.decoding: unknown decoding fields {sorted(unknown)}")
     for i, row in enumerate(data["targets"] or []):
         if not isinstance(row, dict) or set(row) != TARGET_KEYS:
             raise UserError(f"{path}: targets[{i}]: needs exactly {sorted(TARGET_KEYS)}; got {row!r}")
