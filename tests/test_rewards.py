@@ -179,6 +179,31 @@ def test_think_terms_equal_agrpos_own_functions(completion, truth, expected):
     assert (terms["think_format"], terms["answer_format"], terms["correctness"]) == expected
 
 
+# AGRPO's GSM8K evaluation (probablyabot/agrpo @98f1182, eval.py grade_completion on rewards.py's parse_ans),
+# the original function run in a scratch folder on these completions and references: is it graded correct.
+AGRPO_GSM8K_EVAL = [
+    ("<think>\n3 + 4 = 7\n</think>\n<answer>\n\\boxed{7}\n</answer>", "7", True),
+    ("<answer>\\boxed{1,250}</answer>", "1,250", False),  # the first run of digits: 1
+    ("<answer>\\boxed{1250}</answer>", "1,250", True),
+    ("<answer>\\boxed{1250}</answer>", "1250", True),
+    ("<answer>\\boxed{-5}</answer>", "-5", False),  # the sign is dropped
+    ("<answer>\\boxed{2.5}</answer>", "2.5", False),  # 2
+    ("<think>a</think> no answer tag, the result is 9", "9", True),
+    ("<think>7</think><answer>8</answer>", "7", False),
+    ("<answer>\\boxed{7} apples</answer>", "7", True),
+    ("<answer>\\boxed{} 7</answer>", "7", True),
+    ("<answer>x</answer>", "7", False),
+    ("", "7", False),
+]
+
+
+@pytest.mark.parametrize("completion, truth, expected", AGRPO_GSM8K_EVAL, ids=range(len(AGRPO_GSM8K_EVAL)))
+def test_gsm8k_think_accuracy_equals_agrpos_own_grading(completion, truth, expected):
+    from dare.rewards import think
+
+    assert think.gsm8k_graded(completion, truth) is expected
+
+
 def test_gsm8k_think_row_prompt_reward_and_accuracy():
     from dare.data import TASKS
 
@@ -190,5 +215,7 @@ def test_gsm8k_think_row_prompt_reward_and_accuracy():
     assert task.reward("<answer>\\boxed{1250}</answer>", row) == 3.5
     assert task.score("<answer>\\boxed{1250}</answer>", row) == {"accuracy": 1.0}
     assert task.score("<think>1250</think><answer>\\boxed{125}</answer>", row) == {"accuracy": 0.0}
+    assert task.score("<answer>\\boxed{1,250}</answer>", row) == {"accuracy": 0.0}  # graded as 1, as eval.py
+    assert task.reward("<answer>\\boxed{1,250}</answer>", row) == 3.5  # while the reward's term accepts it
     with pytest.raises(Exception, match="d1_format"):
         task.rewards(["x"], [row], style="d1_format")

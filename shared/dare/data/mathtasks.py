@@ -71,8 +71,8 @@ Provide your final answer in <answer> tags, with only the number or expression e
 class GSM8KThink(GSM8K):
     """GSM8K as AGRPO trains and evaluates it (`data.py` gsm_train / gsm_test): its system prompt, the
     question as the user turn, the reference answer as written after "####", and its reward
-    (`dare.rewards.think`: 0.5 + 0.5 for the tags, 3.0 for math-verify correctness). Accuracy is the
-    correctness term alone (its eval.py)."""
+    (`dare.rewards.think`: 0.5 + 0.5 for the tags, 3.0 for math-verify correctness). Accuracy is its
+    eval.py's grade, which reads only the answer's first run of digits (`think.gsm8k_graded`)."""
 
     name = "gsm8k_think"
     version = f"p1.t{think.VERSION}"
@@ -91,7 +91,7 @@ class GSM8KThink(GSM8K):
         return sum(think.terms(completion, row["extra"]["answer"]).values())
 
     def score(self, completion: str, row: dict) -> dict[str, float]:
-        return {"accuracy": float(think.correct(completion, row["extra"]["answer"]))}
+        return {"accuracy": float(think.gsm8k_graded(completion, row["extra"]["answer"]))}
 
 
 class MATH(Task):

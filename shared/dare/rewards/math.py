@@ -101,20 +101,24 @@ def gsm8k_reward(completion: str, ground_truth: str) -> float:
 
 
 def equivalent(answer: str, truth: str, timeout_seconds: int | None = 5) -> bool:
-    """Mathematical equivalence of two LaTeX answers through math-verify (exact match first).
-    math-verify's timeout uses SIGALRM, which only the main thread may set: in other threads it
-    is off (the caller bounds time; `dare.rewards.score_batch` uses worker processes)."""
+    """Mathematical equivalence of two LaTeX answers through math-verify (exact match first)."""
     if answer.strip() == truth.strip():
         return True
+    return verified(f"\\boxed{{{truth}}}", f"\\boxed{{{answer}}}", timeout_seconds)
+
+
+def verified(gold_latex: str, answer_latex: str, timeout_seconds: int | None = 5) -> bool:
+    """math-verify's parse of both texts, then its verify (gold first). Its timeout uses SIGALRM, which
+    only the main thread may set: in other threads it is off (`dare.rewards.score_batch` bounds time
+    with worker processes)."""
     import threading
 
     from math_verify import parse, verify
 
     if threading.current_thread() is not threading.main_thread():
         timeout_seconds = None
-
-    gold = parse(f"\\boxed{{{truth}}}", parsing_timeout=timeout_seconds)
-    pred = parse(f"\\boxed{{{answer}}}", parsing_timeout=timeout_seconds)
+    gold = parse(gold_latex, parsing_timeout=timeout_seconds)
+    pred = parse(answer_latex, parsing_timeout=timeout_seconds)
     if not gold or not pred:
         return False
     return bool(verify(gold, pred, timeout_seconds=timeout_seconds))

@@ -8,12 +8,17 @@ summed (at most 4.0):
   `<answer>` block's content (the whole completion without one), then the first `\\boxed{}` inside it
   when there is one; both sides are parsed as `$...$` LaTeX, so a bare number in running text counts
   too ("the result is 9" against 9).
+
+Evaluation grades GSM8K differently (`eval.py` grade_completion): the same answer text, cut to its FIRST
+run of digits (so `1,250` reads 1, `-5` reads 5 and `2.5` reads 2), then math-verify against the reference
+as written after "####": `gsm8k_graded`.
 """
 
 from __future__ import annotations
 
 import re
-import threading
+
+from dare.rewards.math import verified
 
 VERSION = 1
 
@@ -41,12 +46,15 @@ def final_answer(completion: str) -> str:
 
 
 def correct(completion: str, truth: str) -> bool:
-    from math_verify import parse, verify
+    """The reward's correctness: the answer text against the reference, both as `$...$` LaTeX."""
+    return verified(f"${truth}$", f"${final_answer(completion)}$")
 
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None  # SIGALRM: main thread only
-    gold = parse(f"${truth}$", parsing_timeout=timeout)
-    pred = parse(f"${final_answer(completion)}$", parsing_timeout=timeout)
-    return bool(verify(gold, pred, timeout_seconds=timeout))
+
+def gsm8k_graded(completion: str, truth: str) -> bool:
+    """AGRPO's GSM8K evaluation: the answer text's first run of digits against the reference."""
+    answer = final_answer(completion)
+    digits = re.search(r"\d+", answer)
+    return verified(f"${truth}$", f"${digits.group(0) if digits else answer}$")
 
 
 def terms(completion: str, truth: str) -> dict[str, float]:
