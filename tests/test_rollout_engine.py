@@ -252,3 +252,35 @@ def test_sampling_on_cuda_with_a_cpu_generator_is_reproducible(models, fam):
             for _ in range(2)]
     model.cpu()
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("family, small", [
+    ("llada", dict(d_model=64, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=128)),
+    ("sdar", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16)),
+])
+def test_bench_rollout_released_shape_times_each_cache_on_random_weights(family, small, tmp_path, monkeypatch):
+    """`dare bench rollout --released F` builds the released config with random weights (here shrunk in
+    width and depth, keeping the released vocabulary and special ids; the 8B sizes run on a GPU) and
+    times each cache strategy."""
+    import json
+
+    from dare.app.bench import released_benchmark
+    from dare.models import family_module
+
+    module = family_module(family)
+    name, kwargs = module.RELEASED
+    monkeypatch.setattr(module, "RELEASED", (name, {**kwargs, **small}))
+    out = tmp_path / "report.json"
+    report = released_benchmark(family, ["gen_length=16", "block_length=8"], device="cpu", dtype="float32",
+                                batch_size=2, prompt_length=6, out=str(out))
+    rows = {r["strategy"]: r for r in report["rows"]}
+    expected = ("vanilla", "block_cache") if family == "sdar" else ("vanilla", "prefix_cache", "dual_cache")
+    assert tuple(rows) == expected
+    if family == "llada":  # Fast-dLLM's caches change the cost of a forward, not their number
+        assert len({r["nfe"] for r in rows.values()}) == 1
+    else:  # the block cache adds one forward per block that writes the committed block's keys and values
+        assert rows["block_cache"]["nfe"] > rows["vanilla"]["nfe"]
+    assert rows["vanilla"]["speedup_vs_vanilla"] == 1.0 and all(r["tokens_per_s"] > 0 for r in rows.values())
+    saved = json.loads(out.read_text())
+    assert saved["released"] == name and saved["rows"] == report["rows"] and saved["hardware"]["cpu_model"]

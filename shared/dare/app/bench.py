@@ -100,6 +100,91 @@ def rollout_benchmark(checkpoint: str | None, overrides: list[str], repeats: int
     return reports
 
 
+RELEASED_STRATEGIES = {"masked": ("vanilla", "prefix_cache", "dual_cache"), "block": ("vanilla", "block_cache")}
+
+
+def released_benchmark(family: str, overrides: list[str], device: str = "cuda", dtype: str = "bfloat16",
+                       batch_size: int = 8, prompt_length: int = 128, repeats: int = 1,
+                       out: str | None = None) -> dict:
+    """Decoding speed at a released checkpoint's size (`dare bench rollout --released FAMILY`): the
+    family's released config (`RELEASED` in its module) built with random weights, random prompt
+    ids, tokens/s, NFE and peak memory per cache strategy. Needs no download: what a cache saves
+    depends on the shapes, not on the weights. Parallel decoding and accuracy do depend on the
+    weights (random weights are never confident), so they are not measured here."""
+    import json
+
+    import torch
+
+    from dare.models import family_module
+    from dare.rollout import generate
+
+    module = family_module(family)
+    name, kwargs = module.RELEASED
+    config = module.MODEL_CLASS.config_class(**kwargs)
+    base = load_config(DecodingConfig, None, ["gen_length=256", "block_length=32", *overrides])
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        with torch.device(device):
+            model = module.MODEL_CLASS(config).eval()
+    finally:
+        torch.set_default_dtype(default)
+    f = facts(model)
+    kind = "block" if f.attention == "block_causal" else "masked"
+    low = min(i for i in (f.mask_token_id, f.eos_token_id, f.eot_token_id) if i is not None)
+    g = torch.Generator().manual_seed(0)  # prompt ids below every special id (random weights: any ids will do)
+    prompts = torch.randint(100, min(low, 30000), (batch_size, prompt_length), generator=g).to(device)
+    prompt_mask = torch.ones_like(prompts)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"released-shape rollout benchmark: {name} ({family}, {n_params / 1e9:.2f}B parameters, random weights, "
+          f"{dtype}), batch {batch_size}, prompt {prompt_length}, gen {base.gen_length}, "
+          f"block {f.block_size or base.block_length}, {device}")
+    print(f"  {'strategy':14s} {'tokens/s':>9s} {'speedup':>8s} {'NFE':>6s} {'seconds':>8s} {'peak GiB':>9s}")
+
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    rows, vanilla = [], None
+    for strategy in RELEASED_STRATEGIES[kind]:
+        kw = {**(MASKED_STRATEGIES if kind == "masked" else BLOCK_STRATEGIES)[strategy]}
+        steps = f.block_size if kind == "block" else base.gen_length // 2
+        params = load_config(DecodingConfig, None, [f"{k}={v}" for k, v in
+                                                    {**_changed(base), "steps": steps, "sampler": kind, **kw}.items()])
+        with torch.no_grad():
+            generate(model, prompts[:1], prompt_mask[:1], load_config(  # warm-up: kernels, allocator
+                DecodingConfig, None, [f"{k}={v}" for k, v in {**_changed(params), "gen_length": params.block_length
+                                                               if kind == "masked" else f.block_size}.items()]))
+            if device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+            times = []
+            for _ in range(repeats):
+                sync()
+                start = time.perf_counter()
+                result = generate(model, prompts, prompt_mask, params)
+                sync()
+                times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
+        tps = batch_size * params.gen_length / seconds
+        vanilla = vanilla or tps
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
+        row = {"strategy": strategy, "tokens_per_s": tps, "speedup_vs_vanilla": tps / vanilla, "nfe": result.nfe,
+               "seconds": seconds, "peak_gib": peak, "decoding": kw}
+        rows.append(row)
+        print(f"  {strategy:14s} {tps:9.1f} {tps / vanilla:7.2f}x {result.nfe:6d} {seconds:8.2f} "
+              f"{'-' if peak is None else f'{peak:.1f}':>9s}")
+    report = {"benchmark": "rollout-released-shape", "released": name, "family": family, "n_params": n_params,
+              "dtype": dtype, "device": device, "batch_size": batch_size, "prompt_length": prompt_length,
+              "gen_length": base.gen_length, "repeats": repeats, "rows": rows, "hardware": hardware(),
+              "packages": package_versions(), "git": git_state(), "created": now()}
+    path = Path(out) if out else runs_dir() / "bench" / f"rollout-released-{family}-{now().replace(':', '')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, report)
+    print(f"  -> {shown_path(path)}")
+    return report
+
+
 def _changed(cfg) -> dict:
     default = to_dict(DecodingConfig())
     return {k: v for k, v in to_dict(cfg).items() if v != default[k]}

@@ -235,6 +235,17 @@ def cmd_bench(ns) -> int:
     path, overrides = _split_config_args(ns.args)
     if path:
         raise UserError(f"dare bench {ns.what} takes key=value decoding overrides, not a file ({path!r})")
+    if ns.released:
+        from dare.app.bench import released_benchmark
+
+        if ns.released not in FAMILIES:
+            raise UserError(f"dare bench rollout --released {ns.released}: unknown family; one of {sorted(FAMILIES)}")
+        if ns.checkpoint:
+            raise UserError("dare bench rollout: --released (random weights at a released size) and --checkpoint "
+                            "exclude each other")
+        released_benchmark(ns.released, overrides, device=ns.device, dtype=ns.dtype, batch_size=ns.batch_size,
+                           prompt_length=ns.prompt_length, repeats=ns.repeats, out=ns.out)
+        return 0
     rollout_benchmark(ns.checkpoint, overrides, repeats=ns.repeats, batch_size=ns.batch_size, n_prompts=ns.prompts,
                       device=ns.device, out=ns.out)
     return 0
@@ -400,6 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=8)
     s.add_argument("--prompts", type=int, default=64, help="rollout: addition test prompts decoded per strategy")
     s.add_argument("--device", default="cpu", help="rollout: cpu or cuda")
+    s.add_argument("--released", metavar="FAMILY", help="rollout: the family's released size with random weights "
+                   "(cache speed and peak memory only; no accuracy)")
+    s.add_argument("--dtype", default="bfloat16", help="rollout --released: parameter dtype")
+    s.add_argument("--prompt-length", type=int, default=128, help="rollout --released: random prompt tokens")
     s.add_argument("--n", type=int, default=1000, help="rewards: completions per task")
     s.add_argument("--workers", type=int, default=None, help="rewards: parallel workers (default: CPU count)")
     s.add_argument("--out", help="rewards: where to write the JSON report")
