@@ -206,13 +206,15 @@ def _check_run(out):
     assert any(r["optim/grad_norm"] > 0 for r in records)
 
 
-RL_RUNS = [(n, f) for n in ("d1", "coupled_grpo", "wd1", "tracerl", "cj_grpo")
+RL_RUNS = [(n, f) for n in ("d1", "coupled_grpo", "wd1", "tracerl", "cj_grpo", "justgrpo")
            for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")] + [(n, f) for n in ("mdpo", "agrpo", "d_treerpo")
                                                                   for f in ("llada", "dream")]
 RL_EXTRA = {  # CJ-GRPO decodes with ASS (steps = log2 of the 4 tokens) and EOSER; block models with their own schedule
     ("cj_grpo", "llada"): ["rl.decoding.steps=2"], ("cj_grpo", "dream"): ["rl.decoding.steps=2"],
     **{("cj_grpo", f): ["rl.decoding.schedule=even", "rl.decoding.eos_gamma_min=1"] for f in ("sdar", "sdar_moe", "llada2")},
     **{("mdpo", f): ["rl.decoding.sampler=maskgit", "algo.train_steps=2"] for f in ("llada", "dream")},  # 2 of the 4 steps
+    **{("justgrpo", f): ["rl.decoding.block_length=1"] for f in ("llada", "dream")},  # AR-order rollouts
+    **{("justgrpo", f): ["rl.decoding.remasking=left_to_right"] for f in ("sdar", "sdar_moe", "llada2")},
     **{("agrpo", f): ["rl.decoding.sampler=truncated", "rl.decoding.top_k=5", "algo.mc_samples=3"] for f in ("llada", "dream")},
     **{("d_treerpo", f): ["rl.decoding.sampler=masked", "rl.decoding.tree=[2,2]", "algo.sd_lambda_max=0.5",
                           "rl.eval_every=1"]  # validation decodes without the tree

@@ -230,3 +230,37 @@ def test_block_diffusion_logps_match_the_training_layout_logits(family):
             got = block_diffusion_logps(model, x, clean, where, chunk=chunk)
             torch.testing.assert_close(got[where], want[where], atol=1e-5, rtol=1e-5)
             assert (got[~where] == 0).all()
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar", "llada2"])
+def test_ar_prefix_logps_equal_one_plain_forward_per_token(family):
+    """JustGRPO's AR-prefix likelihood: the batched estimate (masked models: one forward per position;
+    block models: one per in-block offset, all blocks at once through the [x_t ; x_0] layout) equals,
+    for every row alone and every completion token o_t, the model's own forward on [q, o_<t, MASK...]
+    (block models: truncated after o_t's block, the sampler's view), left padding and a prompt that
+    ends inside a block included."""
+    from types import SimpleNamespace
+
+    from dare.rollout import left_pad
+    from dare.train.estimators import Compute, ar_prefix_logps
+
+    tok = char_tokenizer("0123456789+=", family)
+    model = new_model(family, tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64),
+                      seed=0).eval()
+    f, G = facts(model), 7
+    prompts = [[5, 9, 7], [5, 11, 6, 8, 9, 10], [6]]
+    ids, mask = left_pad(prompts, f.pad_token_id)
+    completions = torch.randint(3, 14, (3, G), generator=torch.Generator().manual_seed(0))
+    batch = SimpleNamespace(sequences=torch.cat([ids, completions], 1), prompt_length=ids.shape[1],
+                            attention_mask=torch.cat([mask, torch.ones_like(completions)], 1),
+                            step_map=torch.zeros_like(completions), block_size=f.block_size, compute=Compute())
+    with torch.no_grad():
+        got = ar_prefix_logps(model, batch)
+        for b, prompt in enumerate(prompts):
+            for t in range(G):
+                x = prompt + completions[b, :t].tolist() + [f.mask_token_id] * (G - t)
+                if f.block_size:  # keep the blocks up to o_t's: a block sees only itself and earlier ones
+                    end = -(-(len(prompt) + t + 1) // f.block_size) * f.block_size
+                    x = x[:end]
+                logp = torch.log_softmax(token_logits(model, torch.tensor([x]))[0, len(prompt) + t].float(), -1)
+                assert got[b, t].item() == pytest.approx(logp[completions[b, t]].item(), abs=1e-5), (b, t)

@@ -201,9 +201,10 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
     """Semi-AR block (masked sampler). The block sampler uses the model's own block size."""
     steps: int = 128
     """Masked: total steps over all blocks. Block: denoising steps per block. Dream: total steps."""
-    remasking: Literal["low_confidence", "random", "entropy"] = "low_confidence"
-    """Which masked positions a step commits: the most confident, random ones, or (truncated sampler) the
-    lowest-entropy ones."""
+    remasking: Literal["low_confidence", "random", "entropy", "left_to_right"] = "low_confidence"
+    """Which masked positions a step commits: the most confident, random ones, (truncated sampler) the
+    lowest-entropy ones, or (masked and block samplers) the leftmost ones: with one token per step that is
+    autoregressive order (JustGRPO's rollouts)."""
     temperature: float = 0.0
     cfg_scale: float = 0.0
     cache: Literal["auto", "none", "prefix", "dual"] = "auto"
@@ -267,6 +268,10 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
             self.validate_blocks()
         check(self.remasking != "entropy" or self.sampler == "truncated", "entropy remasking is an option of AGRPO's "
               "sampler: set sampler=truncated", "remasking", "sampler")
+        check(self.remasking != "left_to_right" or self.sampler in ("auto", "masked", "block"), "left-to-right "
+              "order is an option of the masked and block samplers", "remasking", "sampler")
+        check(self.remasking != "left_to_right" or not (self.threshold or self.factor), "left-to-right order commits "
+              "a fixed count per step: no threshold or factor rule", "remasking", "threshold")
         check(self.steps > 0, "must be positive", "steps")
         check(self.temperature >= 0, "must be >= 0", "temperature")
         check(self.cfg_scale >= 0, "must be >= 0", "cfg_scale")

@@ -13,6 +13,8 @@ prompts of different lengths.
       static  (threshold = 0): the k_i most confident masked tokens (SDAR `low_confidence_static`);
       dynamic (threshold > 0): every masked token with p > threshold if there are at least k_i of
               them, else the k_i most confident (SDAR `low_confidence_dynamic`, LLaDA2's rule);
+      left to right (remasking=left_to_right): the k_i leftmost masked tokens (autoregressive
+              order with one token per step: JustGRPO's rollouts on block models);
     then one more forward appends the finished block's keys to the cache (SDAR's `store_kv`).
     `whole_last_block=False` ends the canvas at `gen_length` instead (the last block is partial), so
     an RL trainer scoring the `gen_length` tokens sees exactly the blocks that were decoded. The
@@ -157,7 +159,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             x0, conf = choose(logits.reshape(B * bs, -1), decoding, mask_id, generator)
             x0, conf = x0.view(B, bs), conf.view(B, bs).double()
             k = masked.sum(dim=1).clamp(max=quota[min(i, decoding.steps - 1)])
-            commit = commit_quota(torch.where(masked, conf, -torch.inf), k)
+            order = conf if decoding.remasking != "left_to_right" else -torch.arange(bs, device=device).double()
+            commit = commit_quota(torch.where(masked, order, -torch.inf), k)
             if decoding.threshold > 0:
                 above = masked & (conf > decoding.threshold)
                 commit = torch.where((above.sum(dim=1) >= k)[:, None], above, commit)

@@ -14,6 +14,9 @@ materializes full-vocabulary logits.
   each completion token scored in the state just before the round that committed it (`rounds` from
   `noise.trace_rounds`; one forward per round, all blocks of a round at once): TraceRL, CJ-GRPO.
   `per_round(score, batch, rounds)` runs any per-position score (a value head) the same way.
+- `ar_prefix_logps(model, batch)`: the autoregressive-order likelihood, each completion token scored
+  with the tokens before it clean and itself and every later token masked (JustGRPO): one forward per
+  position for bidirectional models, one per in-block offset for block-causal ones (all blocks at once).
 - `block_diffusion_logps(model, x_noisy, clean, where)`: the same for block-diffusion models
   (SDAR, LLaDA2.x) through their `[noisy ; clean]` training layout, in one forward.
 - `elbo(model, ids, attention_mask, maskable, draws, normalize, compute)`: the Monte Carlo
@@ -161,14 +164,23 @@ def per_round(score, batch, rounds: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def trajectory_logps(model, batch, rounds: torch.Tensor) -> torch.Tensor:
+def trajectory_logps(model, batch, rounds: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """(B, G) log pi(o_k | the trajectory state before o_k's round): the rollout's own denoising
     transitions, replayed from its step map (each token is committed once, so the state before round
     r is the final completion with every token of round >= r masked)."""
     mask_id = facts(model).mask_token_id
     return per_round(lambda where, masked: diffusion_logps(
         model, torch.where(masked, mask_id, batch.sequences), batch.sequences, where, batch.attention_mask,
-        compute=batch.compute), batch, rounds)
+        compute=batch.compute, temperature=temperature), batch, rounds)
+
+
+def ar_prefix_logps(model, batch, temperature: float = 1.0) -> torch.Tensor:
+    """(B, G) log pi(o_t | q, o_<t) at every completion position, after the first EOS too: the exact
+    left-to-right factorization of the model's conditionals (JustGRPO). Bidirectional models: G forwards,
+    the t-th on [q, o_<t, MASK ...]. Block-causal models: block-size forwards, the k-th scoring the k-th
+    token of every block at once (each block sees its first k tokens and the clean blocks before it).
+    `temperature` divides the logits (bidirectional models)."""
+    return trajectory_logps(model, batch, noise.left_to_right_rounds(batch), temperature)
 
 
 def block_diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, where: torch.Tensor,

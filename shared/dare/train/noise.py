@@ -169,6 +169,18 @@ def rollout_rounds(batch, shrink: int = 1) -> torch.Tensor:
     return torch.cat([torch.full_like(batch.sequences[:, :batch.prompt_length], -1), rounds], dim=1)
 
 
+def left_to_right_rounds(batch) -> torch.Tensor:
+    """(B, P + G) the rounds of an autoregressive order over an RL batch's completions (JustGRPO's
+    AR-prefix likelihood): each completion token is its own round, in position order within its
+    segment (`rollout_segments`: the whole completion of a masked model, so round t is position t;
+    each block of a block-causal model, so the k-th completion tokens of all blocks share round k).
+    -1 on the prompt. Every position is scored, after the first EOS too."""
+    B, G = batch.step_map.shape
+    order = torch.arange(G, device=batch.step_map.device).expand(B, G)
+    rounds = trace_rounds(order, rollout_segments(batch))
+    return torch.cat([torch.full_like(batch.sequences[:, :batch.prompt_length], -1), rounds], dim=1)
+
+
 def trajectory_states(trajectory: torch.Tensor, steps: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The sampler's recorded states before the given steps: `trajectory` (B, S, G) the completion
     after every step, `steps` (B, K) -> (states (B, K, G), masked (B, K, G) bool): the canvas each

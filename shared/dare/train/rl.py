@@ -95,6 +95,8 @@ class RLBatch:
     num_sequences: int = 0
     """Completions in the whole step, over all processes."""
     compute: Compute = Compute()
+    num_active: int = 0
+    """Completions with a nonzero advantage in the whole step, over all processes (JustGRPO's normalizer)."""
     token_advantages: torch.Tensor | None = None
     """(B, G) per-token advantages from a value model (`value_advantages`); None without one."""
     returns: torch.Tensor | None = None
@@ -210,12 +212,13 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                                   style=cfg.data.reward) for p in out.predictions],
                     dtype=torch.float32, device=out.sequences.device).T,
                     "predictions": out.predictions.transpose(0, 1), "confidences": out.confidences.transpose(0, 1)}
-            totals = dist.sum({"tokens": float(out.response_mask.sum()), "rows": float(len(row_of))})
+            totals = dist.sum({"tokens": float(out.response_mask.sum()), "rows": float(len(row_of)),
+                               "active": float((advantages != 0).sum())})
             trajectory = out.trajectory.transpose(0, 1) if out.trajectory is not None else None
             batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
                             rewards, advantages, G, trajectory, f.block_size, out.logps, totals["tokens"],
-                            int(totals["rows"]), compute, mask_token_id=f.mask_token_id, eos_token_id=f.eos_token_id,
-                            progress=step / cfg.train.steps,
+                            int(totals["rows"]), compute, int(totals["active"]), mask_token_id=f.mask_token_id,
+                            eos_token_id=f.eos_token_id, progress=step / cfg.train.steps,
                             rollout_entropies=out.entropies, supports=out.supports, **per_step)
             t_rollout = time.perf_counter() - tic
 
