@@ -31,12 +31,20 @@ materializes full-vocabulary logits.
   one sequence, its n masks in one batch (count weighting). Block models (SDAR, LLaDA2.x) factor
   over blocks: each block gets its own count and weight and sees the clean blocks before it.
   OpenCompass' likelihood scoring (`get_ppl`) uses it.
+- `draw_logps(model, batch, masked)`: per-draw log-probs of the completion tokens an RL batch's n draws
+  mask, in one forward over the B x n rows (SPG's m Monte Carlo samples).
+- `token_mean_elbo(logps, scored)`, `eubo_terms(logps, scored, weight, beta)`, `renyi_eubo(...)`: SPG's
+  bounds from those log-probs: the ELBO as its code averages it (each draw's mean over its masked tokens,
+  i.e. 1/t weighting divided by the length), and the Renyi evidence upper bound of order beta,
+  (1/beta) log E[w 1[masked] pi^beta] per token, computed in log space (logsumexp over the draws), so it
+  never under- or overflows (the reference's fp32 p^beta does: `facebookresearch/SPG` issues #2, #5).
 - `elbo_backward(...)`: the same estimate, backpropagated one Monte Carlo draw at a time so
   that only one draw's activations are alive (memory-bounded); returns the value.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -181,6 +189,46 @@ def ar_prefix_logps(model, batch, temperature: float = 1.0) -> torch.Tensor:
     token of every block at once (each block sees its first k tokens and the clean blocks before it).
     `temperature` divides the logits (bidirectional models)."""
     return trajectory_logps(model, batch, noise.left_to_right_rounds(batch), temperature)
+
+
+def draw_logps(model, batch, masked: torch.Tensor) -> torch.Tensor:
+    """(B, n, G) log p(completion token | the sequence with the n-th draw's positions masked) at the masked
+    completion positions of an RL batch, 0 elsewhere; masked (B, n, P + G). One forward over B x n rows
+    (block-causal models: through the `[x_t ; x_0]` layout, `diffusion_logps`)."""
+    B, n, L = masked.shape
+    P = batch.prompt_length
+    ids = batch.sequences[:, None, :].expand(B, n, L).reshape(B * n, L)
+    attention = batch.attention_mask[:, None, :].expand(B, n, L).reshape(B * n, L)
+    flat = masked.reshape(B * n, L)
+    where = flat & noise.completion(attention, P)
+    x = torch.where(flat, facts(model).mask_token_id, ids)
+    return diffusion_logps(model, x, ids, where, attention, compute=batch.compute).view(B, n, L)[:, :, P:]
+
+
+def token_mean_elbo(logps: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """(B,) the mean over the n draws of each draw's mean log-prob over its scored tokens (SPG's ELBO as its
+    code computes it; with t the draw's masked share of the L tokens this is (1/L) (1/t) sum log p).
+    logps, scored: (B, n, G)."""
+    per_draw = (logps * scored).sum(dim=2) / scored.sum(dim=2).clamp(min=1)
+    return per_draw.mean(dim=1)
+
+
+def eubo_terms(logps: torch.Tensor, scored: torch.Tensor, weight: torch.Tensor, beta: float) -> torch.Tensor:
+    """(B, G) log of the Monte Carlo mean over the n draws of weight x 1[scored] x p^beta, per token, in log
+    space: logsumexp_j(beta logp_ij + log weight_j) - log n; -inf where no draw scored the token.
+    logps, scored: (B, n, G); weight (B, n): 1/t for i.i.d. masking at t (SPG: its empirical t)."""
+    n = logps.shape[1]
+    terms = torch.where(scored, beta * logps + weight.log()[..., None], -torch.inf)
+    return torch.logsumexp(terms, dim=1) - math.log(n)
+
+
+def renyi_eubo(logps: torch.Tensor, scored: torch.Tensor, weight: torch.Tensor, beta: float) -> torch.Tensor:
+    """(B,) SPG's evidence upper bound per sequence: (1/beta) x the mean over the tokens scored by at least one
+    draw of `eubo_terms` (its code averages over tokens rather than summing, as its ELBO)."""
+    terms = eubo_terms(logps, scored, weight, beta)
+    covered = scored.any(dim=1)
+    total = torch.where(covered, terms, 0.0).sum(dim=1)
+    return total / covered.sum(dim=1).clamp(min=1) / beta
 
 
 def block_diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, where: torch.Tensor,

@@ -125,6 +125,48 @@ def elbo_draws(maskable: torch.Tensor, n: int, generator: torch.Generator, weigh
     return Draw(iid(maskable, t, generator), t, 1.0 / t)
 
 
+def block_random(response: torch.Tensor, segment: torch.Tensor, prompt: torch.Tensor, n: int, generator: torch.Generator,
+                 min_t: float = 0.0, max_t: float = 1.0, p_mask_prompt: float = 0.15) -> Draw:
+    """SPG's block-wise masking (`facebookresearch/SPG` `forward_process`, "block_random"), n draws per row.
+
+    response (B, G) bool: the scored completion tokens (up to and including the first EOS); segment (B, G)
+    long: each completion position's block, 0 at the completion's first block; prompt (B, P) bool: the real
+    prompt tokens. Per row, the n draws' blocks are the first n entries of one permutation of the row's
+    blocks taken modulo the blocks that hold scored tokens (as the reference: distinct when the response
+    fills every block; more draws than blocks, which the reference refuses, continue with new permutations). In a draw's block k: blocks before k clean, blocks after k masked, and in block k a
+    uniform count in [max(1, int(len * min_t)), min(int(len * max_t), len)] of its `len` scored tokens
+    masked, a uniform subset; positions after the response masked too; then every prompt token and every
+    token of the blocks before k masked with probability p_mask_prompt (block k's other tokens stay clean).
+    -> masked (B, n, P + G), t (B, n): the masked share of the scored tokens (SPG's empirical t)."""
+    B, G = response.shape
+    P = prompt.shape[1]
+    device = response.device
+    completion = torch.zeros((B, n, G), dtype=torch.bool)
+    earlier = torch.zeros((B, n, G), dtype=torch.bool)  # the clean blocks before each draw's block
+    resp, seg = response.cpu(), segment.cpu()
+    for b in range(B):
+        n_blocks = int(seg[b].max()) + 1
+        used = int(seg[b][resp[b]].max()) + 1 if resp[b].any() else 1
+        order = torch.cat([torch.randperm(n_blocks, generator=generator) for _ in range(-(-n // n_blocks))])
+        chosen = order[:n] % used
+        for j, k in enumerate(chosen.tolist()):
+            real = (seg[b] == k) & resp[b]  # the scored tokens of block k (a prefix of the block)
+            length = int(real.sum())
+            completion[b, j] = (seg[b] > k) | ~resp[b]
+            earlier[b, j] = seg[b] < k
+            if length:
+                lo, hi = max(int(length * min_t), 1), min(int(length * max_t), length)
+                count = int(torch.randint(lo, hi + 1, (1,), generator=generator))
+                pick = torch.randperm(length, generator=generator)[:count]
+                completion[b, j, real.nonzero()[pick, 0]] = True
+    masked = torch.cat([torch.zeros((B, n, P), dtype=torch.bool), completion], dim=2).to(device)
+    clean = torch.cat([prompt[:, None, :].expand(B, n, P).cpu(), earlier], dim=2).to(device)
+    masked |= clean & (_rand(masked.shape, generator, device) < p_mask_prompt)
+    scored = masked[:, :, P:] & response[:, None, :]
+    t = scored.sum(dim=2).float() / response.sum(dim=1, keepdim=True).clamp(min=1).float()
+    return Draw(masked, t)
+
+
 NEVER = 2**40
 """`trace_rounds` value of a completion position no decoding step committed: masked in every round."""
 
