@@ -206,7 +206,7 @@ def _check_run(out):
     assert any(r["optim/grad_norm"] > 0 for r in records)
 
 
-RL_RUNS = [(n, f) for n in ("d1", "coupled_grpo", "wd1", "tracerl", "cj_grpo", "justgrpo", "spg")
+RL_RUNS = [(n, f) for n in ("d1", "coupled_grpo", "wd1", "tracerl", "cj_grpo", "justgrpo", "spg", "espo", "gdpo")
            for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")] + [(n, f) for n in ("mdpo", "agrpo", "d_treerpo")
                                                                   for f in ("llada", "dream")]
 RL_EXTRA = {  # CJ-GRPO decodes with ASS (steps = log2 of the 4 tokens) and EOSER; block models with their own schedule

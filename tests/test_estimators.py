@@ -297,3 +297,54 @@ def test_renyi_eubo_sandwiches_the_likelihood_and_its_monte_carlo_terms_converge
         terms = eubo_terms(logps, draws.masked[:, :, 1:], draws.weight, 1.5)
     for k, i in enumerate(completion):
         assert terms[0, k].item() == pytest.approx(exact_term(i, 1.5), abs=0.06), i  # weight 1: off by 0.5+
+
+
+def _batched_elbo(model, ids, draws):
+    """(n,) weight_k x the masked log-probs of each of one row's n draws, in one forward of n rows."""
+    masked = draws.masked[0]
+    rows = ids.expand(masked.shape[0], -1)
+    x = torch.where(masked, facts(model).mask_token_id, rows)
+    with torch.no_grad():
+        return draws.weight[0] * masked_logps(model, x, rows, masked).sum(dim=1)
+
+
+def test_complementary_pairs_are_an_unbiased_elbo_that_scores_every_token_once_per_pair(tiny):
+    """ESPO's coupled draws: x ~ U{0..L}, weights (L+1)/x and (L+1)/(L-x); every maskable token is masked in
+    exactly one draw of each pair, and the Monte Carlo mean converges to the exact ELBO (enumerated)."""
+    model, tok = tiny
+    ids = torch.tensor([tok.convert_tokens_to_ids(list("0110"))])
+    _, bound, _ = exact_quantities(model, ids, [1, 2, 3])
+    maskable = torch.tensor([[False, True, True, True]])
+    draws = noise.complementary_pairs(maskable, 3000, torch.Generator().manual_seed(0))
+    pairs = draws.masked.view(1, 3000, 2, 4)
+    assert (pairs.sum(dim=2) == maskable.long()).all()  # a mask and its complement: each token once per pair
+    estimate = _batched_elbo(model, ids, draws).mean().item()  # = estimators.elbo on these draws, in one forward
+    assert estimate == pytest.approx(bound, abs=0.3)  # the mean's standard error here: 0.066; L/x weights: -8.3
+    stratified = noise.complementary_pairs(torch.ones(4, 7, dtype=torch.bool), 1, torch.Generator().manual_seed(3))
+    assert sorted(stratified.masked[:, 0].sum(dim=1).tolist()) == [0, 2, 4, 6]  # k, k + 2, k + 4, k + 6 mod 8
+
+
+def test_quadrature_draws_converge_to_their_enumerated_value(tiny):
+    """GDPO's semi-deterministic estimator: Gauss-Legendre nodes over t, int(t L) positions masked at each,
+    weight w_k / 2 / t_k: the mean over draws converges to the exact expectation over the random subsets
+    (enumerated), a biased approximation of the ELBO (a node with int(t L) = 0 scores nothing)."""
+    model, tok = tiny
+    ids = torch.tensor([tok.convert_tokens_to_ids(list("0110"))])
+    completion, L = [1, 2, 3], 3
+    maskable = torch.tensor([[False, True, True, True]])
+    for nodes in (2, 3):
+        xi, w = noise.GAUSS_LEGENDRE[nodes]
+        exact = 0.0
+        for node, wk in zip(xi, w):
+            t = (node + 1) / 2
+            subsets = list(itertools.combinations(completion, int(t * L)))
+            if subsets and subsets[0]:
+                avg = sum(sum(_logp(model, ids, m, i) for i in m) for m in subsets) / len(subsets)
+                exact += wk / 2 / t * avg
+        draws = [noise.quadrature(maskable, nodes, torch.Generator().manual_seed(s)) for s in range(4000)]
+        with torch.no_grad():
+            assert elbo(model, ids, None, maskable, draws[0]).item() == pytest.approx(
+                _batched_elbo(model, ids, draws[0]).mean().item(), abs=1e-5)
+        stacked = noise.Draw(torch.cat([d.masked for d in draws], 1), None, torch.cat([d.weight for d in draws], 1))
+        mean = _batched_elbo(model, ids, stacked).mean().item()
+        assert mean == pytest.approx(exact, abs=0.15), (nodes, mean, exact)  # standard error 0.035

@@ -125,6 +125,55 @@ def elbo_draws(maskable: torch.Tensor, n: int, generator: torch.Generator, weigh
     return Draw(iid(maskable, t, generator), t, 1.0 / t)
 
 
+def complementary_pairs(maskable: torch.Tensor, n_pairs: int, generator: torch.Generator) -> Draw:
+    """ESPO's coupled ELBO draws (`ML-GSAI/ESPO` `forward_process` + `_get_elbo(reduce_var=True)`), n_pairs
+    pairs per row: a count x in {0..L} stratified over the rows (x_i = round(k + i (L + 1) / B) mod (L + 1),
+    one k ~ U{0..L} per pair), exactly x of the L maskable positions masked uniformly, then the complement;
+    weights (L + 1) / x and (L + 1) / (L - x) (0 for an empty mask). `estimators.elbo` on these draws (the mean
+    over the 2 n_pairs draws of weight x the masked log-probs) is ESPO's mean over pairs of half the pair's sum.
+    -> masked (B, 2 n_pairs, L), t (B, 2 n_pairs) the masked share, weight (B, 2 n_pairs)."""
+    B = maskable.shape[0]
+    lengths = maskable.sum(dim=1).cpu()
+    masks, ts, weights = [], [], []
+    for _ in range(n_pairs):
+        k = torch.randint(0, 2**31 - 1, (), generator=generator)
+        x = torch.round((k % (lengths + 1)).double() + torch.arange(B) * (lengths + 1) / B).long() % (lengths + 1)
+        first = exact_count(maskable, x.to(maskable.device), generator)
+        second = maskable & ~first
+        for m, c in ((first, x), (second, lengths - x)):
+            masks.append(m)
+            ts.append(c.float() / lengths.clamp(min=1).float())
+            weights.append(torch.where(c > 0, (lengths + 1).float() / c.clamp(min=1).float(), 0.0))
+    return Draw(torch.stack(masks, dim=1), torch.stack(ts, dim=1).to(maskable.device),
+                torch.stack(weights, dim=1).to(maskable.device))
+
+
+GAUSS_LEGENDRE = {1: ([0.0], [2.0]), 2: ([-0.5773502691896257, 0.5773502691896257], [1.0, 1.0]),
+                  3: ([-0.7745966692414834, 0.0, 0.7745966692414834], [5 / 9, 8 / 9, 5 / 9])}
+"""Gauss-Legendre nodes and weights on [-1, 1] (GDPO's `gauss-1`..`gauss-3`)."""
+
+
+def quadrature(maskable: torch.Tensor, nodes: int, generator: torch.Generator) -> Draw:
+    """GDPO's semi-deterministic draws (`KevinRojas1499/GDPO` `NumericalIntegrationEstimator`): the time
+    integral of the ELBO by Gauss-Legendre quadrature over t in (0, 1), one draw per node t_k = (xi_k + 1) / 2
+    with exactly int(t_k L) maskable positions masked (a uniform subset; no minimum of 1, as the reference),
+    weight = nodes x (w_k / 2) / t_k, so that `estimators.elbo` (the mean over draws of weight x the masked
+    log-probs) is sum_k (w_k / 2) (1 / t_k) sum_masked log p, the reference's -1/2 sum_k w_k loss_k.
+    -> masked (B, nodes, L), t (B, nodes), weight (B, nodes)."""
+    if nodes not in GAUSS_LEGENDRE:
+        raise ValueError(f"nodes={nodes}: Gauss-Legendre rules with {sorted(GAUSS_LEGENDRE)} nodes are available")
+    xi, w = GAUSS_LEGENDRE[nodes]
+    B = maskable.shape[0]
+    lengths = maskable.sum(dim=1)
+    masks, ts, weights = [], [], []
+    for node, wk in zip(xi, w):
+        t = (node + 1) / 2
+        masks.append(exact_count(maskable, (t * lengths.float()).long(), generator))
+        ts.append(torch.full((B,), t, device=maskable.device))
+        weights.append(torch.full((B,), nodes * wk / 2 / t, device=maskable.device))
+    return Draw(torch.stack(masks, dim=1), torch.stack(ts, dim=1), torch.stack(weights, dim=1))
+
+
 def block_random(response: torch.Tensor, segment: torch.Tensor, prompt: torch.Tensor, n: int, generator: torch.Generator,
                  min_t: float = 0.0, max_t: float = 1.0, p_mask_prompt: float = 0.15) -> Draw:
     """SPG's block-wise masking (`facebookresearch/SPG` `forward_process`, "block_random"), n draws per row.
