@@ -69,7 +69,7 @@ def test_config_refuses_parallel_rollouts_and_token_logps_refuse_a_confidence_or
                             compute=Compute())
     assert not (confident.step_map[:, 1:] > confident.step_map[:, :-1]).all()  # this rollout is not AR-ordered
     with pytest.raises(ValueError, match="left to right"):
-        jg.token_logps(model, batch, None, cfg)
+        jg.token_logps(model, batch, jg.sample_noise(batch, None, cfg), cfg)
 
 
 def test_left_to_right_order_is_autoregressive_decoding():
@@ -109,5 +109,6 @@ def test_block_rollout_in_ar_order_is_scored_with_the_samplers_own_log_probs(fam
                             prompt_length=out.prompt_length, step_map=out.step_map, block_size=f.block_size,
                             compute=Compute())
     with torch.no_grad():
-        logps = jg.token_logps(model, batch, None, run_config("justgrpo"))
+        cfg = run_config("justgrpo")
+        logps = jg.token_logps(model, batch, jg.sample_noise(batch, None, cfg), cfg)
     torch.testing.assert_close(logps, out.logps, atol=1e-5, rtol=1e-5)

@@ -15,12 +15,14 @@ left-to-right factorization of the model's conditionals (no ELBO, no mean-field 
 
 Every one of the gen_length positions counts, after the first EOS too, and the normalizer counts the
 completions that carry a gradient (nonzero advantage) in the whole step. No KL, no reference model.
-The likelihood is `dare.train.estimators.ar_prefix_logps`: one forward per position on a masked model;
-on a block model one per in-block offset, every block at once.
+The likelihood is `dare.train.estimators.ar_prefix_logps` (the trajectory log-probs of the left-to-right
+rounds, `noise.left_to_right_rounds`): one forward per position on a masked model; on a block model one
+per in-block offset, every block at once.
 
 One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
-    rollout (AR order) -> rewards -> advantages(rewards, cfg) -> token_logps(model, batch, None, cfg)
-    -> loss(logps, logps.detach(), None, batch, None, cfg) -> optimizer step
+    rollout (AR order) -> rewards -> advantages(rewards, cfg) -> sample_noise (the rounds, once)
+    -> token_logps(model, batch, rounds, cfg) -> loss(logps, logps.detach(), None, batch, rounds, cfg)
+    -> optimizer step
 
 Deviations (README.md): the normalizer counts valid completions over the whole step (the reference
 divides each accumulation step's sum by that step's per-rank mean and sums 8 of them, 8x our loss);
@@ -29,7 +31,8 @@ non-finite gradients are not zeroed before clipping; families beyond LLaDA.
 
 import torch
 
-from dare.train.estimators import ar_prefix_logps
+from dare.train import noise
+from dare.train.estimators import trajectory_logps
 from dare.train.rl import group_advantages
 
 RECIPE = "rl"
@@ -72,14 +75,17 @@ def random_noise(cfg) -> bool:
     return False  # the masks are fixed by the positions: nothing is drawn
 
 
-def sample_noise(batch, generator: torch.Generator, cfg) -> None:
-    return None
+def sample_noise(batch, generator: torch.Generator, cfg) -> torch.Tensor:
+    """(B, P + G) the round of each position in left-to-right order (each token its own round; block models:
+    the k-th token of every block in round k): the t-th state masks o_t and everything after it."""
+    return noise.left_to_right_rounds(batch)
 
 
-def token_logps(model, batch, draw, cfg) -> torch.Tensor:
-    """(B, G) log pi(o_t | q, o_<t) at every completion position (the logits divided by algo.temperature)."""
+def token_logps(model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
+    """(B, G) log pi(o_t | q, o_<t) at every completion position (the logits divided by algo.temperature):
+    `estimators.ar_prefix_logps`, the trajectory log-probs of the left-to-right rounds."""
     check_ar_order(batch)
-    return ar_prefix_logps(model, batch, cfg.algo.temperature)
+    return trajectory_logps(model, batch, rounds, cfg.algo.temperature)
 
 
 def loss(logps, old_logps, ref_logps, batch, draw, cfg):

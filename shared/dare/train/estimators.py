@@ -265,6 +265,14 @@ def _elbo_sample(model, ids, attention_mask, draws: noise.Draw, k: int, compute:
     return draws.weight[:, k] * diffusion_logps(model, x, ids, mask, attention_mask, compute=compute).sum(dim=1)
 
 
+def elbo_terms(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, draws: noise.Draw,
+               compute: Compute | None = None) -> torch.Tensor:
+    """(B, n) each draw's weighted term, weight_k x sum of the masked tokens' log-probs (`elbo` is their mean
+    over the draws); one forward per draw."""
+    return torch.stack([_elbo_sample(model, ids, attention_mask, draws, k, compute)
+                        for k in range(draws.masked.shape[1])], dim=1)
+
+
 def elbo(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, maskable: torch.Tensor,
          draws: noise.Draw, normalize: Literal["none", "valid", "padded"] = "none",
          compute: Compute | None = None) -> torch.Tensor:

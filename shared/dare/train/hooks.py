@@ -36,6 +36,12 @@ Three rules hold for every hook:
                  rollout_options(cfg)                    optional     {}: decoding settings the algorithm needs
                  kept_groups(rewards, cfg)               optional     (P, 1) bool, all True: the groups trained on;
                                                                       a step that keeps none makes no update
+                 draw_parts(noise, cfg)                  optional     None; a list of parts of the draw (split along its
+                                                                      draw dimension): the update's gradient is then
+                                                                      backpropagated part by part (memory-bounded;
+                                                                      `dare.train.rl.replayed_loss`), token_logps of a
+                                                                      part returning its columns (dim 1) of the whole
+                                                                      draw's log-probs
                  rewards_per_step(cfg)                   optional     False; True: the loop also scores the sampler's
                                                                       prediction after every step (`batch.step_rewards`)
                  value_model(cfg)                        optional     None; {"lr": ..., "path": ...} trains a value
@@ -84,6 +90,10 @@ def _all_groups(rewards, cfg):
     return rewards.new_ones(rewards.shape[0], 1, dtype=bool)
 
 
+def _whole_draw(noise, cfg) -> None:
+    return None
+
+
 def _final_rewards_only(cfg) -> bool:
     return False
 
@@ -124,6 +134,7 @@ class RLHooks:
     random_noise: Callable[[Any], bool] = _random_noise
     rollout_options: Callable[[Any], dict] = _no_rollout_options
     kept_groups: Callable[..., Any] = _all_groups
+    draw_parts: Callable[..., Any] = _whole_draw
     rewards_per_step: Callable[[Any], bool] = _final_rewards_only
     value_model: Callable[[Any], dict | None] = _no_value_model
     token_values: Callable[..., Any] = _needs_value_hooks

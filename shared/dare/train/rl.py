@@ -266,8 +266,12 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                 tic = time.perf_counter()
 
                 def policy_loss(mb, z, it, j):
+                    o, r = old[it][j] if old else None, ref[it][j] if ref else None
+                    parts = hooks.draw_parts(z, cfg)
+                    if parts is not None:  # memory-bounded: one draw's graph alive at a time
+                        return replayed_loss(trainer, hooks, policy, mb, z, parts, o, r, cfg)
                     logps = hooks.token_logps(policy, mb, z, cfg)
-                    return hooks.loss(logps, old[it][j] if old else logps.detach(), ref[it][j] if ref else None, mb, z, cfg)
+                    return hooks.loss(logps, o if o is not None else logps.detach(), r, mb, z, cfg)
 
                 sums.update(updates(trainer, batch, noises, micro, "loss/total", "optim/grad_norm", policy_loss))
                 sums.update(value_sums)
@@ -286,6 +290,24 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     return loop.outcome(tokenizer, model_name, init)
 
 
+def replayed_loss(trainer, hooks: RLHooks, policy, batch, draw, parts: list, old, ref, cfg):
+    """The loss of `draw` with its gradient backpropagated one part at a time (memory-bounded, exact for
+    deterministic forwards): the parts' log-probs without graphs, the loss on them and its gradient with
+    respect to each part's log-probs, then per part one forward with its graph and the backward of
+    (gradient x log-probs). `token_logps` of each part returns that part's columns of the whole draw's
+    log-probs (dim 1). Returns the loss, detached (already backpropagated), and its metrics."""
+    with torch.no_grad():
+        values = [hooks.token_logps(policy, batch, part, cfg) for part in parts]
+    leaves = [v.detach().requires_grad_() for v in values]
+    logps = torch.cat(leaves, dim=1)
+    loss, metrics = hooks.loss(logps, old if old is not None else logps.detach(), ref, batch, draw, cfg)
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    for part, value, grad in zip(parts, values, grads):  # every part on every rank: forwards stay collective
+        grad = torch.zeros_like(value) if grad is None else grad
+        trainer.backward((hooks.token_logps(policy, batch, part, cfg) * grad).sum())
+    return loss.detach(), metrics
+
+
 def updates(trainer, batch: RLBatch, noises: list, micro: int, loss_key: str, norm_key: str, loss_of) -> dict:
     """One optimizer step of `trainer` per noise draw on the step's batch, each accumulated over the
     micro-batches: `loss_of(micro_batch, micro_noise, draw, micro_index) -> (loss, metrics)`. Returns
@@ -299,7 +321,8 @@ def updates(trainer, batch: RLBatch, noises: list, micro: int, loss_key: str, no
         for j, rows_ in enumerate(micro_slices(n, micro)):
             with trainer.autocast():
                 loss, metrics = loss_of(take(batch, rows_, n), take(z_all, rows_, n), it, j)
-            trainer.backward(loss)
+            if loss.requires_grad:  # a replayed loss (`replayed_loss`) is already backpropagated
+                trainer.backward(loss)
             for k, v in {loss_key: loss.item(), **metrics}.items():
                 step_sums[k] = step_sums.get(k, 0.0) + v
         step_sums = trainer.dist.sum(step_sums)
