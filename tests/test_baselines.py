@@ -208,7 +208,8 @@ def _check_run(out):
 
 RL_RUNS = [(n, f) for n in ("d1", "coupled_grpo", "wd1", "tracerl", "cj_grpo", "justgrpo", "spg", "espo", "gdpo", "bgpo")
            for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")] + [(n, f) for n in ("mdpo", "agrpo", "d_treerpo")
-                                                                  for f in ("llada", "dream")]
+                                                                  for f in ("llada", "dream")] + [
+    ("ebpo", f) for f in ("sdar", "sdar_moe", "llada2")]
 RL_EXTRA = {  # CJ-GRPO decodes with ASS (steps = log2 of the 4 tokens) and EOSER; block models with their own schedule
     ("cj_grpo", "llada"): ["rl.decoding.steps=2"], ("cj_grpo", "dream"): ["rl.decoding.steps=2"],
     **{("cj_grpo", f): ["rl.decoding.schedule=even", "rl.decoding.eos_gamma_min=1"] for f in ("sdar", "sdar_moe", "llada2")},
@@ -216,7 +217,7 @@ RL_EXTRA = {  # CJ-GRPO decodes with ASS (steps = log2 of the 4 tokens) and EOSE
     **{("justgrpo", f): ["rl.decoding.block_length=1"] for f in ("llada", "dream")},  # AR-order rollouts
     **{("justgrpo", f): ["rl.decoding.remasking=left_to_right"] for f in ("sdar", "sdar_moe", "llada2")},
     **{("spg", f): ["rl.decoding.block_length=2"] for f in ("llada", "dream")},  # 2 blocks for its 2 draws
-    **{("bgpo", f): ["algo.n_t=3"] for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")},
+    **{(n, f): ["algo.n_t=3"] for n in ("bgpo", "ebpo") for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")},
     **{("agrpo", f): ["rl.decoding.sampler=truncated", "rl.decoding.top_k=5", "algo.mc_samples=3"] for f in ("llada", "dream")},
     **{("d_treerpo", f): ["rl.decoding.sampler=masked", "rl.decoding.tree=[2,2]", "algo.sd_lambda_max=0.5",
                           "rl.eval_every=1"]  # validation decodes without the tree

@@ -216,6 +216,36 @@ def block_random(response: torch.Tensor, segment: torch.Tensor, prompt: torch.Te
     return Draw(masked, t)
 
 
+def block_stratified(response: torch.Tensor, segment: torch.Tensor, prompt_length: int, n: int,
+                     generator: torch.Generator) -> Draw:
+    """EBPO's per-block draws (as DARE ports the LLaDA2.1 report's estimator, `_forward_process_ebpo`), n per
+    row: every (draw, block) cell of a row gets a noise level t = (u + idx / #cells) mod 1 (one u ~ U(0, 1) per
+    row: stratified over the row's cells), masks min(int(t L_b) + 1, L_b) of the block's L_b scored tokens
+    (a uniform subset) and weighs them L_b / l_b. response (B, G) bool: the scored tokens; segment (B, G): each
+    completion position's block. -> masked (B, n, P + G), t (B, n, n_blocks) the cells' levels, weight
+    (B, n, P + G) per position (L_b / l_b on the block's masked tokens, 0 elsewhere)."""
+    B, G = response.shape
+    resp, seg = response.cpu(), segment.cpu()
+    masked = torch.zeros((B, n, prompt_length + G), dtype=torch.bool)
+    weight = torch.zeros((B, n, prompt_length + G))
+    n_blocks = int(seg.max()) + 1
+    levels = torch.zeros((B, n, n_blocks))
+    for b in range(B):
+        cells = n * n_blocks
+        u = torch.rand((), generator=generator)
+        levels[b] = ((u + torch.arange(cells) / cells) % 1.0).view(n, n_blocks)
+        for j in range(n):
+            for k in range(n_blocks):
+                real = ((seg[b] == k) & resp[b]).nonzero()[:, 0]
+                if len(real) == 0:
+                    continue
+                count = min(int(levels[b, j, k] * len(real)) + 1, len(real))
+                pick = real[torch.randperm(len(real), generator=generator)[:count]] + prompt_length
+                masked[b, j, pick] = True
+                weight[b, j, pick] = len(real) / count
+    return Draw(masked.to(response.device), levels.to(response.device), weight.to(response.device))
+
+
 NEVER = 2**40
 """`trace_rounds` value of a completion position no decoding step committed: masked in every round."""
 
