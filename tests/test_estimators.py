@@ -348,3 +348,24 @@ def test_quadrature_draws_converge_to_their_enumerated_value(tiny):
         stacked = noise.Draw(torch.cat([d.masked for d in draws], 1), None, torch.cat([d.weight for d in draws], 1))
         mean = _batched_elbo(model, ids, stacked).mean().item()
         assert mean == pytest.approx(exact, abs=0.15), (nodes, mean, exact)  # standard error 0.035
+
+
+def test_bench_estimators_reports_every_estimator_on_one_fixed_batch(tmp_path, trained_tiny, char_tok):
+    """`dare bench estimators`' table on a trained tiny checkpoint (2 draws here; the README's numbers use 32):
+    every estimator reports its spread and bias; the exact AR order has none; more ELBO draws spread less.
+    (The memory rows run BGPO updates in fresh processes, minutes on 2 busy cores: left to the benchmark;
+    tests/test_bgpo.py checks that the per-draw update has the full gradient.)"""
+    import json
+
+    from dare.app.bench_estimators import estimators_benchmark
+    from dare.models.tokenizer import save_tokenizer
+    ckpt = tmp_path / "ckpt"
+    trained_tiny.save_pretrained(ckpt)
+    save_tokenizer(char_tok, ckpt)
+    report = estimators_benchmark(str(ckpt), draws=4, memory_draws=(), out=str(tmp_path / "r.json"))
+    rows = report["estimators"]
+    assert len(rows) == 10 and all(math.isfinite(r["std"]) and math.isfinite(r["bias_vs_exact_elbo"])
+                                   for r in rows.values())
+    assert rows["AR prefix (JustGRPO; exact AR order)"]["std"] == 0
+    assert rows["ELBO, stratified counts, n=16 (BGPO)"]["std"] < rows["ELBO, stratified counts, n=1"]["std"]
+    assert json.loads((tmp_path / "r.json").read_text())["exact_elbo"] == report["exact_elbo"]

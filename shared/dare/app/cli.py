@@ -227,6 +227,11 @@ def cmd_bench(ns) -> int:
 
         train_benchmark(out=ns.out, repeats=ns.repeats if ns.repeats > 1 else 3, checkpoint=ns.checkpoint)
         return 0
+    if ns.what == "estimators":
+        from dare.app.bench_estimators import estimators_benchmark
+
+        estimators_benchmark(ns.checkpoint, draws=ns.draws, out=ns.out)
+        return 0
     if ns.what == "rewards":
         if ns.args:
             raise UserError(f"dare bench rewards takes no key=value arguments ({ns.args})")
@@ -404,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
         "dare bench train: packing vs padding tokens/s on a length-skewed batch, the loss's peak memory with "
         "chunked vs full logits at a 126k vocabulary, and the end-to-end d1 RL step (accelerated vs naive "
         "pipeline, on the demo's SFT checkpoint or --checkpoint) (JSON report)."))
-    s.add_argument("what", choices=["rollout", "rewards", "train"])
+    s.add_argument("what", choices=["rollout", "rewards", "train", "estimators"])
     s.add_argument("args", nargs="*", metavar="key=value")
     s.add_argument("--checkpoint")
     s.add_argument("--repeats", type=int, default=1, help="rollout: timing repeats (median)")
@@ -416,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="bfloat16", help="rollout --released: parameter dtype")
     s.add_argument("--prompt-length", type=int, default=128, help="rollout --released: random prompt tokens")
     s.add_argument("--n", type=int, default=1000, help="rewards: completions per task")
+    s.add_argument("--draws", type=int, default=64, help="estimators: independent draws per estimator")
     s.add_argument("--workers", type=int, default=None, help="rewards: parallel workers (default: CPU count)")
     s.add_argument("--out", help="rewards: where to write the JSON report")
     s.set_defaults(func=cmd_bench)
