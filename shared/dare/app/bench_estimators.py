@@ -109,8 +109,8 @@ def _estimators(model, batch):
         "ELBO, stratified times, n=4 (VRPO)": (4, lambda g: elbo_of(noise.elbo_draws(completion, 4, g, "time"))),
         "coupled pairs, 2 pairs (ESPO)": (4, lambda g: elbo_of(noise.complementary_pairs(completion, 2, g))),
         "Gauss-Legendre, 3 nodes (GDPO)": (3, lambda g: elbo_of(noise.quadrature(completion, 3, g))),
-        "block-random ELBO x |o|, 2 draws (SPG)": (2, spg("elbo")),
-        "block-random EUBO x |o|, beta 1.5 (SPG)": (2, spg("eubo")),
+        "block-random ELBO x length, 2 draws (SPG)": (2, spg("elbo")),
+        "block-random EUBO x length, beta 1.5 (SPG)": (2, spg("eubo")),
         "AR prefix (JustGRPO; exact AR order)": (G, lambda g: (ar_prefix_logps(model, batch) * batch.response_mask).sum(1)),
     }
     return table
