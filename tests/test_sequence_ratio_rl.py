@@ -69,3 +69,21 @@ def test_draws_cover_the_completion_only_and_the_elbo_is_the_librarys(name, tmp_
         want = elbo(model, seqs, batch.attention_mask, noise.completion(batch.attention_mask, 4), draw)
     torch.testing.assert_close(got, want)
     assert got.shape == (3,) and (got < 0).all()
+
+
+def test_the_log_space_clip_is_ppos_min_in_value_and_gradient():
+    from dare.train.rl import clipped_sequence_objective
+
+    g = torch.Generator().manual_seed(0)
+    log_ratio = (torch.randn(64, generator=g) * 0.5).requires_grad_()
+    adv = torch.randn(64, generator=g)
+    for lo, hi in ((0.2, 0.2), (0.2, 0.28), (0.0, 0.0), (0.5, 0.5)):
+        ours, _ = clipped_sequence_objective(log_ratio, adv, lo, hi)
+        (a,) = torch.autograd.grad(ours.sum(), log_ratio)
+        r = log_ratio.exp()
+        ppo = torch.min(r * adv, r.clamp(1 - lo, 1 + hi) * adv)
+        (b,) = torch.autograd.grad(ppo.sum(), log_ratio)
+        torch.testing.assert_close(ours, ppo)
+        torch.testing.assert_close(a, b)
+    big = torch.tensor([800.0, -800.0])  # exp(800) overflows: the log-space form stays finite
+    assert torch.isfinite(clipped_sequence_objective(big, torch.tensor([1.0, -1.0]), 0.2, 0.2)[0]).all()

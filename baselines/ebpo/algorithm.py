@@ -23,13 +23,11 @@ Deviations (README.md): the report gives no hyperparameters (DARE's recipe); the
 block (DARE) where the report's notation shares t_n across the blocks of a draw.
 """
 
-import math
-
 import torch
 
 from dare.train import noise
 from dare.train.estimators import draw_logps
-from dare.train.rl import group_advantages
+from dare.train.rl import clipped_sequence_objective, group_advantages
 
 RECIPE = "rl"
 
@@ -71,10 +69,8 @@ def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
 
 def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     a, adv = cfg.algo, batch.advantages
-    log_ratio = logps.mean(dim=1) - old_logps.mean(dim=1)
-    clipped = torch.where(adv >= 0, log_ratio.clamp(max=math.log1p(a.eps_high)),
-                          log_ratio.clamp(min=math.log1p(-a.eps_low)))
+    policy, clipped = clipped_sequence_objective(logps.mean(dim=1) - old_logps.mean(dim=1), adv, a.eps_low, a.eps_high)
     n = batch.num_sequences
-    loss = -(torch.exp(clipped) * adv).sum() / n
+    loss = -policy.sum() / n
     return loss, {"loss/policy": loss.item(), "stats/elbo": logps.detach().mean(dim=1).sum().item() / n,
-                  "stats/clip_ratio": (clipped != log_ratio).float().sum().item() / n}
+                  "stats/clip_ratio": clipped.float().sum().item() / n}

@@ -26,7 +26,7 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import elbo
-from dare.train.rl import group_advantages
+from dare.train.rl import clipped_sequence_objective, group_advantages
 
 RECIPE = "rl"
 
@@ -59,8 +59,7 @@ def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
 def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     a, L = cfg.algo, batch.sequences.shape[1] - batch.prompt_length
     adv = batch.advantages
-    ratio = torch.exp((logps - old_logps) / L)
-    policy = torch.min(ratio * adv, ratio.clamp(1 - a.epsilon, 1 + a.epsilon) * adv)
+    policy, clipped = clipped_sequence_objective((logps - old_logps) / L, adv, a.epsilon, a.epsilon)
     if ref_logps is not None:
         delta = ref_logps - logps
         kl = torch.exp(delta) - delta - 1
@@ -69,4 +68,5 @@ def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     n = batch.num_sequences
     loss = (-policy + a.beta * kl).sum() / n
     return loss, {"loss/policy": -policy.sum().item() / n, "loss/kl": kl.sum().item() / n,
-                  "stats/elbo_per_token": logps.detach().sum().item() / L / n}
+                  "stats/elbo_per_token": logps.detach().sum().item() / L / n,
+                  "stats/clip_ratio": clipped.float().sum().item() / n}

@@ -51,6 +51,7 @@ Randomness: the rollout and noise generators of step s on rank r are derived fro
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -148,6 +149,16 @@ def group_advantages(rewards: torch.Tensor, baseline: str = "mean", std: str = "
     if std != "none":
         adv = adv / (rewards.std(dim=1, keepdim=True, correction=1 if std == "sample" else 0) + eps)
     return adv
+
+
+def clipped_sequence_objective(log_ratio: torch.Tensor, adv: torch.Tensor, eps_low: float,
+                               eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) PPO's min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) for sequence-level log-ratios, taken in log space
+    so exp never overflows (A >= 0: A exp(min(log r, log(1 + eps_high))); A < 0: A exp(max(log r, log(1 - eps_low))),
+    the same value and gradient), and (B,) bool: where the clip bites. ESPO, GDPO, EBPO."""
+    clipped = torch.where(adv >= 0, log_ratio.clamp(max=math.log1p(eps_high)),
+                          log_ratio.clamp(min=math.log1p(-eps_low) if eps_low < 1 else -math.inf))
+    return torch.exp(clipped) * adv, clipped != log_ratio
 
 
 def per_micro(fn, batch: RLBatch, noise, size: int) -> list:
