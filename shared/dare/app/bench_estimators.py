@@ -158,6 +158,7 @@ def estimators_benchmark(checkpoint: str | None = None, draws: int = 64, memory_
 
     from dare.app.bench import _demo_checkpoint
     from dare.models import load_pretrained, load_tokenizer
+    from dare.train.estimators import spread
 
     ckpt = Path(checkpoint) if checkpoint else _demo_checkpoint("llada")
     model, tokenizer = load_pretrained(ckpt).eval(), load_tokenizer(ckpt)
@@ -171,11 +172,10 @@ def estimators_benchmark(checkpoint: str | None = None, draws: int = 64, memory_
     print(f"  {'estimator':42s} {'forwards':>8s} {'std':>7s} {'bias vs ELBO':>12s}")
     with torch.no_grad():
         for name, (forwards, fn) in _estimators(model, batch).items():
-            values = torch.stack([fn(torch.Generator().manual_seed(k)) for k in range(draws)])  # (draws, B)
-            std = float(values.std(dim=0).mean()) if draws > 1 else 0.0
-            bias = float((values.mean(dim=0) - torch.tensor(exact)).mean())
+            mean, sd = spread(fn, draws)
+            std, bias = float(sd.mean()), float((mean - torch.tensor(exact)).mean())
             report["estimators"][name] = {"forwards": forwards, "std": std, "bias_vs_exact_elbo": bias,
-                                          "mean": float(values.mean())}
+                                          "mean": float(mean.mean())}
             print(f"  {name:42s} {forwards:8d} {std:7.3f} {bias:12.3f}")
     root = Path(__file__).resolve().parents[3]
     env = {"PYTHONPATH": f"{root}:{root / 'shared'}", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}

@@ -38,6 +38,8 @@ materializes full-vocabulary logits.
   i.e. 1/t weighting divided by the length), and the Renyi evidence upper bound of order beta,
   (1/beta) log E[w 1[masked] pi^beta] per token, computed in log space (logsumexp over the draws), so it
   never under- or overflows (the reference's fp32 p^beta does: `facebookresearch/SPG` issues #2, #5).
+- `spread(estimate, draws)`: the mean and standard deviation of any per-sequence estimate over independent
+  noise draws (its variance, which decides whether an ELBO method learns; `dare bench estimators`).
 - `elbo_backward(...)`: the same estimate, backpropagated one Monte Carlo draw at a time so
   that only one draw's activations are alive (memory-bounded); returns the value.
 """
@@ -189,6 +191,13 @@ def ar_prefix_logps(model, batch, temperature: float = 1.0) -> torch.Tensor:
     token of every block at once (each block sees its first k tokens and the clean blocks before it).
     `temperature` divides the logits (bidirectional models)."""
     return trajectory_logps(model, batch, noise.left_to_right_rounds(batch), temperature)
+
+
+def spread(estimate, draws: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """((B,) mean, (B,) standard deviation) of `estimate(generator) -> (B,)` over `draws` calls with independent
+    generators (seeded seed, seed + 1, ...): an estimator's noise on a fixed batch (std 0 for one draw)."""
+    values = torch.stack([estimate(torch.Generator().manual_seed(seed + k)) for k in range(draws)])
+    return values.mean(dim=0), values.std(dim=0) if draws > 1 else torch.zeros_like(values[0])
 
 
 def draw_logps(model, batch, masked: torch.Tensor) -> torch.Tensor:
