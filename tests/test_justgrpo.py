@@ -61,6 +61,8 @@ def test_config_refuses_parallel_rollouts_and_token_logps_refuse_a_confidence_or
         jg.check_config(bad)
     with pytest.raises(Invalid, match="left-to-right"):
         DecodingConfig(remasking="left_to_right", threshold=0.9).validate()
+    with pytest.raises(Invalid, match="EOSER"):
+        DecodingConfig(remasking="left_to_right", eos_gamma_min=0.5).validate()
     model = tiny_llada()
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
     confident = generate(model, ids, mask, DecodingConfig(gen_length=8, block_length=8, steps=8))
@@ -69,6 +71,10 @@ def test_config_refuses_parallel_rollouts_and_token_logps_refuse_a_confidence_or
                             compute=Compute())
     assert not (confident.step_map[:, 1:] > confident.step_map[:, :-1]).all()  # this rollout is not AR-ordered
     with pytest.raises(ValueError, match="left to right"):
+        jg.token_logps(model, batch, jg.sample_noise(batch, None, cfg), cfg)
+    batch.step_map = torch.arange(8).expand(3, 8).clone()
+    batch.step_map[:, -2:] = -1  # positions an EOS early stop filled without sampling them
+    with pytest.raises(ValueError, match="eos_early_stop"):
         jg.token_logps(model, batch, jg.sample_noise(batch, None, cfg), cfg)
 
 

@@ -43,6 +43,14 @@ def test_block_random_masks_earlier_blocks_clean_later_masked_and_a_count_inside
                 assert sorted(blocks) == [0, 1, 2, 3]  # the response fills every block: distinct blocks
 
 
+def test_a_block_with_fewer_tokens_than_max_t_allows_still_masks_one():
+    """max_t 0.5 and a block with one scored token: int(1 x 0.5) = 0; at least one is masked (the reference's
+    randint(1, 1) raises there)."""
+    response = torch.tensor([[True] * 5 + [False] * 3])
+    d = _draw(response, (torch.arange(8) // 4)[None], torch.ones(1, 1, dtype=torch.bool), 2, max_t=0.5)
+    assert ((d.masked[0, :, 1:] & response[0]).sum(dim=1) >= 1).all()
+
+
 def test_block_choice_is_a_permutation_modulo_the_used_blocks():
     """The reference's `randperm(num_blocks) % completion_num_blocks`: 4 blocks with 3 used give block 0
     probability 1/2 and blocks 1, 2 a quarter each (exact enumeration of the first entry)."""

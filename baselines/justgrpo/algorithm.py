@@ -32,7 +32,7 @@ non-finite gradients are not zeroed before clipping; families beyond LLaDA.
 import torch
 
 from dare.train import noise
-from dare.train.estimators import trajectory_logps
+from dare.train.estimators import ar_rounds, trajectory_logps
 from dare.train.rl import group_advantages
 
 RECIPE = "rl"
@@ -53,10 +53,10 @@ def check_ar_order(batch) -> None:
     """The rollout committed each row's tokens one per step from left to right (else its policy is not
     the one the AR-prefix likelihood scores): masked sampler with block_length=1 (or remasking=
     left_to_right) and steps=gen_length; block sampler with remasking=left_to_right and steps=block size."""
-    G = batch.step_map.shape[1]
-    late = batch.step_map.max() + 1 + torch.arange(G, device=batch.step_map.device)  # uncommitted: after all
-    steps = torch.where(batch.step_map >= 0, batch.step_map, late)
-    if not (steps[:, 1:] > steps[:, :-1]).all():
+    if (batch.step_map < 0).any():
+        raise ValueError("rl.decoding.eos_early_stop: the rollout filled positions it never sampled with EOS, which "
+                         "JustGRPO would train as sampled tokens (it scores every position): set eos_early_stop=false")
+    if not (batch.step_map[:, 1:] > batch.step_map[:, :-1]).all():
         raise ValueError("rl.decoding: the rollout did not commit one token per step from left to right, which "
                          "JustGRPO's likelihood assumes; masked models: block_length=1 (or remasking=left_to_right) "
                          "and steps=gen_length; block models: remasking=left_to_right and steps=the block size")
@@ -85,7 +85,7 @@ def token_logps(model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
     """(B, G) log pi(o_t | q, o_<t) at every completion position (the logits divided by algo.temperature):
     `estimators.ar_prefix_logps`, the trajectory log-probs of the left-to-right rounds."""
     check_ar_order(batch)
-    return trajectory_logps(model, batch, rounds, cfg.algo.temperature)
+    return trajectory_logps(model, batch, rounds, cfg.algo.temperature, ar_rounds(batch))
 
 
 def loss(logps, old_logps, ref_logps, batch, draw, cfg):

@@ -272,6 +272,9 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
               "order is an option of the masked and block samplers", "remasking", "sampler")
         check(self.remasking != "left_to_right" or not (self.threshold or self.factor), "left-to-right order commits "
               "a fixed count per step: no threshold or factor rule", "remasking", "threshold")
+        check(self.remasking != "left_to_right" or (self.eos_gamma_min, self.eos_gamma_max) == (1.0, 1.0),
+              "left-to-right order ranks positions, not confidences: EOSER (eos_gamma_min/max) would reorder it",
+              "remasking", "eos_gamma_min")
         check(self.steps > 0, "must be positive", "steps")
         check(self.temperature >= 0, "must be >= 0", "temperature")
         check(self.cfg_scale >= 0, "must be >= 0", "cfg_scale")

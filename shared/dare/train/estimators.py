@@ -161,27 +161,31 @@ def completion_logps(model, batch, masked: torch.Tensor) -> torch.Tensor:
     return logps[:, batch.prompt_length:]
 
 
-def per_round(score, batch, rounds: torch.Tensor) -> torch.Tensor:
+def per_round(score, batch, rounds: torch.Tensor, n_rounds: int | None = None) -> torch.Tensor:
     """(B, G) `score(where, masked)` at every completion token, one call per round r: `masked` the
     positions of round >= r (the trajectory state before round r: earlier rounds clean), `where`
-    those of round r. `rounds` (B, P + G): -1 on the prompt, `noise.NEVER` where nothing was committed."""
+    those of round r. `rounds` (B, P + G): -1 on the prompt, `noise.NEVER` where nothing was committed.
+    `n_rounds` fixes the number of calls (a bound known from shapes, so every process of a sharded model
+    runs the same number of forwards); default: the batch's last round."""
     P = batch.prompt_length
     scored = rounds[:, P:]
     out = torch.zeros(scored.shape, dtype=torch.float32, device=scored.device)
-    n_rounds = int(torch.where(scored < noise.NEVER, scored, -1).max()) + 1
+    if n_rounds is None:
+        n_rounds = int(torch.where(scored < noise.NEVER, scored, -1).max()) + 1
     for r in range(n_rounds):
         out = out + score(rounds == r, rounds >= r)[:, P:]
     return out
 
 
-def trajectory_logps(model, batch, rounds: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def trajectory_logps(model, batch, rounds: torch.Tensor, temperature: float = 1.0,
+                     n_rounds: int | None = None) -> torch.Tensor:
     """(B, G) log pi(o_k | the trajectory state before o_k's round): the rollout's own denoising
     transitions, replayed from its step map (each token is committed once, so the state before round
     r is the final completion with every token of round >= r masked)."""
     mask_id = facts(model).mask_token_id
     return per_round(lambda where, masked: diffusion_logps(
         model, torch.where(masked, mask_id, batch.sequences), batch.sequences, where, batch.attention_mask,
-        compute=batch.compute, temperature=temperature), batch, rounds)
+        compute=batch.compute, temperature=temperature), batch, rounds, n_rounds)
 
 
 def ar_prefix_logps(model, batch, temperature: float = 1.0) -> torch.Tensor:
@@ -190,7 +194,14 @@ def ar_prefix_logps(model, batch, temperature: float = 1.0) -> torch.Tensor:
     the t-th on [q, o_<t, MASK ...]. Block-causal models: block-size forwards, the k-th scoring the k-th
     token of every block at once (each block sees its first k tokens and the clean blocks before it).
     `temperature` divides the logits (bidirectional models)."""
-    return trajectory_logps(model, batch, noise.left_to_right_rounds(batch), temperature)
+    return trajectory_logps(model, batch, noise.left_to_right_rounds(batch), temperature, ar_rounds(batch))
+
+
+def ar_rounds(batch) -> int:
+    """The number of AR-prefix rounds from shapes alone (the same on every process): the completion length on a
+    masked model, at most a block's worth on a block model."""
+    G = batch.sequences.shape[1] - batch.prompt_length
+    return G if batch.block_size is None else min(G, batch.block_size)
 
 
 def spread(estimate, draws: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

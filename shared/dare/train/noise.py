@@ -204,7 +204,8 @@ def block_random(response: torch.Tensor, segment: torch.Tensor, prompt: torch.Te
             completion[b, j] = (seg[b] > k) | ~resp[b]
             earlier[b, j] = seg[b] < k
             if length:
-                lo, hi = max(int(length * min_t), 1), min(int(length * max_t), length)
+                lo = max(int(length * min_t), 1)
+                hi = max(min(int(length * max_t), length), lo)  # at least one (the reference's randint fails there)
                 count = int(torch.randint(lo, hi + 1, (1,), generator=generator))
                 pick = torch.randperm(length, generator=generator)[:count]
                 completion[b, j, real.nonzero()[pick, 0]] = True
