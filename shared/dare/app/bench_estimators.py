@@ -92,7 +92,7 @@ def _estimators(model, batch):
 
     def spg(bound):
         def fn(g):
-            segment = (torch.arange(G) // 2).expand(batch.sequences.shape[0], G)
+            segment = (torch.arange(G) // 2).expand(batch.sequences.shape[0], G)  # blocks of 2: 2 on 4 tokens
             draw = noise.block_random(batch.response_mask, segment, batch.attention_mask[:, :P].bool(), 2, g)
             logps = draw_logps(model, batch, draw.masked)
             scored = draw.masked[:, :, P:] & batch.response_mask[:, None, :]
