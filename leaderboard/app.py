@@ -4,9 +4,19 @@ A read-only view over validated result JSONs: committed ones under leaderboard/r
 run folders given with `--runs` (or $DARE_LEADERBOARD_RUNS). Invalid files are listed with their
 reason, never fatal. A row is one training recipe (method, start, config without the seed): only
 the seeds of one recipe are pooled, and a mean or delta over runs made on different hardware or
-from different lock files is marked ⚠. Views: the leaderboard of one model, every method on every
-family of one task (with deltas to each family's start and links to the runs), one method across
-models and families, reproductions against the papers' numbers, speed, and the detail of one run.
+from different lock files is marked ⚠. Views (tabs):
+
+- Leaderboard: every recipe on one model, benchmarks as columns, with deltas to a pinned row;
+- Families: every method on every family of one task (deltas to each family's start, links to runs);
+- Compute: the same task's recipes at equal steps and at equal forward passes (the score, what each
+  spent from `training.compute`, a curve metric interpolated at the common forward budget), and each
+  run's curve against compute/total_forwards;
+- By method: one method across models and families; Reproduction: ours against the papers' numbers;
+  Speed: decoding and training throughput;
+- Run detail: one run's config, provenance and samples, and the training curves (reward, val
+  accuracy, KL, diagnostics, ...) of several runs and seeds overlaid, against steps or compute.
+
+Views say what is missing (older results have no compute record and no compute/* curves).
 """
 
 from __future__ import annotations
@@ -62,8 +72,70 @@ def download(df: pd.DataFrame, name: str, key: str) -> None:
     st.download_button("Download CSV", df.to_csv(index=False).encode(), file_name=name, mime="text/csv", key=key)
 
 
-main, families_tab, by_method, repro, speed, detail = st.tabs(
-    ["Leaderboard", "Families", "By method", "Reproduction", "Speed", "Run detail"])
+def curve_chart(rows: list[dict], x: str, y: str, budget: float | None = None) -> alt.Chart:
+    """One line per run (colored by method, dashed by seed), with a rule at the forward budget."""
+    lines = alt.Chart(pd.DataFrame(rows)).mark_line(point=True).encode(
+        x=alt.X("x:Q", title=x), y=alt.Y("y:Q", title=y, scale=alt.Scale(zero=False)),
+        color=alt.Color("method:N", legend=alt.Legend(orient="bottom", columns=2, labelLimit=400)),
+        strokeDash=alt.StrokeDash("seed:N"), detail="run_id:N",
+        tooltip=["run_id", "method", "seed", alt.Tooltip("x:Q", title=x), alt.Tooltip("y:Q", title=y)])
+    if budget is None:
+        return lines
+    rule = alt.Chart(pd.DataFrame({"budget": [budget]})).mark_rule(strokeDash=[4, 4]).encode(x="budget:Q")
+    return lines + rule
+
+
+def compute_view(columns: list[str]) -> None:
+    """One task and decoding: each recipe at equal steps and at equal forward passes, and its curves."""
+    ready = [c for c in columns if any(load.has_compute(p, r) for p, r in shown if load.benchmark_label(r) == c)]
+    pick = st.selectbox("Task and decoding", columns, index=columns.index(ready[0]) if ready else 0,
+                        key="compute_benchmark")
+    metrics, default = load.compute_metrics(shown, pick)
+    metric = st.selectbox("Curve metric at equal forwards", metrics, key="compute_metric",
+                          index=metrics.index(default)) if metrics else None
+    budget, rows = load.compute_table(shown, pick, metric)
+    if budget is None:
+        st.caption(f"{pick}: no run here logged compute curves ({load.FORWARDS}), so there is no comparison at "
+                   "equal forward passes; the scores at equal steps and the compute records are below.")
+    else:
+        st.caption(f"{pick}: equal steps = the final score, % (mean ± sample std over seeds); compute = means over "
+                   f"seeds of rollout + training sequence forwards, update tokens, wall time; equal forwards = "
+                   f"{metric} at {budget:,.0f} forwards (the smallest last {load.FORWARDS} at which a run logged "
+                   "it), interpolated linearly between each run's logged points; mean ± std over seeds.")
+    st.table(pd.DataFrame(rows).set_index("method"))
+    download(pd.DataFrame(rows), "compute.csv", "csv_compute")
+    if budget is not None:
+        ids = [r.run_id for _, r in shown if load.benchmark_label(r) == pick]
+        points, _ = load.overlay_rows(shown, ids, metric, load.FORWARDS)
+        st.altair_chart(curve_chart(points, load.FORWARDS, metric, budget))
+
+
+def _new_run() -> None:
+    st.session_state.pop("overlay", None)  # the overlay starts again from the new run's seeds
+
+
+def overlay_view(run_id: str) -> None:
+    """The training curves of the run and of the runs picked with it, one line each."""
+    ids = [r.run_id for _, r in shown]
+    picked = st.multiselect("Overlay the training curves of (default: this run and its recipe's other seeds)",
+                            ids, default=load.overlay_default(shown, run_id), key="overlay")
+    curves = [load.read_curve(load.curve_file(p)) for p, r in shown if r.run_id in picked]
+    if not any(curves):
+        st.caption("No training metrics (metrics.jsonl) beside the chosen results.")
+        return
+    metrics = load.curve_metrics(curves)
+    y = st.selectbox("Training curve", metrics, key="curve",
+                     index=metrics.index("rollout/reward_mean") if "rollout/reward_mean" in metrics else 0)
+    x = st.selectbox("Against", load.x_options(curves), key="curve_x")
+    rows, left_out = load.overlay_rows(shown, picked, y, x)
+    if rows:
+        st.altair_chart(curve_chart(rows, x, y))
+    if left_out:
+        st.caption("Left out: " + "; ".join(left_out))
+
+
+main, families_tab, compute_tab, by_method, repro, speed, detail = st.tabs(
+    ["Leaderboard", "Families", "Compute", "By method", "Reproduction", "Speed", "Run detail"])
 
 with main:
     families = sorted({r.model.family for _, r in shown})
@@ -123,6 +195,12 @@ with families_tab:
         st.dataframe(pd.DataFrame(family_runs), hide_index=True, key="family_runs",
                      column_config={"detail": st.column_config.LinkColumn("detail", display_text="open")})
         download(pd.DataFrame(rows), "families.csv", "csv_families")
+
+with compute_tab:  # the task and decoding columns of the Families tab
+    if not columns:
+        st.info("No result matches the filters.")
+    else:
+        compute_view(columns)
 
 with by_method:
     methods = load.options(shown)["method"]
@@ -185,7 +263,8 @@ with detail:
         st.info("No result matches the filters.")
     else:
         linked = st.query_params.get("run")  # the families table links here with ?run=<id>
-        run_id = st.selectbox("Run", ids, index=ids.index(linked) if linked in ids else 0, key="run")
+        run_id = st.selectbox("Run", ids, index=ids.index(linked) if linked in ids else 0, key="run",
+                              on_change=_new_run)
         path, r = next((p, r) for p, r in shown if r.run_id == run_id)
         info = load.run_detail(path, r)
         st.write(f"**{load.method_label(r)}** on **{r.model.name}** ({r.model.family}), {r.benchmark.name} "
@@ -208,9 +287,5 @@ with detail:
         if info["samples"]:
             st.caption(f"Samples (first {len(info['samples'])}): `{info['samples_path']}`")
             st.dataframe(pd.DataFrame(info["samples"]), hide_index=True, key="samples")
-        if info["curves"]:
-            curves = pd.DataFrame(info["curves"]).set_index("step")
-            metric = st.selectbox("Training curve", [c for c in curves.columns if c != "time_s"], key="curve")
-            st.line_chart(curves[[metric]])
-        else:
-            st.caption("No training metrics (metrics.jsonl) beside this result.")
+        st.subheader("Training curves")
+        overlay_view(run_id)

@@ -435,20 +435,209 @@ def run_detail(path: Path, r: Result, max_samples: int = 20) -> dict:
                     preview.append(json.loads(line))
                 except ValueError:
                     break
-    curves = []
-    for candidate in (folder / "metrics.jsonl", folder.parent.parent / "metrics.jsonl"):
-        if candidate.is_file():
-            for line in candidate.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-                    curves.append({k: v for k, v in rec.items() if isinstance(v, (int, float))
-                                   and not isinstance(v, bool) and math.isfinite(v)})
-            break
     return {"config": config.read_text() if config and config.is_file() else None,
             "config_path": str(config) if config else None, "samples_path": str(samples) if samples else None,
-            "samples": preview, "curves": curves,
+            "samples": preview, "curves": read_curve(curve_file(path)),
             "provenance": r.provenance.model_dump(), "training": r.training.model_dump() if r.training else None,
             "decoding": r.decoding.model_dump()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Training curves: several runs overlaid, and methods compared at equal forward passes
+# ---------------------------------------------------------------------------------------------
+
+FORWARDS = "compute/total_forwards"  # rollout + training sequence forward passes so far
+X_AXES = ("step", FORWARDS, "compute/total_rollout_tokens", "compute/total_update_tokens", "compute/wall_s",
+          "time_s")  # the cumulative values a curve can be drawn against
+_CURVES: dict[Path, tuple[tuple[int, int], list[dict]]] = {}  # file -> ((mtime, size), records)
+
+
+def curve_file(path: Path) -> Path | None:
+    """The training curves (metrics.jsonl) of the run a result evaluated: beside a published result,
+    in the `dare train` run of a result in `<run>/eval/<hash>/`, or in `<run>/train/` for a sweep's
+    result in `<run>/eval/`; None when there are none."""
+    folder = Path(path).parent
+    candidates = [folder / "metrics.jsonl"]
+    if folder.parent.name == "eval":
+        candidates.append(folder.parent.parent / "metrics.jsonl")
+    if folder.name == "eval":
+        candidates.append(folder.parent / "train" / "metrics.jsonl")
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def read_curve(path: Path | None) -> list[dict]:
+    """The logged steps of a metrics.jsonl, each with its finite numeric values only (lines that are
+    not JSON or have no integer `step` are skipped; [] without a file). A file is read again only
+    when it changes; the records returned are shared, not to be modified."""
+    if path is None or not path.is_file():
+        return []
+    info = path.stat()
+    stamp = (info.st_mtime_ns, info.st_size)
+    if path in _CURVES and _CURVES[path][0] == stamp:
+        return _CURVES[path][1]
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            records.append({k: v for k, v in rec.items() if isinstance(v, (int, float))
+                            and not isinstance(v, bool) and math.isfinite(v)})
+    _CURVES[path] = (stamp, records)
+    return records
+
+
+def seed(r: Result) -> int | None:
+    return r.training.seed if r.training else None
+
+
+def overlay_default(items, run_id: str) -> list[str]:
+    """The runs the detail view overlays first: the run and the other seeds of its recipe on the same
+    model and benchmark column (a run evaluated on several benchmarks would repeat its curves)."""
+    key = next((recipe(r), r.model.name, benchmark_label(r)) for _, r in items if r.run_id == run_id)
+    return [run_id] + [r.run_id for _, r in items
+                       if r.run_id != run_id and (recipe(r), r.model.name, benchmark_label(r)) == key]
+
+
+def curve_metrics(curves: list[list[dict]]) -> list[str]:
+    """The metrics logged in any of the curves (all but `step` and `time_s`), sorted."""
+    return sorted({k for curve in curves for rec in curve for k in rec} - {"step", "time_s"})
+
+
+def x_options(curves: list[list[dict]]) -> list[str]:
+    """`step`, then each cumulative x axis (`X_AXES`) that at least one of the curves logs."""
+    logged = {k for curve in curves for rec in curve for k in rec}
+    return [x for x in X_AXES if x == "step" or x in logged]
+
+
+def _missing(curve: list[dict], metric: str | None, x: str) -> str:
+    """Why a curve has no point of `metric` against `x`."""
+    if not curve:
+        return "no training curves"
+    if not any(x in rec for rec in curve):
+        return "no compute curves" if x.startswith("compute/") else f"no {x}"
+    if metric is None or not any(metric in rec for rec in curve):
+        return f"no {metric or 'metric'}"
+    return f"no {metric} logged with {x}"
+
+
+def overlay_rows(items, run_ids: list[str], metric: str, x: str = "step") -> tuple[list[dict], list[str]]:
+    """`metric` against `x` for each run of `run_ids`, one line each: (points as rows with run_id, method
+    (its recipe label, with the model when the runs span several), seed, x, y; the runs left out, each
+    `run_id (why)`: no curves, no `x` (older runs log no compute/*) or no `metric`)."""
+    by_id = {r.run_id: (p, r) for p, r in items}
+    chosen = [by_id[i] for i in run_ids if i in by_id]
+    labels = row_labels([r for _, r in chosen], within=lambda r: r.model.name)
+    several = len({r.model.name for _, r in chosen}) > 1
+    rows, left_out = [], []
+    for path, r in chosen:
+        curve = read_curve(curve_file(path))
+        points = [(rec[x], rec[metric]) for rec in curve if x in rec and metric in rec]
+        if not points:
+            left_out.append(f"{r.run_id} ({_missing(curve, metric, x)})")
+            continue
+        label = labels[recipe(r)] + (f" [{r.model.name}]" if several else "")
+        rows += [{"run_id": r.run_id, "method": label, "seed": seed(r), "x": px, "y": py} for px, py in points]
+    return rows, left_out
+
+
+def value_at(curve: list[dict], x_key: str, budget: float, metric: str) -> float | None:
+    """`metric` where `x_key` reaches `budget`: the value logged at a point exactly there, else the linear
+    interpolation between the logged points just before and just after it; None outside the logged
+    range (or when the curve never logs both keys at once)."""
+    points = sorted(((rec[x_key], rec[metric]) for rec in curve if x_key in rec and metric in rec),
+                    key=lambda p: p[0])
+    exact = [y for x, y in points if x == budget]
+    if exact:
+        return exact[0]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 < budget < x1:
+            return y0 + (y1 - y0) * (budget - x0) / (x1 - x0)
+    return None
+
+
+def _final(curve: list[dict], x_key: str, metric: str) -> float | None:
+    """The last `x_key` at which `metric` was logged (None if never)."""
+    return max((rec[x_key] for rec in curve if x_key in rec and metric in rec), default=None)
+
+
+def has_compute(path: Path, r: Result) -> bool:
+    """The run recorded what it spent (`training.compute`) or logged compute curves."""
+    return bool(r.training and r.training.compute) or any(FORWARDS in rec for rec in read_curve(curve_file(path)))
+
+
+def compute_metrics(items, benchmark: str) -> tuple[list[str], str | None]:
+    """(the curve metrics the compute view can compare on one benchmark column: those logged by runs
+    with compute curves, compute/* aside; the default: `val/<main metric>` when a curve has it, else
+    `rollout/reward_mean`, else the first; None when no run logged compute curves)."""
+    results = [(p, r) for p, r in items if benchmark_label(r) == benchmark]
+    curves = [c for c in (read_curve(curve_file(p)) for p, _ in results) if any(FORWARDS in rec for rec in c)]
+    names = [m for m in curve_metrics(curves) if not m.startswith("compute/")]
+    preferred = sorted({f"val/{main_metric(r)}" for _, r in results}) + ["rollout/reward_mean"]
+    return names, next((m for m in preferred if m in names), names[0] if names else None)
+
+
+def spread(values: list[float]) -> str:
+    """`mean ± std (n seeds)` of raw curve values (3 decimals); '' for none."""
+    if not values:
+        return ""
+    mean, std, n = stats(values)
+    return f"{mean:.3f} (1 seed)" if n == 1 else f"{mean:.3f} ± {std:.3f} ({n} seeds)"
+
+
+def _spent(results: list[Result]) -> dict:
+    """The compute columns of a row: means over the seeds that recorded `training.compute`."""
+    spent = [r.training.compute for r in results if r.training and r.training.compute]
+    if not spent:
+        return {"forwards": "", "update tokens": "", "wall time": ""}
+    return {"forwards": f"{stats([c.rollout_forwards + c.train_forwards for c in spent])[0]:,.0f}",
+            "update tokens": f"{stats([c.update_tokens for c in spent])[0]:,.0f}",
+            "wall time": f"{stats([c.wall_time_s for c in spent])[0]:.1f} s"}
+
+
+def _notes(results: list[Result], curves: dict[str, list[dict]], metric: str | None, budget: float | None) -> str:
+    """What a compute row lacks: a compute record, and each reason a seed has no value at the budget."""
+    notes = []
+    recorded = sum(1 for r in results if r.training and r.training.compute)
+    if not recorded:
+        notes.append("no compute record")
+    elif recorded < len(results):
+        notes.append(f"compute recorded by {recorded} of {len(results)} seeds")
+    reasons = []
+    for r in results:
+        curve = curves[r.run_id]
+        if budget is None or metric is None or value_at(curve, FORWARDS, budget, metric) is None:
+            points = [rec for rec in curve if FORWARDS in rec and metric in rec]
+            reasons.append(_missing(curve, metric, FORWARDS) if not points else "budget before its first point")
+    if reasons:
+        why = ", ".join(sorted(set(reasons)))
+        notes.append(why if len(reasons) == len(results) else f"{len(reasons)} of {len(results)} seeds: {why}")
+    return "; ".join(notes)
+
+
+def compute_table(items, benchmark: str, metric: str | None = None) -> tuple[float | None, list[dict]]:
+    """Methods at equal steps and at equal forward passes on one benchmark column (`benchmark_label`):
+    (the forward budget, one row per family x recipe: the final score (`mean ± std (n seeds)`, %), the
+    compute spent (means over the seeds that recorded it: rollout + training sequence forwards, update
+    tokens, wall time), `metric` (default: `compute_metrics`') at the budget, mean ± std over seeds, and
+    a note on what is missing). The budget is the smallest, over the runs with compute curves, of the
+    last `compute/total_forwards` at which `metric` was logged; each run's value there is `value_at`
+    (linear interpolation between its logged points). None: no run logged compute curves."""
+    metric = metric or compute_metrics(items, benchmark)[1]
+    results = [(p, r) for p, r in items if benchmark_label(r) == benchmark]
+    curves = {r.run_id: read_curve(curve_file(p)) for p, r in results}
+    finals = [f for f in (_final(c, FORWARDS, metric) for c in curves.values()) if f is not None] if metric else []
+    budget = min(finals) if finals else None
+    labels = row_labels([r for _, r in results], within=lambda r: r.model.name)
+    groups: dict[tuple, list[Result]] = defaultdict(list)
+    for _, r in sorted(results, key=lambda pr: (pr[1].model.family, pr[1].model.name)):
+        groups[(r.model.family, r.model.name, labels[recipe(r)])].append(r)
+    rows = []
+    for (family, model, label), rs in groups.items():
+        at_budget = [value_at(curves[r.run_id], FORWARDS, budget, metric) for r in rs] if budget is not None else []
+        rows.append({"family": family, "model": model, "method": label, "equal steps": format_cell(rs),
+                     "steps": ", ".join(str(s) for s in sorted({r.training.steps for r in rs if r.training})),
+                     **_spent(rs), "equal forwards": spread([v for v in at_budget if v is not None]),
+                     "note": _notes(rs, curves, metric, budget)})
+    return budget, rows

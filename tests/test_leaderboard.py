@@ -20,13 +20,47 @@ REPO = Path(__file__).resolve().parent.parent
 APP = str(REPO / "leaderboard" / "app.py")
 
 
+def _curve(forwards, rewards, **every_step):
+    """A compute curve (metrics.jsonl records): step s has `forwards[s-1]` sequence forwards so far and
+    reward `rewards[s-1]`, 4 rollout tokens per forward, 10 update tokens, 2 s and a loss of 1/s per
+    step, and `every_step`'s values."""
+    return [{"step": s, "time_s": 2.0 * s, "rollout/reward_mean": y, "loss/total": 1.0 / s, "loss/kl": 0.01 * s,
+             "compute/total_forwards": f, "compute/total_rollout_tokens": 4 * f, "compute/total_update_tokens": 10 * s,
+             "compute/wall_s": 2.0 * s, **every_step} for s, (f, y) in enumerate(zip(forwards, rewards), 1)]
+
+
+def _compute(rollout, train, tokens, wall):
+    return {"rollout_tokens": 4 * rollout, "rollout_forwards": rollout, "train_forwards": train,
+            "update_tokens": tokens, "wall_time_s": wall}
+
+
+# the RL runs on tiny with compute records and curves: (rollout, train forwards, update tokens, wall time),
+# (total forwards, rewards) at steps 1-3. At the budget of 300 forwards (d1 s0's final point), d1 s0 logged
+# 0.6 there, d1 s1 interpolates 0.5 + 0.4 x 140/160 = 0.85, wd1 s0 logged 0.65, wd1 s1 0.6 + 0.3 x 50/150 = 0.7
+D1 = {0: ((200, 100, 1000, 30.0), ([100, 200, 300], [0.2, 0.4, 0.6])),
+      1: ((220, 100, 1200, 34.0), ([80, 160, 320], [0.3, 0.5, 0.9]))}
+WD1 = {0: ((300, 150, 2000, 50.0), ([150, 300, 450], [0.5, 0.65, 0.8])),
+       1: ((260, 140, 1800, 40.0), ([100, 250, 400], [0.4, 0.6, 0.9]))}
+
+
+def _rl(tmp, name, method, seed, acc, **kwargs):
+    """An RL run on tiny from sft with its compute record and compute curve (`D1`, `WD1`)."""
+    spent, (forwards, rewards) = (D1 if method == "d1" else WD1)[seed]
+    _result(tmp, name, method=method, init="sft", seed=seed, acc=acc, compute=_compute(*spent),
+            curve=_curve(forwards, rewards), **kwargs)
+
+
 def _result(tmp, name, *, method, init, seed, acc, model="tiny", family="llada", gen=4, reference=None,
-            throughput=None, extra_files=False, steps=10, cpu=None, run_id=None):
+            throughput=None, extra_files=False, steps=10, cpu=None, run_id=None, compute=None, curve=None):
+    """A result JSON in `tmp/name/`, optionally with a config, samples and a loss curve (`extra_files`),
+    a compute record (`training.compute`) and a metrics.jsonl of `curve`'s records."""
     r = make_result(run_id=run_id or f"{method}__{model}__addition__s{seed}__g{gen}",
                     method={"baseline": method, "init": init})
     r["model"].update(name=model, family=family)
     r["training"].update(seed=seed, recipe_hash=f"{method}-{steps}", config={"run": {"seed": seed},
                                                                              "train": {"steps": steps, "lr": 1e-3}})
+    if compute:
+        r["training"]["compute"] = compute
     if cpu:
         r["provenance"]["hardware"].update(cpu_model=cpu, cpu_capability="AVX512")
     r["decoding"]["gen_length"] = gen
@@ -44,18 +78,23 @@ def _result(tmp, name, *, method, init, seed, acc, model="tiny", family="llada",
         (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss/total": 1.0 / s, "time_s": s})
                                                       + "\n" for s in (1, 2, 3)))
         r["artifacts"] = {"samples": "samples_addition.jsonl", "config": "config.yaml"}
+    if curve is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in curve))
     write_result(r, folder / "result_addition.json")
 
 
 @pytest.fixture
 def runs(tmp_path, monkeypatch):
     """Two families, two models, three methods with seeds, a reproduction, throughput results, a
-    bench report, run artifacts and four kinds of broken files."""
+    bench report, run artifacts, compute records and curves (the RL runs on tiny; an older run's
+    curve without compute/* keys) and four kinds of broken files."""
     _result(tmp_path, "sft", method="sft", init="scratch", seed=0, acc=[1, 1, 0, 1])
     for seed, acc in [(0, [1, 1, 0, 1]), (1, [1, 0, 0, 1])]:
-        _result(tmp_path, f"d1_{seed}", method="d1", init="sft", seed=seed, acc=acc, extra_files=seed == 0)
-    _result(tmp_path, "wd1", method="wd1", init="sft", seed=0, acc=[1, 1, 1, 1])
-    _result(tmp_path, "d1_long", method="d1", init="sft", seed=0, acc=[0, 1, 0, 1], gen=8)
+        _rl(tmp_path, f"d1_{seed}", "d1", seed, acc, extra_files=seed == 0)
+    _rl(tmp_path, "wd1", "wd1", 0, [1, 1, 1, 1])
+    _result(tmp_path, "d1_long", method="d1", init="sft", seed=0, acc=[0, 1, 0, 1], gen=8,
+            curve=[{"step": s, "time_s": s, "rollout/reward_mean": 0.1 * s} for s in (1, 2)])
     _result(tmp_path, "sdar_sft", method="sft", init="scratch", seed=0, acc=[0, 0, 1, 1], model="tiny-sdar",
             family="sdar")
     _result(tmp_path, "sdar_d1", method="d1", init="sft", seed=0, acc=[0, 1, 1, 1], model="tiny-sdar",
@@ -106,7 +145,8 @@ def test_invalid_files_are_listed_and_the_rest_works(runs):
     assert reasons["result_missing.json"].startswith("model: Field required")
     assert "NaN" in reasons["result_nan.json"]
     assert "train-1.json" not in " ".join(reasons)  # a bench report is not an invalid result
-    assert [t.label for t in at.tabs] == ["Leaderboard", "Families", "By method", "Reproduction", "Speed", "Run detail"]
+    assert [t.label for t in at.tabs] == ["Leaderboard", "Families", "Compute", "By method", "Reproduction", "Speed",
+                                          "Run detail"]
 
 
 def test_main_view_cells_deltas_and_sorting(runs):
@@ -253,9 +293,180 @@ def test_run_detail_shows_config_provenance_samples_and_curves(runs):
     assert any("lr: 5.0e-05" in c.value for c in at.code)
     samples = next(d.value for d in at.dataframe if "completion" in d.value.columns)
     assert len(samples) == 3
-    assert at.selectbox(key="curve").options == ["loss/total"]
+    assert at.selectbox(key="curve").options == ["compute/total_forwards", "compute/total_rollout_tokens",
+                                                 "compute/total_update_tokens", "compute/wall_s", "loss/kl",
+                                                 "loss/total", "rollout/reward_mean"]
     assert any("Commit" in m.value and "AMD EPYC (AVX2)" in m.value for m in at.markdown)
     assert any(json.loads(j.value).get("hardware", {}).get("cpu_capability") == "AVX2" for j in at.json)  # fingerprint
+
+
+# ---------------------------------------------------------------------------------------------
+# Training curves overlaid, and methods at equal forward passes
+# ---------------------------------------------------------------------------------------------
+
+FORWARDS = "compute/total_forwards"
+D1_S0, D1_S1, WD1_S0 = "d1__tiny__addition__s0__g4", "d1__tiny__addition__s1__g4", "wd1__tiny__addition__s0__g4"
+
+
+def _load(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "leaderboard"))
+    import load
+
+    return load
+
+
+def _chart_rows(chart) -> list[dict]:
+    """The data rows an Altair chart sent to the page (Streamlit ships them as Arrow)."""
+    import pyarrow as pa
+
+    frames = [pa.ipc.open_stream(d.data.data).read_pandas() for d in chart.proto.datasets]
+    return [row for frame in frames for row in frame.to_dict("records")]
+
+
+def _overlay_chart(at):
+    """The run detail's chart: lines dashed by seed, no budget rule (the Compute tab's has one)."""
+    return next(c for c in at.get("vega_lite_chart") if '"strokeDash"' in c.proto.spec and '"rule"' not in c.proto.spec)
+
+
+def test_value_at_uses_a_logged_point_or_interpolates_between_the_two_around_the_budget(monkeypatch):
+    load = _load(monkeypatch)
+    curve = [{"step": 1, "f": 100, "m": 0.2}, {"step": 2, "f": 200}, {"step": 3, "f": 300, "m": 0.5},
+             {"step": 4, "f": 400, "m": 0.9}]
+    assert load.value_at(curve, "f", 300, "m") == 0.5  # a point at the budget, as it is
+    assert load.value_at(curve, "f", 150, "m") == pytest.approx(0.2 + 0.3 * 50 / 200)  # step 2 logged no m
+    assert load.value_at(curve, "f", 375, "m") == pytest.approx(0.8)
+    assert load.value_at(curve, "f", 50, "m") is None and load.value_at(curve, "f", 401, "m") is None
+    assert load.value_at(curve, "compute/total_forwards", 150, "m") is None  # an older curve: no compute keys
+
+
+def test_overlay_rows_put_several_runs_and_seeds_against_steps_or_compute(runs, monkeypatch):
+    load = _load(monkeypatch)
+    items, _ = load.load_all()
+    assert load.overlay_default(items, D1_S0) == [D1_S0, D1_S1]  # not the 8-token column, not tiny-sdar
+    chosen = [D1_S0, D1_S1, WD1_S0, "d1__tiny__addition__s0__g8", "sft__tiny__addition__s0__g4"]
+    rows, left_out = load.overlay_rows(items, chosen, "rollout/reward_mean", FORWARDS)
+    points = {(r["run_id"], r["seed"], r["method"]): [] for r in rows}
+    for r in rows:
+        points[(r["run_id"], r["seed"], r["method"])].append((r["x"], r["y"]))
+    assert points == {(D1_S0, 0, "d1 (from sft)"): [(100, 0.2), (200, 0.4), (300, 0.6)],
+                      (D1_S1, 1, "d1 (from sft)"): [(80, 0.3), (160, 0.5), (320, 0.9)],
+                      (WD1_S0, 0, "wd1 (from sft)"): [(150, 0.5), (300, 0.65), (450, 0.8)]}
+    assert left_out == ["d1__tiny__addition__s0__g8 (no compute curves)",
+                        "sft__tiny__addition__s0__g4 (no training curves)"]
+    rows, left_out = load.overlay_rows(items, chosen, "rollout/reward_mean", "step")
+    assert {r["run_id"] for r in rows} == set(chosen[:4]) and len(left_out) == 1  # the older run has steps
+    curves = [load.read_curve(load.curve_file(p)) for p, r in items if r.run_id in chosen]
+    assert load.x_options(curves) == ["step", FORWARDS, "compute/total_rollout_tokens", "compute/total_update_tokens",
+                                      "compute/wall_s", "time_s"]
+    older = next(p for p, r in items if r.run_id == "d1__tiny__addition__s0__g8")
+    assert load.x_options([load.read_curve(load.curve_file(older))]) == ["step", "time_s"]
+
+
+def test_compute_table_compares_methods_at_equal_steps_and_equal_forwards(runs, monkeypatch):
+    """d1 (2 seeds) and wd1 (2 seeds) on tiny: the budget is d1 s0's final 300 forwards; d1 is 0.6 and
+    0.85 there, wd1 0.65 and 0.7 (`D1`, `WD1`); the SFT start and the other models recorded no compute."""
+    load = _load(monkeypatch)
+    _rl(runs, "wd1_1", "wd1", 1, [1, 1, 0, 1])
+    items, _ = load.load_all()
+    column = "addition [4/4/4, T=0]"
+    assert load.compute_metrics(items, column) == (["loss/kl", "loss/total", "rollout/reward_mean"],
+                                                   "rollout/reward_mean")
+    budget, rows = load.compute_table(items, column)
+    assert budget == 300
+    by = {(r["model"], r["method"]): r for r in rows}
+    assert set(by) == {("LLaDA-8B", "d1"), ("LLaDA-8B", "wd1"), ("tiny", "sft"), ("tiny", "d1 (from sft)"),
+                       ("tiny", "wd1 (from sft)"), ("tiny-sdar", "sft"), ("tiny-sdar", "d1 (from sft)")}
+    d1, wd1, sft = by[("tiny", "d1 (from sft)")], by[("tiny", "wd1 (from sft)")], by[("tiny", "sft")]
+    assert d1["equal steps"] == "62.5 ± 17.7 (2 seeds)" and wd1["equal steps"] == "87.5 ± 17.7 (2 seeds)"
+    assert (d1["forwards"], d1["update tokens"], d1["wall time"]) == ("310", "1,100", "32.0 s")  # (300 + 320) / 2
+    assert (wd1["forwards"], wd1["update tokens"], wd1["wall time"]) == ("425", "1,900", "45.0 s")
+    assert d1["equal forwards"] == "0.725 ± 0.177 (2 seeds)"  # (0.6 + 0.85) / 2, |0.85 - 0.6| / sqrt 2
+    assert wd1["equal forwards"] == "0.675 ± 0.035 (2 seeds)"  # (0.65 + 0.7) / 2
+    assert d1["note"] == wd1["note"] == "" and d1["steps"] == "10"
+    assert sft["equal steps"] == "75.0 (1 seed)" and sft["forwards"] == sft["equal forwards"] == ""
+    assert sft["note"] == "no compute record; no training curves"  # reported, not a crash
+    assert by[("tiny-sdar", "d1 (from sft)")]["family"] == "sdar"
+    budget, rows = load.compute_table(items, column, "loss/total")  # 1/s: d1 s1 at 300 is 1/2 - (1/6) 140/160
+    d1 = next(r for r in rows if r["model"] == "tiny" and r["method"] == "d1 (from sft)")
+    assert budget == 300 and d1["equal forwards"] == "0.344 ± 0.015 (2 seeds)"
+    # an older seed of wd1: a compute record but no curves; an older column: neither
+    _result(runs, "wd1_2", method="wd1", init="sft", seed=2, acc=[1, 1, 1, 1], compute=_compute(300, 100, 10, 5.0))
+    items, _ = load.load_all()
+    wd1 = next(r for r in load.compute_table(items, column)[1]
+               if r["model"] == "tiny" and r["method"] == "wd1 (from sft)")
+    assert wd1["equal forwards"] == "0.675 ± 0.035 (2 seeds)" and wd1["forwards"] == "417"  # (450 + 400 + 400) / 3
+    assert wd1["note"] == "1 of 3 seeds: no training curves"
+    assert load.compute_table(items, "addition [8/4/4, T=0]") == (None, [
+        {"family": "llada", "model": "tiny", "method": "d1 (from sft)", "equal steps": "50.0 (1 seed)", "steps": "10",
+         "forwards": "", "update tokens": "", "wall time": "", "equal forwards": "",
+         "note": "no compute record; no compute curves"}])
+
+
+def test_compute_metric_defaults_to_the_validation_score_when_logged(runs, monkeypatch):
+    """wd1 s1 validates at steps 2 and 3 (250 and 400 forwards): val/accuracy is the default, and its
+    last validation is the budget (the other runs have no val/accuracy)."""
+    load = _load(monkeypatch)
+    curve = _curve(*WD1[1][1])
+    curve[1]["val/accuracy"], curve[2]["val/accuracy"] = 0.5, 0.75
+    _result(runs, "wd1_1", method="wd1", init="sft", seed=1, acc=[1, 1, 0, 1], curve=curve)
+    items, _ = load.load_all()
+    names, default = load.compute_metrics(items, "addition [4/4/4, T=0]")
+    assert default == "val/accuracy" and "rollout/reward_mean" in names
+    budget, rows = load.compute_table(items, "addition [4/4/4, T=0]")
+    by = {(r["model"], r["method"]): r for r in rows}
+    assert budget == 400 and by[("tiny", "wd1 (from sft)")]["equal forwards"] == "0.750 (1 seed)"
+    assert by[("tiny", "wd1 (from sft)")]["note"] == "compute recorded by 1 of 2 seeds; 1 of 2 seeds: no val/accuracy"
+    assert by[("tiny", "d1 (from sft)")]["note"] == "no val/accuracy"
+
+
+def test_run_detail_overlays_runs_and_seeds_against_steps_and_forwards(runs):
+    at = _app()
+    at.selectbox(key="run").select(D1_S0).run()
+    assert at.multiselect(key="overlay").value == [D1_S0, D1_S1]  # the run and its recipe's other seed
+    assert at.selectbox(key="curve").value == "rollout/reward_mean" and at.selectbox(key="curve_x").value == "step"
+    at.multiselect(key="overlay").select(WD1_S0).select("d1__tiny__addition__s0__g8").run()
+    chart = _overlay_chart(at)
+    assert {(r["run_id"], r["x"]) for r in _chart_rows(chart) if r["x"] == 2} == {
+        (D1_S0, 2), (D1_S1, 2), (WD1_S0, 2), ("d1__tiny__addition__s0__g8", 2)}
+    at.selectbox(key="curve_x").select(FORWARDS).run()
+    assert not at.exception
+    chart = _overlay_chart(at)
+    rows = _chart_rows(chart)
+    assert sorted((r["run_id"], r["seed"], r["x"], r["y"]) for r in rows if r["run_id"] != D1_S0) == [
+        (D1_S1, 1, 80, 0.3), (D1_S1, 1, 160, 0.5), (D1_S1, 1, 320, 0.9),
+        (WD1_S0, 0, 150, 0.5), (WD1_S0, 0, 300, 0.65), (WD1_S0, 0, 450, 0.8)]
+    assert {r["method"] for r in rows} == {"d1 (from sft)", "wd1 (from sft)"}
+    assert f'"title": "{FORWARDS}"' in chart.proto.spec
+    assert "Left out: d1__tiny__addition__s0__g8 (no compute curves)" in [c.value for c in at.caption]
+    at.selectbox(key="run").select(WD1_S0).run()  # another run starts its own overlay
+    assert at.multiselect(key="overlay").value == [WD1_S0]
+    at.selectbox(key="run").select("sft__tiny__addition__s0__g4").run()
+    assert "No training metrics (metrics.jsonl) beside the chosen results." in [c.value for c in at.caption]
+
+
+def test_compute_view_shows_scores_at_equal_steps_and_forwards(runs):
+    _rl(runs, "wd1_1", "wd1", 1, [1, 1, 0, 1])
+    at = _app()
+    assert at.selectbox(key="compute_benchmark").value == "addition [4/4/4, T=0]"
+    assert at.selectbox(key="compute_metric").value == "rollout/reward_mean"
+    table = next(t.value for t in at.table if "equal forwards" in t.value.columns)
+    tiny = table[table["model"] == "tiny"]
+    assert tiny.loc["d1 (from sft)", "equal forwards"] == "0.725 ± 0.177 (2 seeds)"
+    assert tiny.loc["wd1 (from sft)", "equal forwards"] == "0.675 ± 0.035 (2 seeds)"
+    assert tiny.loc["wd1 (from sft)", "equal steps"] == "87.5 ± 17.7 (2 seeds)"
+    assert tiny.loc["wd1 (from sft)", "forwards"] == "425"
+    assert tiny.loc["sft", "note"] == "no compute record; no training curves"
+    assert any("rollout/reward_mean at 300 forwards" in c.value for c in at.caption)
+    chart = next(c for c in at.get("vega_lite_chart") if '"rule"' in c.proto.spec)
+    assert {r["run_id"] for r in _chart_rows(chart) if "run_id" in r and isinstance(r["run_id"], str)} == {
+        D1_S0, D1_S1, WD1_S0, "wd1__tiny__addition__s1__g4"}
+    at.selectbox(key="compute_metric").select("loss/total").run()
+    assert any("loss/total at 300 forwards" in c.value for c in at.caption)
+    at.selectbox(key="compute_benchmark").select("addition [8/4/4, T=0]").run()  # an older run: no compute at all
+    assert not at.exception
+    assert any("no run here logged compute curves" in c.value for c in at.caption)
+    table = next(t.value for t in at.table if "equal forwards" in t.value.columns)
+    assert table.loc["d1 (from sft)", "note"] == "no compute record; no compute curves"
 
 
 def test_leaderboard_loader_is_torch_free(runs):
@@ -278,7 +489,8 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_browser_shows_the_leaderboard(runs, tmp_path):
     """Installs Chromium and its driver through the Makefile (`make browser`) when missing, starts
-    the app with `dare leaderboard`, reads the table in the page and saves a screenshot."""
+    the app with `dare leaderboard`, reads the table in the page, saves a screenshot, then opens the
+    Compute tab and reads the scores at equal forward passes."""
     r = subprocess.run(["make", "-s", "browser"], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     from selenium import webdriver
@@ -320,6 +532,13 @@ def test_browser_shows_the_leaderboard(runs, tmp_path):
         out = os.environ.get("DARE_SCREENSHOT")
         if out:  # `DARE_SCREENSHOT=docs/leaderboard.png pytest -k browser` refreshes the README's picture
             shutil.copyfile(shot, out)
+        # then the Compute tab (the screenshot stays the leaderboard's): d1 and wd1 at 300 forwards
+        next(t for t in driver.find_elements(By.CSS_SELECTOR, '[role="tab"]') if t.text == "Compute").click()
+        WebDriverWait(driver, 30).until(lambda d: "0.725 ± 0.177" in d.find_element(By.TAG_NAME, "body").text)
+        text = driver.find_element(By.TAG_NAME, "body").text
+        for expected in ("0.725 ± 0.177 (2 seeds)", "0.650 (1 seed)", "rollout/reward_mean at 300 forwards",
+                         "no compute record"):
+            assert expected in text, expected
     finally:
         driver.quit()
         app.terminate()
@@ -370,7 +589,7 @@ def test_every_committed_result_says_which_machine_and_commit_made_it():
     commits: dict[str, set] = {}  # folder -> the commits its results came from
     for path, r in valid:
         hw = r.provenance.hardware
-        assert r.schema_version == "2" and hw.cpu_model and hw.cpu_capability and hw.threads and hw.blas, path
+        assert r.schema_version in ("2", "3") and hw.cpu_model and hw.cpu_capability and hw.threads and hw.blas, path
         assert r.provenance.lock and r.provenance.lock.lock == "locks/train.txt", path
         assert r.provenance.command and r.training.command and r.training.recipe_hash and r.training.config, path
         assert r.provenance.git_dirty is False, path

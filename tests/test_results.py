@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def make_result(**changes) -> dict:
     r = {
-        "schema_version": "2", "run_id": "d1__tiny__addition__s0__abcd1234", "created_at": "2026-11-21T00:00:00Z",
+        "schema_version": SCHEMA_VERSION, "run_id": "d1__tiny__addition__s0__abcd1234", "created_at": "2026-11-21T00:00:00Z",
         "method": {"baseline": "d1", "paper": "2504.12216", "init": "sft"},
         "model": {"name": "tiny", "family": "llada", "kind": "masked", "dtype": "float32", "n_params": 1000},
         "benchmark": {"name": "addition", "split": "test", "version": "1",
@@ -166,7 +166,7 @@ def test_schema_1_results_still_load(tmp_path):
     r = read_result(tmp_path / "old.json")
     assert r.schema_version == "1" and r.training.recipe_hash is None
     assert r.provenance.hardware.hardware_class() == "x86_64 (?)"
-    assert read_result(write_result(make_result(), tmp_path / "new.json")).schema_version == SCHEMA_VERSION == "2"
+    assert read_result(write_result(make_result(), tmp_path / "new.json")).schema_version == SCHEMA_VERSION == "3"
 
 
 def test_a_published_result_names_run_folders_as_runs_not_machine_paths(tmp_path, monkeypatch):

@@ -400,8 +400,42 @@ class RLConfig:
     logged as `val/<metric>` in metrics.jsonl; 0: off."""
     eval_samples: int = field(default=64, metadata=NOHASH)
     eval_split: str = field(default="test", metadata=NOHASH)
+    # Diagnostics (`dare.train.diagnostics`): they read the run and never change it (their noise and
+    # forwards leave every generator untouched), so they are not part of the config hash.
+    agreement_rows: int = field(default=8, metadata=NOHASH)
+    """Rows of every logged step whose committed tokens the trainer replays in the sampler's states
+    (`agree/logp_gap`: rollout/trainer agreement); 0: off."""
+    diag_every: int = field(default=10, metadata=NOHASH)
+    """Every N steps, re-estimate the first `diag_rows` rows' log-probs with `diag_draws` independent noise
+    draws (`diag/logp_std`, `diag/logp_std_to_adv_std`); 0: off."""
+    diag_draws: int = field(default=4, metadata=NOHASH)
+    diag_rows: int = field(default=8, metadata=NOHASH)
+    warn_no_diversity: int = field(default=5, metadata=NOHASH)
+    """Warn in the log after N consecutive steps in which every group's completions are identical; 0: never."""
+    # Guards: a non-finite loss or gradient norm, or a collapse of `collapse_metric`, stops the update and
+    # restores the last good checkpoint (`run.save_every` writes them); they change nothing in a healthy run.
+    on_collapse: Literal["rollback", "stop"] = field(default="rollback", metadata=NOHASH)
+    """rollback: restore the last good checkpoint, halve the learning rate and go on (at most `max_rollbacks`
+    times, then stop); stop: exit with the reason. Either way the event is recorded in run.json (`guards`)."""
+    max_rollbacks: int = field(default=3, metadata=NOHASH)
+    collapse_metric: str = field(default="", metadata=NOHASH)
+    """A logged metric (rollout/reward_mean, val/accuracy, ...) whose mean over `collapse_window` steps falling
+    below `collapse_below`, or more than `collapse_drop` (a share) below its best, is a collapse; "": off."""
+    collapse_window: int = field(default=5, metadata=NOHASH)
+    collapse_below: float | None = field(default=None, metadata=NOHASH)
+    collapse_drop: float | None = field(default=None, metadata=NOHASH)
 
     def validate(self):
+        check(self.agreement_rows >= 0, "must be >= 0 (0: off)", "agreement_rows")
+        check(self.diag_every >= 0, "must be >= 0 (0: off)", "diag_every")
+        check(self.diag_draws >= 2, "must be >= 2 (a spread needs two draws)", "diag_draws")
+        check(self.diag_rows > 0, "must be positive", "diag_rows")
+        check(self.warn_no_diversity >= 0, "must be >= 0 (0: never)", "warn_no_diversity")
+        check(self.max_rollbacks >= 0, "must be >= 0", "max_rollbacks")
+        check(self.collapse_window > 0, "must be positive", "collapse_window")
+        check(not self.collapse_metric or self.collapse_below is not None or self.collapse_drop is not None,
+              "a collapse criterion needs collapse_below or collapse_drop", "collapse_metric")
+        check(self.collapse_drop is None or 0 < self.collapse_drop < 1, "must be in (0, 1)", "collapse_drop")
         check(self.eval_every >= 0, "must be >= 0 (0: no validation)", "eval_every")
         check(self.eval_samples > 0, "must be positive", "eval_samples")
         check(self.prompts_per_step > 0, "must be positive", "prompts_per_step")

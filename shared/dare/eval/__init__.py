@@ -148,7 +148,7 @@ def build_result(*, meta: dict, model_info: dict, benchmark: dict, decoding, out
                     "wall_time_s": meta["wall_time_s"],
                     "init_config_hash": init.get("config_hash") if init else None,
                     "recipe_hash": meta.get("recipe_hash"), "config": meta.get("config"),
-                    "command": meta.get("command")}
+                    "command": meta.get("command"), "compute": meta.get("compute")}
     commit, dirty = git_state()
     run_seed = meta.get("seed", seed)
     train_hash = meta.get("run_key", meta.get("config_hash", "base"))[:8]  # config + starting checkpoint

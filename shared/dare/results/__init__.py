@@ -1,4 +1,4 @@
-"""Result JSON, schema version 2 (version 1 files still load): one file per (run x benchmark), validated on write and on load.
+"""Result JSON, schema version 3 (versions 1 and 2 still load): one file per (run x benchmark), validated on write and on load.
 
 Fields (all required unless marked optional):
     schema_version  "1"
@@ -17,7 +17,9 @@ Fields (all required unless marked optional):
     training        optional (absent for an untrained base model): seed, steps, config hash,
                     recipe hash (the config hash without the seed: seeds of one recipe share it),
                     the hashed config itself, data identity (task, split, version, sha256), wall
-                    time, the run it started from, the training command
+                    time, the run it started from, the training command, and (v3, RL runs) the compute
+                    it spent: rollout tokens, forward passes (NFE) of rollout and training, the tokens
+                    the updates trained on, wall time
     throughput      evaluation samples/s; tokens/s of responses (up to and including EOS);
                     forward passes (NFE) per sample; positions committed per forward pass
     provenance      git commit and dirty flag, package versions, hardware fingerprint (CPU model,
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -43,8 +46,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dare.utils import atomic_write
 
-SCHEMA_VERSION = "2"
-READABLE_VERSIONS = ("1", "2")
+SCHEMA_VERSION = "3"
+READABLE_VERSIONS = ("1", "2", "3")
 
 
 class _Strict(BaseModel):
@@ -123,6 +126,24 @@ class DataInfo(_Strict):
     sha256: str
 
 
+class Compute(_Strict):
+    """What a training run spent (v3; RL runs), totals over the run and all processes, so methods can be
+    compared at equal compute as well as at equal steps. A forward pass is counted per sequence (a forward
+    over a batch of B rows counts B; the dLLM papers' NFE per sample, summed over samples); compute spent
+    on steps a guard rolled back is included."""
+
+    rollout_tokens: int = Field(ge=0)
+    """Completion positions decoded (rows x gen_length per rollout)."""
+    rollout_forwards: int = Field(ge=0)
+    """Sequence forward passes of the rollouts (cached steps count as forwards too)."""
+    train_forwards: int = Field(ge=0)
+    """Sequence forward passes of the log-prob passes and updates (policy, reference and value model;
+    backward passes and gradient-checkpointing recomputation are not counted)."""
+    update_tokens: int = Field(ge=0)
+    """Loss tokens times the updates that trained on them (trainable-token updates)."""
+    wall_time_s: float = Field(ge=0)
+
+
 class Training(_Strict):
     seed: int
     steps: int = Field(ge=0)
@@ -138,6 +159,8 @@ class Training(_Strict):
     """The hashed fields of the resolved training config (v2), to say how two recipes differ."""
     command: str | None = None
     """The training command (v2)."""
+    compute: Compute | None = None
+    """The compute the run spent (v3; RL runs)."""
 
 
 class Throughput(_Strict):
@@ -203,7 +226,7 @@ class Artifacts(_Strict):
 
 
 class Result(_Strict):
-    schema_version: Literal["1", "2"]
+    schema_version: Literal["1", "2", "3"]
     run_id: str
     created_at: str
     method: Method
@@ -272,21 +295,22 @@ PUBLISHED_SAMPLES = 64
 def publish(result_path: str | Path, dest_root: str | Path) -> Path:
     """Copy a valid result, with its config and its first `PUBLISHED_SAMPLES` samples (the result
     records the whole file's count and sha256), to `dest_root/<run_id>/`, run-folder paths in its
-    commands and config written as `runs/...` (`portable`); the training run's
-    metrics.jsonl (runs/<baseline>/<key>/ for results under its eval/ folder) comes along for the
-    leaderboard's training curves. A result already there (same run id: the same training run and
-    the same evaluation) is left as it is, so publishing twice adds nothing."""
-    import shutil
-
+    commands and config written as `runs/...` (`portable`); the training run's metrics.jsonl
+    (`training_curves`) comes along for the leaderboard's training curves. A result already there (same
+    run id: the same training run and the same evaluation) is left as it is, so publishing twice adds
+    nothing but the curves an older copy lacks."""
     from dare.utils import sha256_file
 
     result_path = Path(result_path)
     result = read_result(result_path)
     dest = Path(dest_root) / result.run_id
     existing = dest / result_path.name
+    curves = training_curves(result_path)
     if existing.is_file() and existing.resolve() != result_path.resolve():
         try:
             read_result(existing)
+            if curves and not (dest / "metrics.jsonl").is_file():  # an older copy gets its curves
+                shutil.copyfile(curves, dest / "metrics.jsonl")
             return existing
         except ValueError:
             pass  # a broken copy is replaced
@@ -304,12 +328,24 @@ def publish(result_path: str | Path, dest_root: str | Path) -> Path:
                 "samples_total_sha256": sha256_file(whole)})})
         else:
             shutil.copyfile(whole, dest / art.samples)
-    curves = result_path.parent.parent.parent / "metrics.jsonl"
-    if result_path.parent.parent.name == "eval" and curves.is_file():
+    if curves:
         shutil.copyfile(curves, dest / "metrics.jsonl")
     write_result(result, dest / result_path.name)
     atomic_write(dest / result_path.name, portable((dest / result_path.name).read_text()))  # its commands
     return dest / result_path.name
+
+
+def training_curves(result_path: Path) -> Path | None:
+    """The metrics.jsonl of the training run a result evaluated, where the run folders put it: a `dare
+    train` run's `<run>/metrics.jsonl` for results in `<run>/eval/<hash>/`, a sweep run's
+    `<run>/train/metrics.jsonl` for results in `<run>/eval/`; None when there is none."""
+    folder = Path(result_path).parent
+    candidates = []
+    if folder.parent.name == "eval":
+        candidates.append(folder.parent.parent / "metrics.jsonl")
+    if folder.name == "eval":
+        candidates.append(folder.parent / "train" / "metrics.jsonl")
+    return next((c for c in candidates if c.is_file()), None)
 
 
 def portable(text: str) -> str:
@@ -347,5 +383,5 @@ def load_results(*sources: str | Path, pattern: str = "**/*.json") -> tuple[list
 
 
 __all__ = ["SCHEMA_VERSION", "Result", "Method", "ModelInfo", "Benchmark", "SampleCounts", "Decoding", "Metric",
-           "Reference", "Training", "DataInfo", "Throughput", "Provenance", "Hardware", "Artifacts",
+           "Reference", "Training", "Compute", "DataInfo", "Throughput", "Provenance", "Hardware", "Artifacts",
            "metric_from_values", "write_result", "read_result", "load_results", "publish"]

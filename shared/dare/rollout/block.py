@@ -125,6 +125,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     gen_cols = gen_start[:, None] + torch.arange(G, device=device)[None, :]  # (B, G) canvas columns
     step_canvas = torch.full((B, W), -1, dtype=torch.long, device=device)
     logp_canvas = torch.zeros((B, W), dtype=torch.float32, device=device)
+    model_logp_canvas = torch.zeros((B, W), dtype=torch.float32, device=device)  # untempered (commit_logps)
     quota = schedule(bs, decoding.steps)
     editing = decoding.editing_threshold > 0
     cached = decoding.cache != "none"
@@ -172,6 +173,9 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             x[:, cols] = torch.where(commit, x0, x[:, cols])
             step_canvas[:, cols][commit] = step
             logp_canvas[:, cols][commit] = conf[commit].log().float()
+            raw = logits.float()
+            model_logp_canvas[:, cols][commit] = (raw.gather(-1, x0[..., None]).squeeze(-1)
+                                                  - raw.logsumexp(dim=-1))[commit]
             if editing:
                 done |= finished
             step += 1
@@ -193,7 +197,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     return RolloutOutput(sequences=sequences, attention_mask=attention_mask, prompt_length=P,
                          response_mask=response_mask(responses, f.stop_ids),
                          step_map=step_canvas.gather(1, gen_cols), nfe=nfe, sampler="block",
-                         logps=logp_canvas.gather(1, gen_cols),
+                         logps=logp_canvas.gather(1, gen_cols), commit_logps=model_logp_canvas.gather(1, gen_cols),
                          trajectory=torch.stack(trajectory) if trajectory else None)
 
 

@@ -37,6 +37,11 @@ class RolloutOutput:
     logps: torch.Tensor | None = None
     """(B, G) float32: the log-probability of each generated token under the distribution it was
     drawn from at the step that (last) committed it, 0 where nothing was committed (block sampler)."""
+    commit_logps: torch.Tensor | None = None
+    """(B, G) float32: log softmax(logits) of each generated token under the model's own, untempered
+    distribution at the step that (last) committed it, the distribution the trainer's log-probs estimate
+    (no temperature, top-k/p or forbidden tokens), 0 where nothing was committed; the sampler's side of
+    the rollout/trainer agreement (`dare.train.diagnostics`). The masked and block samplers record it."""
     steps_done: int = 0
     """Decoding steps made (the masked sampler; a partial rollout continues from here)."""
 

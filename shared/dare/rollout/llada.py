@@ -125,9 +125,11 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
         (B, P), device = prompt_ids.shape, x.device
         step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
+        commit_logps = torch.zeros((B, G), dtype=torch.float32, device=device)
         trajectory, nfe, step = [], 0, 0
     else:
         x, attention_mask, step_map = start.sequences.clone(), start.attention_mask, start.step_map.clone()
+        commit_logps = start.commit_logps.clone()
         (B, P), device = (x.shape[0], start.prompt_length), x.device
         trajectory = list(start.trajectory.unbind(0)) if start.trajectory is not None else []
         nfe, step = start.nfe, start.steps_done
@@ -152,6 +154,8 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         chosen = commit_rule(row, decoding, quota)[:, lo - span[0]:hi - span[0]]
         x[:, lo:hi] = torch.where(chosen, x0, block)
         step_map[:, lo - P:hi - P][chosen] = step
+        logps = logits.float().gather(-1, x0[..., None]).squeeze(-1) - logits.float().logsumexp(dim=-1)
+        commit_logps[:, lo - P:hi - P][chosen] = logps[chosen]
         step += 1
         if decoding.record_trajectory:
             trajectory.append(x[:, P:].clone())
@@ -197,4 +201,4 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
                          response_mask=response_mask(responses, f.stop_ids), step_map=step_map, nfe=nfe,
                          sampler="masked", trajectory=torch.stack(trajectory) if trajectory else None,
-                         steps_done=step)
+                         commit_logps=commit_logps, steps_done=step)

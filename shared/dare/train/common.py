@@ -193,37 +193,60 @@ class Checkpointer:
         stop.check(done, save, self.dist)
 
 
-def training_state(sampler: EpochSampler, generators: dict, elapsed_s: float) -> dict:
-    """Everything besides the weights and optimizer that an exact resume needs."""
+def training_state(sampler: EpochSampler, generators: dict, elapsed_s: float, totals: dict | None = None) -> dict:
+    """Everything besides the weights and optimizer that an exact resume needs (and the run's running
+    totals: its compute so far)."""
     return {"sampler": sampler.state_dict(), "generators": {k: g.get_state() for k, g in generators.items()},
-            "torch_rng": torch.get_rng_state(), "elapsed_s": elapsed_s}
+            "torch_rng": torch.get_rng_state(), "elapsed_s": elapsed_s, "totals": dict(totals or {})}
 
 
-def resume(run_dir: Path, trainer, sampler: EpochSampler, generators: dict,
-           label: str, keep: int = 1, companions: dict | None = None) -> tuple[Checkpointer, int, float]:
-    """Restore the latest complete checkpoint, if any, with its companions (`Checkpointer`):
-    (checkpointer keeping the latest `keep`, or all with 0; start step; elapsed seconds)."""
-    ckpt = Checkpointer(run_dir, trainer.dist, keep, companions)
-    latest = ckpt.latest()
-    if latest is None:
-        return ckpt, 0, 0.0
+def restore(folder: Path, ckpt: Checkpointer, trainer, sampler: EpochSampler, generators: dict) -> dict:
+    """Load checkpoint `folder` (weights, optimizer, schedule, companions, sampler, generators, RNG) into
+    the run; returns its state (`step`, `elapsed_s`, `totals`, ...)."""
     for name in ckpt.companions:
-        if not (latest / name / "trainer_state.pt").is_file():
-            raise UserError(f"{latest}: this run trains a {name} model beside the policy but the checkpoint has "
+        if not (folder / name / "trainer_state.pt").is_file():
+            raise UserError(f"{folder}: this run trains a {name} model beside the policy but the checkpoint has "
                             f"no {name}/ (it was written by a run without one): resume with the config that wrote "
                             "it, or start a new run folder")
-    state = torch.load(latest / "trainer_state.pt", weights_only=False)
-    trainer.load(latest, state)
+    state = torch.load(folder / "trainer_state.pt", weights_only=False)
+    trainer.load(folder, state)
     for name, other in ckpt.companions.items():
-        other.load(latest / name, torch.load(latest / name / "trainer_state.pt", weights_only=False))
+        other.load(folder / name, torch.load(folder / name / "trainer_state.pt", weights_only=False))
     sampler.load_state_dict(state["sampler"])
     for name, g in generators.items():
         g.set_state(state["generators"][name])
     if "torch_rng" in state:
         torch.set_rng_state(state["torch_rng"])
+    return state
+
+
+def resume(run_dir: Path, trainer, sampler: EpochSampler, generators: dict,
+           label: str, keep: int = 1, companions: dict | None = None) -> tuple[Checkpointer, dict]:
+    """Restore the latest complete checkpoint, if any, with its companions (`Checkpointer`):
+    (checkpointer keeping the latest `keep`, or all with 0; the checkpoint's state, {} when none)."""
+    ckpt = Checkpointer(run_dir, trainer.dist, keep, companions)
+    latest = ckpt.latest()
+    if latest is None:
+        return ckpt, {}
+    state = restore(latest, ckpt, trainer, sampler, generators)
     if trainer.dist.main:
         print(f"[{label}] resuming from {latest} (step {state['step']})", flush=True)
-    return ckpt, state["step"], state["elapsed_s"]
+    return ckpt, state
+
+
+class Collapsed(Exception):
+    """A guard stopped the run (`rl.on_collapse=stop`, its rollbacks used up, or nothing to roll back to);
+    the reason is the message and run.json records it."""
+
+
+def record_guard(run_dir: Path, event: dict) -> None:
+    """Append a guard's event to run.json's `guards` (rank 0; the file is rewritten atomically)."""
+    from dare.utils import atomic_write_json
+
+    path = Path(run_dir) / "run.json"
+    status = json.loads(path.read_text()) if path.is_file() else {}
+    status["guards"] = [*status.get("guards", []), event]
+    atomic_write_json(path, status)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,6 +275,14 @@ class MetricsLog:
             self.bar = tqdm(total=total_steps, initial=resume_step, desc=label, dynamic_ncols=True)
         self.sinks = [open_sink(name, Path(run_dir), label, config) for name in report_to]
 
+    def truncate(self, step: int) -> None:
+        """Drop the lines logged after `step` (a rollback to it)."""
+        if self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= step]
+            atomic_write(self.path, "".join(line + "\n" for line in kept))
+        self.step0 = step
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         elapsed = time.perf_counter() - self.t0
         record = {"step": step, "time_s": round(elapsed, 3), **{k: _plain(v) for k, v in metrics.items()}}
@@ -259,7 +290,7 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
         for sink in self.sinks:
             sink(step, {k: v for k, v in record.items() if isinstance(v, (int, float))})
-        shown = {k.split("/")[-1]: v for k, v in metrics.items() if not k.startswith(("time/", "perf/"))}
+        shown = {k.split("/")[-1]: v for k, v in metrics.items() if shown_on_terminal(k)}
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix({k: _fmt(v) for k, v in list(shown.items())[:4]}, refresh=True)
@@ -273,6 +304,15 @@ class MetricsLog:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+QUIET = ("time/", "perf/", "compute/", "agree/estimate_abs", "agree/estimate_max", "agree/logp_abs", "agree/logp_max",
+         "agree/ratio_mean", "diag/adv_std", "rollout/eos_position")
+"""Metrics that metrics.jsonl (and wandb, tensorboard) get but the terminal line leaves out, to stay readable."""
+
+
+def shown_on_terminal(key: str) -> bool:
+    return not key.startswith(QUIET) or key == "compute/total_forwards"
 
 
 def check_sinks(report_to) -> None:
@@ -400,11 +440,16 @@ class Loop:
 
     def __init__(self, cfg, run_dir, label: str, trainer, n_rows: int, streams=(), companions: dict | None = None):
         self.cfg, self.label, self.trainer, self.dist = cfg, label, trainer, trainer.dist
-        self.total = cfg.train.steps
+        self.run_dir, self.total = Path(run_dir), cfg.train.steps
         self.sampler = EpochSampler(n_rows, make_generator(cfg.run.seed, "data"))
         self.generators = {name: make_generator(cfg.run.seed, name) for name in streams}
-        self.ckpt, self.start, self.elapsed0 = resume(run_dir, trainer, self.sampler, self.generators, label,
-                                                         cfg.run.keep_checkpoints, companions)
+        self.ckpt, state = resume(run_dir, trainer, self.sampler, self.generators, label,
+                                  cfg.run.keep_checkpoints, companions)
+        self.start, self.elapsed0 = state.get("step", 0), state.get("elapsed_s", 0.0)
+        self.totals: dict[str, float] = dict(state.get("totals", {}))
+        """Running totals a recipe keeps across resumes (the RL loop's compute), saved in every checkpoint."""
+        self.rollbacks = 0
+        self._rewind: int | None = None
         self.log = (MetricsLog(run_dir, self.total, self.start, label, cfg.run.report_to, cfg)
                     if self.dist.main else None)
         self.t0 = time.perf_counter()
@@ -427,11 +472,58 @@ class Loop:
         return False
 
     def steps(self):
-        """The steps still to run (from the resumed one), with the forked global RNG seeded from
-        (run seed, step, rank) before each."""
-        for step in range(self.start, self.total):
+        """The steps still to run (from the resumed one, and again from a rolled-back one), with the
+        forked global RNG seeded from (run seed, step, rank) before each."""
+        step = self.start
+        while step < self.total:
             torch.manual_seed(derive_seed(self.cfg.run.seed, f"global/{step}/{self.dist.rank}"))
             yield step
+            step, self._rewind = (self._rewind, None) if self._rewind is not None else (step + 1, None)
+
+    def due(self, done: int) -> bool:
+        """Step `done` (1-based) writes its metrics (`run.log_every`, and the last step)."""
+        return done % self.cfg.run.log_every == 0 or done == self.total
+
+    def rollback(self, done: int, reason: str, action: str = "rollback", limit: int = 3,
+                 before: int | None = None) -> None:
+        """A guard found step `done` bad (`reason`): record it in run.json, then restore the latest complete
+        checkpoint at or before step `before` (default: the latest), drop the checkpoints and metrics after
+        it, halve the learning rate and continue from there (`steps` yields the restored step next). Raises
+        `Collapsed` with `action="stop"`, after `limit` rollbacks, or when there is no checkpoint (set
+        `run.save_every`). Every rank calls it (restoring is collective)."""
+        kept = self.ckpt.complete()
+        eligible = [p for p in kept if before is None or int(p.name[5:]) <= before]
+        target = eligible[-1] if eligible else (kept[0] if kept else None)
+        event = {"step": done, "reason": reason, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        stop = None
+        if action == "stop":
+            stop = f"step {done}: {reason} (rl.on_collapse=stop)"
+        elif self.rollbacks >= limit:
+            stop = f"step {done}: {reason}, after {self.rollbacks} rollback(s) (rl.max_rollbacks={limit})"
+        elif target is None:
+            stop = (f"step {done}: {reason}, and no checkpoint to roll back to (set run.save_every to keep "
+                    "checkpoints, or rl.on_collapse=stop)")
+        if stop is not None:
+            if self.dist.main:
+                record_guard(self.run_dir, {**event, "action": "stop"})
+            raise Collapsed(stop)
+        scale = self.trainer.lr_scale
+        state = restore(target, self.ckpt, self.trainer, self.sampler, self.generators)
+        self.trainer.lr_scale = scale
+        self.trainer.scale_lr(0.5)
+        self.rollbacks += 1
+        restored = state["step"]
+        if self.dist.main:
+            for later in [p for p in kept if int(p.name[5:]) > restored]:  # the bad trajectory's checkpoints
+                shutil.rmtree(later, ignore_errors=True)
+            if self.log:
+                self.log.truncate(restored)
+            record_guard(self.run_dir, {**event, "action": "rollback", "restored_step": restored,
+                                        "checkpoint": target.name, "lr_scale": self.trainer.lr_scale})
+            print(f"[{self.label}] guard: step {done}: {reason}; restored {target.name}, learning rate x "
+                  f"{self.trainer.lr_scale:g}", file=sys.stderr, flush=True)
+        self.dist.barrier()
+        self._rewind = restored
 
     def elapsed(self) -> float:
         return self.elapsed0 + time.perf_counter() - self.t0
@@ -439,17 +531,18 @@ class Loop:
     def end_step(self, done: int, tokenizer, metrics, force_log: bool = False) -> None:
         """Log `metrics()` when due or forced (every rank calls it: it may sum over ranks), then the
         periodic checkpoint and the preemption check."""
-        if force_log or done % self.cfg.run.log_every == 0 or done == self.total:
+        if force_log or self.due(done):
             values = metrics()
             if self.log:
                 self.log.log(done, values)
         self.ckpt.after_step(done, self.total, self.cfg.run.save_every, self.stop, self.trainer, tokenizer,
-                             lambda: training_state(self.sampler, self.generators, self.elapsed()))
+                             lambda: training_state(self.sampler, self.generators, self.elapsed(), self.totals))
 
     def outcome(self, tokenizer, model_name: str, init) -> dict:
         data = self.cfg.data
         return {"trainer": self.trainer, "tokenizer": tokenizer, "model_name": model_name, "init": init,
-                "steps": self.total, "data": data_identity(data.task, data.split), "elapsed_s": self.elapsed()}
+                "steps": self.total, "data": data_identity(data.task, data.split), "elapsed_s": self.elapsed(),
+                "totals": dict(self.totals)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from dare.config import ConfigError, config_hash, recipe_hash, to_dict
 from dare.config import save as save_config
 from dare.models.api import checkpoint_fingerprint
 from dare.train import preference, rl, sft
-from dare.train.common import Preempted, check_sinks, save_final
+from dare.train.common import Collapsed, Preempted, check_sinks, save_final
 from dare.train.hooks import bind
 from dare.utils import UserError, atomic_write_json, git_state, now
 
@@ -88,7 +88,8 @@ def fit(algorithm: ModuleType, cfg, run_dir: str | Path, *, name: str, force: bo
     run_dir.mkdir(parents=True, exist_ok=True)
     status = {"baseline": name, "config_hash": digest, "init_fingerprint": init, "status": "running",
               "started_at": status.get("started_at", now()), "config_path": config_path,
-              "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+              "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+              **({"guards": status["guards"]} if status.get("guards") else {})}  # a resumed run keeps its events
     if main:
         save_config(cfg, run_dir, header=command or f"dare train {name}")
         atomic_write_json(status_path, status)
@@ -102,6 +103,12 @@ def fit(algorithm: ModuleType, cfg, run_dir: str | Path, *, name: str, force: bo
                                             "step": stop.step})
             print(f"[{name}] {stop}; rerun the same command to resume", file=sys.stderr, flush=True)
         raise SystemExit(128 + stop.signum) from None
+    except Collapsed as stop:  # a guard stopped it (its event is in run.json's `guards`)
+        if main:
+            atomic_write_json(status_path, {**_current(status_path, status), "status": "collapsed",
+                                            "stopped_at": now(), "reason": str(stop)})
+        raise UserError(f"{name}: stopped by a guard at {stop} (run folder {run_dir}: run.json lists the events; "
+                        "resuming starts again from its last checkpoint)") from None
     commit, dirty = git_state()
     meta = {
         "baseline": name, "config_hash": digest, "run_key": key, "seed": cfg.run.seed, "steps": outcome["steps"],
@@ -111,10 +118,24 @@ def fit(algorithm: ModuleType, cfg, run_dir: str | Path, *, name: str, force: bo
         "created_at": now(), "config_path": config_path, "recipe_hash": recipe_hash(cfg),
         "config": to_dict(cfg, hashed_only=True), "command": command or None,
     }
+    totals = outcome.get("totals") or {}
+    if "rollout_forwards" in totals:  # what an RL run spent (`dare.results.Compute`)
+        meta["compute"] = {**{k: int(round(totals[k])) for k in ("rollout_tokens", "rollout_forwards",
+                                                                 "train_forwards", "update_tokens")},
+                           "wall_time_s": meta["wall_time_s"]}
     save_final(outcome["trainer"], outcome["tokenizer"], run_dir, meta, base=cfg.model.path)
     if main:
+        status = _current(status_path, status)  # with what the run added (its guards' events)
         status.update(status="done", finished_at=now(), wall_time_s=meta["wall_time_s"],
                       session_time_s=round(time.perf_counter() - t0, 2))
         atomic_write_json(status_path, status)
         print(f"[{name}] done in {meta['wall_time_s']:.0f}s -> {run_dir / 'final'}", flush=True)
     return run_dir
+
+
+def _current(path: Path, status: dict) -> dict:
+    """run.json as the run left it (a guard appends its events there), over `status`."""
+    try:
+        return {**status, **json.loads(path.read_text())}
+    except (OSError, ValueError):
+        return status

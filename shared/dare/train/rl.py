@@ -52,6 +52,7 @@ Randomness: the rollout and noise generators of step s on rank r are derived fro
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -63,9 +64,12 @@ from dare.rollout import decode_responses, generate, left_pad
 from dare.train.common import Loop, build_model, micro_slices, save_final, take
 from dare.train.trainer import Trainer, setup_dist
 from dare.train.estimators import Compute
+from dare.train import diagnostics as diag
 from dare.train.critic import build_critic
+from dare.train.estimators import spread, trajectory_logps
 from dare.train.hooks import RLHooks, missing_value_hooks
-from dare.utils import UserError, make_generator
+from dare.train.noise import NEVER, rollout_rounds
+from dare.utils import UserError, derive_seed, make_generator
 
 @dataclass
 class RLBatch:
@@ -126,6 +130,10 @@ class RLBatch:
     value_mask: torch.Tensor | None = None
     """(B, G) bool: the tokens the value model trains on (from `value_advantages`, on the whole batch,
     so a micro-batch that splits a group still knows which rows count); None without one."""
+    commit_logps: torch.Tensor | None = None
+    """(B, G) each committed token's log-prob under the model's untempered distribution at its commit step
+    (`RolloutOutput.commit_logps`): the sampler's side of the rollout/trainer agreement; None when the
+    sampler does not record it."""
 
     @property
     def responses(self) -> torch.Tensor:
@@ -197,6 +205,10 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     policy = trainer.model
     critic = build_critic(cfg, task, dist, critic_spec, cfg.train.steps * mu) if critic_spec is not None else None
 
+    counter = diag.ForwardCounter([trainer.base, trainer.ref, critic.base if critic else None])
+    guard = diag.CollapseGuard(cfg.rl.collapse_metric, cfg.rl.collapse_window, cfg.rl.collapse_below,
+                               cfg.rl.collapse_drop)
+    no_diversity = 0
     with Loop(cfg, run_dir, label, trainer, len(rows), companions={"value": critic} if critic else None) as loop:
         for step in loop.steps():
             rollout_gen = make_generator(cfg.run.seed, f"rollout/{step}/{dist.rank}")
@@ -207,7 +219,8 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             row_of = [i for i in mine for _ in range(G)]  # each prompt G times, grouped
             ids, mask = left_pad([prompts[i] for i in row_of], f.pad_token_id)
             policy.eval()
-            with trainer.autocast():
+            counter.take()  # what ran between steps (checkpoints, a rollback) is not this step's
+            with trainer.autocast(), counter.phase("rollout"):
                 out = generate(policy, ids.to(dist.device), mask.to(dist.device), rollout_cfg, rollout_gen)
             texts = decode_responses(tokenizer, out.responses, f.stop_ids)
             rewards = torch.tensor(task.rewards(texts, [rows[i] for i in row_of], style=cfg.data.reward),
@@ -230,10 +243,21 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                             rewards, advantages, G, trajectory, f.block_size, out.logps, totals["tokens"],
                             int(totals["rows"]), compute, int(totals["active"]), mask_token_id=f.mask_token_id,
                             eos_token_id=f.eos_token_id, progress=step / cfg.train.steps,
-                            rollout_entropies=out.entropies, supports=out.supports, **per_step)
+                            rollout_entropies=out.entropies, supports=out.supports, commit_logps=out.commit_logps,
+                            **per_step)
             t_rollout = time.perf_counter() - tic
 
-            kept = dist.sum({"groups": float(hooks.kept_groups(rewards.view(-1, G), cfg).sum())})["groups"]
+            # --- diagnostics on the policy that sampled (before any update); they leave every generator as it was
+            with counter.phase("diag"):
+                checks = dist.sum(diag.diversity_sums(out.responses, out.response_mask, G, f.stop_ids))
+                checks.update(dist.sum(diag.nonfinite_sums(rewards, out.commit_logps)))
+                if cfg.rl.agreement_rows and out.commit_logps is not None and loop.due(step + 1):
+                    checks.update(replay_agreement(policy, trainer, batch, cfg.rl.agreement_rows))
+                if cfg.rl.diag_every and (step + 1) % cfg.rl.diag_every == 0:
+                    checks.update(estimator_noise(policy, trainer, hooks, batch, cfg, step))
+
+            keep = hooks.kept_groups(rewards.view(-1, G), cfg)
+            kept = dist.sum({"groups": float(keep.sum())})["groups"]
             sums, t_value, t_logp, t_update = {"rollout/kept_groups": kept / n_prompts}, 0.0, 0.0, 0.0
             if kept:  # a step whose groups the algorithm all drops trains on nothing: no optimizer step
                 draws = mu if hooks.random_noise(cfg) else 1  # a deterministic draw is made (and scored) once
@@ -275,16 +299,25 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
 
                 # --- mu policy updates on this batch, each accumulated over the micro-batches
                 tic = time.perf_counter()
+                first: dict[str, float] = {}  # the first update against the sampler and the old log-probs
 
                 def policy_loss(mb, z, it, j):
                     o, r = old[it][j] if old else None, ref[it][j] if ref else None
                     parts = hooks.draw_parts(z, cfg)
                     if parts is not None:  # memory-bounded: one draw's graph alive at a time
-                        return replayed_loss(trainer, hooks, policy, mb, z, parts, o, r, cfg)
-                    logps = hooks.token_logps(policy, mb, z, cfg)
-                    return hooks.loss(logps, o if o is not None else logps.detach(), r, mb, z, cfg)
+                        loss, metrics, logps = replayed_loss(trainer, hooks, policy, mb, z, parts, o, r, cfg)
+                    else:
+                        logps = hooks.token_logps(policy, mb, z, cfg)
+                        loss, metrics = hooks.loss(logps, o if o is not None else logps.detach(), r, mb, z, cfg)
+                    if it == 0:
+                        for k, v in diag.first_update_sums(logps, o, mb).items():
+                            first[k] = max(first.get(k, 0.0), v) if k.endswith("max_abs") or k.endswith("max_dev") \
+                                else first.get(k, 0.0) + v
+                    return loss, metrics
 
                 sums.update(updates(trainer, batch, noises, micro, "loss/total", "optim/grad_norm", policy_loss))
+                maxima = {k: first.pop(k) for k in list(first) if k.endswith(("max_abs", "max_dev"))}
+                checks.update({**dist.sum(first), **dist.max(maxima)})
                 sums.update(value_sums)
                 t_update = time.perf_counter() - tic
             times = {"time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update,
@@ -292,10 +325,29 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             val = {}
             if val_rows is not None and ((step + 1) % cfg.rl.eval_every == 0 or step + 1 == loop.total):
                 greedy = replace(cfg.rl.decoding, temperature=0.0, tree=())
-                val = validate(policy, trainer, tokenizer, task, val_rows, greedy,
-                               make_generator(cfg.run.seed, f"val/{step}/{dist.rank}"))
-            loop.end_step(step + 1, tokenizer,
-                          lambda: {**step_metrics(dist, batch, out, mu, sums, trainer.lr, times), **val}, bool(val))
+                with counter.phase("eval"):
+                    val = validate(policy, trainer, tokenizer, task, val_rows, greedy,
+                                   make_generator(cfg.run.seed, f"val/{step}/{dist.rank}"))
+            used = dist.sum({**counter.take(), "rollout_tokens": float(out.responses.numel()),
+                             "update_tokens": float((out.response_mask & keep.repeat_interleave(G, 0)).sum()) * mu
+                             if kept else 0.0})
+            metrics = {**step_metrics(dist, batch, out, mu, sums, trainer.lr, times), **val,
+                       **step_diagnostics(checks), **compute_metrics(loop, used, out.nfe)}
+
+            # --- guards: a non-finite update or a collapse rolls back (or stops); a run without diversity warns
+            problem = diag.nonfinite(sums) or guard.check(metrics)
+            if problem:
+                before = None if diag.nonfinite(sums) else step + 1 - cfg.rl.collapse_window
+                loop.rollback(step + 1, problem, cfg.rl.on_collapse, cfg.rl.max_rollbacks, before)
+                guard.reset()
+                continue
+            no_diversity = no_diversity + 1 if metrics.get("rollout/identical_groups") == 1.0 and G > 1 else 0
+            if cfg.rl.warn_no_diversity and no_diversity and no_diversity % cfg.rl.warn_no_diversity == 0 and dist.main:
+                print(f"[{label}] warning: no sampling diversity for {no_diversity} steps: all {G} completions of every "
+                      f"group are identical (rollout temperature {rollout_cfg.temperature}); their advantages are 0 and "
+                      "nothing is learned", file=sys.stderr, flush=True)
+            loop.end_step(step + 1, tokenizer, lambda: metrics, bool(val) or "diag/logp_std" in metrics)
+    counter.close()
     if critic is not None:  # the trained value model, loadable as a checkpoint (its head: `value_head.weight`)
         save_final(critic, tokenizer, run_dir, {"value_model": True, "model_name": model_name}, name="value")
     return loop.outcome(tokenizer, model_name, init)
@@ -306,7 +358,7 @@ def replayed_loss(trainer, hooks: RLHooks, policy, batch, draw, parts: list, old
     deterministic forwards): the parts' log-probs without graphs, the loss on them and its gradient with
     respect to each part's log-probs, then per part one forward with its graph and the backward of
     (gradient x log-probs). `token_logps` of each part returns that part's columns of the whole draw's
-    log-probs (dim 1). Returns the loss, detached (already backpropagated), and its metrics."""
+    log-probs (dim 1). Returns the loss, detached (already backpropagated), its metrics and the log-probs."""
     with torch.no_grad():
         values = [hooks.token_logps(policy, batch, part, cfg) for part in parts]
     leaves = [v.detach().requires_grad_() for v in values]
@@ -316,7 +368,79 @@ def replayed_loss(trainer, hooks: RLHooks, policy, batch, draw, parts: list, old
     for part, value, grad in zip(parts, values, grads):  # every part on every rank: forwards stay collective
         grad = torch.zeros_like(value) if grad is None else grad
         trainer.backward((hooks.token_logps(policy, batch, part, cfg) * grad).sum())
-    return loss.detach(), metrics
+    return loss.detach(), metrics, logps.detach()
+
+
+def replay_agreement(policy, trainer, batch: RLBatch, rows: int) -> dict:
+    """The rollout/trainer agreement on the first `rows` rows: each committed token's log-prob in the state
+    the sampler decoded it from, replayed by the trainer's forward without a cache (`trajectory_logps` on
+    the step map, one forward per decoding round), against the sampler's own (`batch.commit_logps`).
+    Summed over processes (collective: every rank runs the largest round count of any rank)."""
+    n = batch.sequences.shape[0]
+    sub = take(batch, slice(0, min(rows, n)), n)
+    rounds = rollout_rounds(sub)
+    n_rounds = int(trainer.dist.max({"r": float(torch.where(rounds < NEVER, rounds, -1).max()) + 1})["r"])
+    with torch.no_grad(), trainer.autocast():
+        replayed = trajectory_logps(policy, sub, rounds, n_rounds=n_rounds)
+    sums = diag.agreement_sums(sub.commit_logps, replayed, sub.response_mask & (sub.step_map >= 0), "replay/")
+    worst = {"replay/max_abs": sums.pop("replay/max_abs")}
+    return {**trainer.dist.sum(sums), **trainer.dist.max(worst)}
+
+
+def estimator_noise(policy, trainer, hooks: RLHooks, batch: RLBatch, cfg, step: int) -> dict:
+    """The algorithm's log-prob estimator re-run on the first `rl.diag_rows` rows with `rl.diag_draws`
+    independent noise draws (generators of their own): the mean standard deviation of a sequence's estimate
+    (`diag.sequence_estimate`) and the spread of the batch's sequence advantages. An estimator without
+    noise (`random_noise` False: trajectory replays) has none. Collective."""
+    dist, n = trainer.dist, batch.sequences.shape[0]
+    sub = take(batch, slice(0, min(cfg.rl.diag_rows, n)), n)
+    if hooks.random_noise(cfg):
+        def estimate(generator):
+            z = hooks.sample_noise(sub, generator, cfg)
+            with torch.no_grad(), trainer.autocast():
+                return diag.sequence_estimate(hooks.token_logps(policy, sub, z, cfg).float(), sub.response_mask)
+
+        _, std = spread(estimate, cfg.rl.diag_draws, derive_seed(cfg.run.seed, f"diag/{step}/{dist.rank}"))
+    else:
+        std = torch.zeros(sub.sequences.shape[0])
+    adv = batch.advantages.float()
+    sums = dist.sum({"spread/std": float(std.sum()), "spread/n": float(std.numel()), "adv/n": float(adv.numel()),
+                     "adv/sum": float(adv.sum()), "adv/sq": float((adv ** 2).sum())})
+    mean = sums["adv/sum"] / sums["adv/n"]
+    return {**sums, "adv/std": max(0.0, sums["adv/sq"] / sums["adv/n"] - mean ** 2) ** 0.5}
+
+
+def step_diagnostics(checks: dict) -> dict:
+    """The logged diagnostics from their sums over processes (`dare.train.diagnostics`)."""
+    out = diag.ratios(checks, {**diag.DIVERSITY, **diag.AGREEMENT, "rollout/nonfinite": ("nonfinite", "values"),
+                               "diag/logp_std": ("spread/std", "spread/n")})
+    out["rollout/no_eos"] = 1 - checks["stop_rows"] / checks["rows"]
+    for key, name, count in [("replay/max_abs", "agree/logp_max_abs_gap", "replay/n"),
+                             ("estimate/max_abs", "agree/estimate_max_abs_gap", "estimate/n"),
+                             ("ratio/max_dev", "agree/ratio_max_dev", "ratio/n")]:
+        if checks.get(count):
+            out[name] = checks[key]
+    if "adv/std" in checks:
+        out["diag/adv_std"] = checks["adv/std"]
+        if checks["adv/std"] > 0 and "diag/logp_std" in out:
+            out["diag/logp_std_to_adv_std"] = out["diag/logp_std"] / checks["adv/std"]
+    return out
+
+
+def compute_metrics(loop, used: dict, nfe: int) -> dict:
+    """This step's compute, summed over processes (sequence forward passes of the rollout and of the training
+    passes, completion positions decoded, loss tokens x updates; the diagnostics' and validation's forwards
+    apart) and the run's totals so far (`Loop.totals`, kept in checkpoints), for plots against compute."""
+    spent = {"rollout_forwards": used["rollout/forwards"], "train_forwards": used["train/forwards"],
+             "rollout_tokens": used["rollout_tokens"], "update_tokens": used["update_tokens"]}
+    for k, v in spent.items():
+        loop.totals[k] = loop.totals.get(k, 0.0) + v
+    totals = loop.totals
+    return {**{f"compute/{k}": v for k, v in spent.items()}, "compute/rollout_nfe": nfe,
+            "compute/diag_forwards": used["diag/forwards"], "compute/eval_forwards": used["eval/forwards"],
+            **{f"compute/total_{k}": v for k, v in totals.items()},
+            "compute/total_forwards": totals["rollout_forwards"] + totals["train_forwards"],
+            "compute/wall_s": loop.elapsed()}
 
 
 def updates(trainer, batch: RLBatch, noises: list, micro: int, loss_key: str, norm_key: str, loss_of) -> dict:

@@ -68,6 +68,15 @@ class Dist:
         torch.distributed.all_reduce(t)
         return dict(zip(keys, t.tolist()))
 
+    def max(self, values: dict[str, float]) -> dict[str, float]:
+        """The maximum of scalars over ranks (identity in one process)."""
+        if self.world == 1 or not values:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return dict(zip(keys, t.tolist()))
+
     def any(self, flag: bool) -> bool:
         return bool(self.sum({"f": float(flag)})["f"]) if self.world > 1 else flag
 
@@ -127,8 +136,10 @@ class Trainer:
                 shard(ref, self.bf16, offload=train_cfg.reference_offload and dist.device.type != "cpu")
         self.model, self.ref = model, ref
         self.optimizer = make_optimizer(model, train_cfg)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
-                                                           lambda s: lr_factor(s, total_steps, train_cfg))
+        self.lr_scale = 1.0
+        """A factor on the whole schedule: a guard's rollback halves it (`scale_lr`); checkpoints keep it."""
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, total_steps, train_cfg) * self.lr_scale)
 
     # --- compute
     def autocast(self):
@@ -141,12 +152,17 @@ class Trainer:
         (loss * self.dist.world).backward()  # FSDP averages over ranks; losses are already batch-normalized
 
     def step(self) -> float:
-        """Clip, step, schedule, zero; returns the gradient norm before clipping."""
+        """Clip, step, schedule, zero; returns the gradient norm before clipping. A non-finite norm (a NaN or
+        inf anywhere in the gradients, the same on every rank) skips the step: the gradients are dropped and
+        the weights, the optimizer's moments and the schedule stay as they were."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         limit = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, limit)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
+        if not torch.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return float(norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -163,6 +179,13 @@ class Trainer:
             ref_local = ref_p.to_local() if hasattr(ref_p, "to_local") else ref_p
             local = p.to_local() if hasattr(p, "to_local") else p
             ref_local.mul_(1.0 - mix).add_(local.to(ref_local.device, ref_local.dtype), alpha=mix)
+
+    def scale_lr(self, factor: float) -> None:
+        """Multiply the learning rate from now on (the schedule's factor, and the current step's rate)."""
+        self.lr_scale *= factor
+        for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
+            group["lr"] = base * fn(self.scheduler.last_epoch)
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     @property
     def lr(self) -> float:
@@ -204,7 +227,7 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         return {"optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=self._options()),
-                "scheduler": self.scheduler.state_dict()}
+                "scheduler": self.scheduler.state_dict(), "lr_scale": self.lr_scale}
 
     @property
     def moving_reference(self) -> bool:
@@ -243,6 +266,7 @@ class Trainer:
             raise RuntimeError(f"{folder}: checkpoint does not match the model (missing {missing[:5]})")
         set_model_state_dict(self.model, weights, options=self._options(strict=not self.lora))
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=self._options())
+        self.lr_scale = state.get("lr_scale", 1.0)
         self.scheduler.load_state_dict(state["scheduler"])
         if self.moving_reference:
             if not (folder / "reference.safetensors").is_file():
