@@ -67,7 +67,8 @@ TINY = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_
         "run.log_every=1", "run.threads=1"]
 RL = ["train.lr=1e-3", "rl.prompts_per_step=4", "rl.group_size=4", "rl.num_iterations=2",
       "rl.decoding.sampler=auto", "rl.decoding.gen_length=4", "rl.decoding.block_length=4", "rl.decoding.steps=4",
-      "rl.decoding.temperature=0.9", "run.log_every=1", "run.threads=1", "train.steps=2"]
+      "rl.decoding.temperature=0.9", "run.log_every=1", "run.threads=1", "train.steps=2",
+      "rl.diag_every=1"]  # every diagnostic on every step: each baseline's hooks run through them
 
 
 @pytest.fixture(scope="session")

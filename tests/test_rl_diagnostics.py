@@ -225,3 +225,15 @@ def test_a_non_finite_gradient_never_reaches_the_weights(tiny_model):
     assert math.isnan(trainer.step())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert trainer.scheduler.last_epoch == 0 and not trainer.optimizer.state
+
+
+def test_sequence_estimates_of_every_shape_an_estimator_returns():
+    """Per-token (b, G), per-draw per-token (b, n, G), sequence-level (b,) (ESPO, GDPO, EBPO) and per-draw
+    sequence terms (b, n): one number per sequence, by hand."""
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    tokens = torch.tensor([[-1.0, -2.0, -9.0], [-3.0, -9.0, -9.0]])
+    assert diag.sequence_estimate(tokens, mask).tolist() == [-3.0, -3.0]
+    draws = torch.stack([tokens, 2 * tokens], dim=1)  # (2, 2, 3): the second draw doubles every value
+    assert diag.sequence_estimate(draws, mask).tolist() == [-4.5, -4.5]
+    assert diag.sequence_estimate(torch.tensor([-5.0, -7.0]), mask).tolist() == [-5.0, -7.0]
+    assert diag.sequence_estimate(torch.tensor([[-1.0, -3.0], [-2.0, -2.0]]), mask).tolist() == [-2.0, -2.0]

@@ -129,7 +129,8 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         trajectory, nfe, step = [], 0, 0
     else:
         x, attention_mask, step_map = start.sequences.clone(), start.attention_mask, start.step_map.clone()
-        commit_logps = start.commit_logps.clone()
+        commit_logps = (start.commit_logps.clone() if start.commit_logps is not None
+                        else torch.zeros((x.shape[0], G), dtype=torch.float32, device=x.device))
         (B, P), device = (x.shape[0], start.prompt_length), x.device
         trajectory = list(start.trajectory.unbind(0)) if start.trajectory is not None else []
         nfe, step = start.nfe, start.steps_done

@@ -108,12 +108,16 @@ def nonfinite_sums(*tensors: torch.Tensor | None) -> dict:
 
 
 def sequence_estimate(logps: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(b,) each sequence's log-prob estimate: its token log-probs summed over the completion tokens
-    (response_mask), averaged over a draw dimension if the estimate has one ((b, n, G))."""
+    """(b,) each sequence's log-prob estimate from what an algorithm's `token_logps` returns: per-token
+    log-probs (b, G) summed over the completion tokens (response_mask); per-draw ones (b, n, G) the same,
+    averaged over the draws; a sequence-level estimate (b,) as it is; per-draw sequence terms (b, n)
+    averaged over the draws."""
     mask = response_mask.to(logps.dtype)
-    if logps.dim() == 3:
+    if logps.shape == mask.shape:
+        return (logps * mask).sum(dim=-1)
+    if logps.dim() == 3 and logps.shape[2] == mask.shape[1]:
         return (logps * mask[:, None, :]).sum(dim=-1).mean(dim=1)
-    return (logps * mask).sum(dim=-1)
+    return logps.reshape(logps.shape[0], -1).mean(dim=1)
 
 
 class ForwardCounter:
