@@ -55,7 +55,7 @@ def test_memory_bounded_update_has_the_full_gradient():
     full = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     trainer = SimpleNamespace(backward=lambda x: x.backward())
-    replayed, _ = replayed_loss(trainer, hooks, model, batch, draw, bgpo.draw_parts(draw, cfg), old, None, cfg)
+    replayed, _, _ = replayed_loss(trainer, hooks, model, batch, draw, bgpo.draw_parts(draw, cfg), old, None, cfg)
     assert replayed.item() == pytest.approx(loss.item(), rel=1e-6) and not replayed.requires_grad
     for a, p in zip(full, model.parameters()):
         torch.testing.assert_close(p.grad, a, atol=1e-6, rtol=1e-5)

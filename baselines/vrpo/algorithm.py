@@ -16,9 +16,9 @@ the chosen response that the paper adds for stability; |y_w| counts the response
 
 Deviations (README.md): the ELBO is the sum over masked tokens weighted by 1/t (the paper's
 definition) rather than one third-party re-implementation's extra division by the answer length;
-n_t graphs are kept alive for the backward (`dare.train.estimators.elbo_backward` is the
-memory-bounded path; using it needs the preference recipe to run the loss on detached ELBOs
-first and backpropagate each draw with dL/dB as its scale, which it does not do yet).
+with `memory_bounded` (default) the policy's n_t draws are backpropagated one at a time (`draw_parts`:
+the recipe's `replayed_loss`), so one draw's activations are alive instead of n_t (the same loss and
+gradient; one more forward per draw).
 """
 
 import torch
@@ -36,6 +36,16 @@ def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
     B, _, L = batch.input_ids.shape
     draw = noise.elbo_draws(batch.response_mask.flatten(0, 1), cfg.algo.n_t, generator, "time", cfg.algo.eps)
     return noise.Draw(draw.masked.view(B, 2, -1, L), draw.t.view(B, 2, -1), draw.weight.view(B, 2, -1))
+
+
+def draw_parts(draw: noise.Draw, cfg) -> list | None:
+    """With `memory_bounded`: one part per timestep, its weight divided by n_t, so that the parts' ELBOs
+    (each the mean over its one draw) add up to B(y), the mean over all n_t."""
+    if not cfg.algo.memory_bounded:
+        return None
+    n = draw.t.shape[-1]
+    return [noise.Draw(draw.masked[:, :, j:j + 1], draw.t[:, :, j:j + 1], draw.weight[:, :, j:j + 1] / n)
+            for j in range(n)]
 
 
 def logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from dare.config import DataConfig, ModelConfig, RunConfig, TrainConfig, check
+from dare.config import ADDED, DataConfig, ModelConfig, RunConfig, TrainConfig, check
 
 
 @dataclass
@@ -15,6 +15,9 @@ class VRPO:
     """Weight of the SFT loss on the chosen response, added for stability (App. D)."""
     eps: float = 1e-3
     """Smallest timestep, so 1/t stays finite (LLaDA's p = (1 - eps) t + eps floor)."""
+    memory_bounded: bool = field(default=True, metadata=ADDED)
+    """Backpropagate the policy's ELBO one timestep's mask at a time (`draw_parts`): peak memory flat in n_t,
+    the same loss and gradient, one more forward per draw; false keeps all n_t graphs alive (the paper's code)."""
 
     def validate(self):
         check(self.beta > 0, "must be positive", "beta")

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from dare.utils import atomic_write_json, git_state, hardware, now, package_versions, runs_dir, shown_path
+from dare.app.bench import PEAK_MEMORY
 
 
 def _batch(model, tokenizer, rows: int = 8):
@@ -116,8 +117,8 @@ def _estimators(model, batch):
     return table
 
 
-_MEMORY_PROBE = r"""
-import json, resource, sys, torch
+_MEMORY_PROBE = PEAK_MEMORY + r"""
+import json, sys, torch
 from types import SimpleNamespace
 from baselines.bgpo import algorithm as bgpo
 from baselines.bgpo.config import Config
@@ -137,15 +138,15 @@ batch = SimpleNamespace(sequences=seqs, attention_mask=torch.ones_like(seqs), pr
 cfg = Config()
 cfg.algo.n_t, cfg.algo.memory_bounded = n_t, bounded
 draw = bgpo.sample_noise(batch, torch.Generator().manual_seed(0), cfg)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_start()
 parts = bgpo.draw_parts(draw, cfg)
 if parts is None:
     logps = bgpo.token_logps(model, batch, draw, cfg)
     loss, _ = bgpo.loss(logps, logps.detach(), None, batch, draw, cfg)
     loss.backward()
 else:
-    loss, _ = replayed_loss(SimpleNamespace(backward=lambda x: x.backward()), bind(bgpo), model, batch, draw, parts, None, None, cfg)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    loss, _, _ = replayed_loss(SimpleNamespace(backward=lambda x: x.backward()), bind(bgpo), model, batch, draw, parts, None, None, cfg)
+after = peak_now()
 print(json.dumps({"peak_kib": after - before, "loss": loss.item()}))
 """
 

@@ -24,6 +24,10 @@ Three rules hold for every hook:
     preference   sample_noise(batch, generator, cfg)                  noise (drawn once per step)
                  logps(model, batch, noise, cfg)                      (B, 2) chosen/rejected log-likelihoods
                  loss(policy, reference, batch, noise, cfg)           (loss, metrics)
+                 draw_parts(noise, cfg)                  optional     None; parts of the draw whose `logps` add up
+                                                                      to the whole draw's: the policy's gradient is
+                                                                      then backpropagated part by part (memory-
+                                                                      bounded; `dare.train.preference.replayed_loss`)
     rl           advantages(rewards, cfg)                             (P, G) from (P, G) rewards
                  sample_noise(batch, generator, cfg)                  noise (once per inner iteration)
                  token_logps(model, batch, noise, cfg)                (B, G) per-token log-probs of the completions
@@ -120,6 +124,7 @@ class PreferenceHooks:
     logps: Callable[..., Any]
     loss: Callable[..., Any]
     check_config: Callable[[Any], None] = _no_check
+    draw_parts: Callable[..., Any] = _whole_draw
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,11 @@ prompt and are padded to a common length with attention 0 after the EOS).
 
 Sharing the noise between policy and reference is the variance reduction every ELBO-based DPO
 needs (VRPO's antithetic sampling); the recipe guarantees it by construction.
+
+An algorithm whose estimate sums over many draws (VRPO's n_t masks) can name parts of its draw
+(`draw_parts`): the policy's gradient is then backpropagated one part at a time (`replayed_loss`),
+so the activations of one part are alive instead of all n_t; the loss and gradient are the same, at
+the cost of one more forward per part.
 """
 
 from __future__ import annotations
@@ -99,9 +104,13 @@ def run(cfg, hooks: PreferenceHooks, run_dir, label: str = "preference") -> dict
                 with torch.no_grad(), trainer.reference() as ref_model:
                     ref = hooks.logps(ref_model, micro, z, cfg)
                 trainer.model.train()
+                parts = hooks.draw_parts(z, cfg)
                 with trainer.autocast():
-                    loss, metrics = hooks.loss(hooks.logps(trainer.model, micro, z, cfg), ref, micro, z, cfg)
-                trainer.backward(loss)
+                    if parts is None:
+                        loss, metrics = hooks.loss(hooks.logps(trainer.model, micro, z, cfg), ref, micro, z, cfg)
+                        trainer.backward(loss)
+                    else:  # memory-bounded: one part's graph alive at a time
+                        loss, metrics = replayed_loss(trainer, hooks, micro, z, parts, ref, cfg)
                 for k, v in {"loss/total": loss.item(), **metrics}.items():
                     sums[k] = sums.get(k, 0.0) + v
             sums = dist.sum(sums)
@@ -111,3 +120,21 @@ def run(cfg, hooks: PreferenceHooks, run_dir, label: str = "preference") -> dict
                 **sums, "optim/lr": trainer.lr, "data/epoch": loop.sampler.epoch,
                 "perf/tokens_per_s": int(batch.attention_mask.sum()) / elapsed, "time/step_s": elapsed})
     return loop.outcome(tokenizer, model_name, init)
+
+
+def replayed_loss(trainer, hooks: PreferenceHooks, batch: PreferenceBatch, draw, parts: list, ref, cfg):
+    """The loss of `draw` with the policy's gradient backpropagated one part at a time (memory-bounded, exact
+    for deterministic forwards): each part's share of the log-likelihoods without graphs (`logps` of the
+    parts add up to the whole draw's), the loss on their sum and its gradient g (B, 2) with respect to it,
+    then per part one forward with its graph and the backward of (g x share). Returns the loss, detached
+    (already backpropagated), and its metrics."""
+    with torch.no_grad():
+        total = sum(hooks.logps(trainer.model, batch, part, cfg) for part in parts)
+    total = total.detach().requires_grad_()
+    loss, metrics = hooks.loss(total, ref, batch, draw, cfg)
+    (grad,) = torch.autograd.grad(loss, total)
+    for part in parts:  # every part on every rank: forwards stay collective
+        share = hooks.logps(trainer.model, batch, part, cfg)
+        if share.requires_grad:  # a part that masks no token of these rows has no graph and no gradient
+            trainer.backward((share * grad).sum())
+    return loss.detach(), metrics
