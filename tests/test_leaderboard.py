@@ -558,8 +558,9 @@ def test_committed_demo_and_baseline_results_appear(monkeypatch):
     items, invalid = load.load_all([])
     assert not invalid, invalid
     # demo and tiny-task runs with the same run id (same config, same start) are one run, shown once;
-    # the demo's d1 and the sweep's d1 are one config whose starts were trained on different machines
-    # (AVX-512 and AVX2 kernels): one row, six runs, its mean marked as mixing hardware
+    # the demo's d1, the sweep's d1 and its rerun with compute records (tiny-llada-compute) are one config whose
+    # starts were trained on different machines (AVX-512 and AVX2 kernels): one row, nine runs, its mean marked
+    # as mixing hardware; the other methods six
     tiny = [r for p, r in items if r.model.name == "tiny-llada-addition"]
     assert len({r.run_id for r in tiny}) == len(tiny)
     assert {r.method.baseline for r in tiny} >= {"sft", "peft", "vrpo", "d1", "coupled_grpo", "wd1"}
@@ -570,7 +571,7 @@ def test_committed_demo_and_baseline_results_appear(monkeypatch):
     table = _table(at)
     for method in ("d1", "coupled_grpo", "wd1", "peft", "vrpo"):
         runs = [r for r in tiny if r.method.baseline == method]
-        assert len(runs) in (3, 6) and len({r.training.recipe_hash for r in runs}) == 1, method
+        assert len(runs) == (9 if method == "d1" else 6) and len({r.training.recipe_hash for r in runs}) == 1, method
         column = load.benchmark_label(runs[0])
         cell = table.loc[f"{method} (from sft)", column]
         assert cell == load.format_cell(runs) and cell.endswith(load.MIXED) == load.mixed(runs), method
