@@ -50,6 +50,31 @@ class RolloutOutput:
         return self.sequences[:, self.prompt_length:]
 
 
+def any_rank(flag, device) -> bool:
+    """`flag` on any process of the default process group (all-reduce MAX), `flag` itself without one: every
+    data-dependent decision of a sampler (go on while a block has masked tokens, stop early, skip a block)
+    goes through it, so that under FSDP every rank makes the same number of forwards (they are collective)
+    while any rank still has work; a rank whose rows are done runs forwards that commit nothing."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return bool(flag)
+    t = torch.tensor([float(bool(flag))], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def max_rank(value: int, device) -> int:
+    """The largest `value` over the processes of the default process group (`value` without one)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([float(value)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def canvas(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen_length: int, mask_id: int):
     """[prompt | MASK * gen_length] on the model's device, with its attention mask (pads hidden,
     generated positions real). -> (x, attention_mask, prompt_ids, prompt_mask), all (B, .)"""

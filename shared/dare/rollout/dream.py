@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from dare.models import facts, token_logits
-from dare.rollout.core import RolloutOutput, canvas, response_mask
+from dare.rollout.core import RolloutOutput, any_rank, canvas, response_mask
 
 
 def top_p_logits(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -79,7 +79,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
 
     for i in range(decoding.steps):
         masked = x == mask_id
-        if not masked.any():
+        if not any_rank(masked.any(), device):
             break
         logits = token_logits(model, x, attention_mask)
         nfe += 1

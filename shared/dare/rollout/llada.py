@@ -53,7 +53,8 @@ from __future__ import annotations
 import torch
 
 from dare.models import align, facts, token_logits
-from dare.rollout.core import RolloutOutput, canvas, commit_rule, num_transfer_tokens, predict, response_mask
+from dare.rollout.core import (RolloutOutput, any_rank, canvas, commit_rule, num_transfer_tokens, predict,
+                               response_mask)
 from dare.utils import UserError
 
 
@@ -169,7 +170,7 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         parallel = decoding.threshold > 0 or decoding.factor > 0
         i = sum(g < first for g in steps)  # steps of this block a continued canvas has already made
         if decoding.cache not in ("prefix", "dual"):  # "auto" / "none": the reference, no cache
-            while (x[:, lo:hi] == mask_id).any() and (parallel or i < n) and step < until:
+            while (parallel or i < n) and step < until and any_rank((x[:, lo:hi] == mask_id).any(), device):
                 logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, decoding.cfg_scale)
                 nfe += 1
                 commit(lo, hi, logits[:, lo:hi], quota[:, min(i, n - 1)], (0, P + G), gamma[min(i, n - 1)])
@@ -186,7 +187,7 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         cache = out.past_key_values
         if decoding.cache == "prefix":
             cache.truncate(start)
-        while (x[:, lo:hi] == mask_id).any():
+        while any_rank((x[:, lo:hi] == mask_id).any(), device):
             if decoding.cache == "prefix":
                 raw = model(x[:, start:], attention_mask[:, start:], past_key_values=cache).logits
             else:

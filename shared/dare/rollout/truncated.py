@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from dare.models import facts, token_logits
-from dare.rollout.core import RolloutOutput, canvas, response_mask
+from dare.rollout.core import RolloutOutput, any_rank, canvas, response_mask
 from dare.utils import UserError
 
 
@@ -77,7 +77,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             removed |= ended
             x[ended, P + lo:] = eos
             step_map[ended, lo:] = step
-        if removed.all():
+        if not any_rank(not removed.all(), device):
             break
         while step < hi // U:
             rows = (~removed).nonzero().squeeze(1)
