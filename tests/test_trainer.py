@@ -71,6 +71,27 @@ def test_fsdp_two_processes_match_one_process_and_resume_on_one(tmp_path):
     _close(_weights(one), _weights(resumed))
 
 
+def test_sharded_checkpoints_resume_on_more_processes_and_export(tmp_path):
+    """Checkpoints are written shard by shard (torch.distributed.checkpoint: each rank its own file, nothing
+    gathered) and resharded on load: a one-process checkpoint resumes on 2 processes (the test above: 2 -> 1) to
+    the uninterrupted run's weights, and `dare export` turns it into the model a 2-step run ends with, exactly."""
+    one = train("sft", None, [*TINY, "train.steps=4", "run.save_every=2", f"run.out_dir={tmp_path / 'one'}"])
+    ckpt = one / "checkpoints" / "step_0000002"
+    assert len(list((ckpt / "dcp").glob("*.distcp"))) == 1 and not (ckpt / "model.safetensors").exists()
+    resumed = tmp_path / "resumed"
+    shutil.copytree(one / "checkpoints", resumed / "checkpoints")
+    (resumed / "run.json").write_text(json.dumps({**json.loads((one / "run.json").read_text()), "status": "running"}))
+    _torchrun(2, "train", "sft", *TINY, "train.steps=4", "run.save_every=2", f"run.out_dir={resumed}")
+    assert [json.loads(x)["step"] for x in (resumed / "metrics.jsonl").read_text().splitlines()] == [3, 4]
+    _close(_weights(one), _weights(resumed))
+    r = subprocess.run([str(Path(sys.executable).parent / "dare"), "export", str(ckpt), "--to", str(tmp_path / "x")],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    two_steps = train("sft", None, [*TINY, "train.steps=2", f"run.out_dir={tmp_path / 'two_steps'}"])
+    exported, expected = load_file(str(tmp_path / "x" / "model.safetensors")), _weights(two_steps)
+    assert exported.keys() == expected.keys() and all(torch.equal(exported[k], expected[k]) for k in expected)
+
+
 def test_fsdp_bf16_lora_rl_runs_and_exports_merged(tmp_path):
     """2 processes, FSDP2 with bfloat16 mixed precision, LoRA on the sharded model, the adapter-
     disabled reference: a d1 run finishes and exports a merged plain checkpoint plus the adapter."""
@@ -80,7 +101,15 @@ def test_fsdp_bf16_lora_rl_runs_and_exports_merged(tmp_path):
               "model.dtype=bfloat16", "model.lora.rank=4", "run.save_every=1", "rl.eval_every=2",
               "rl.eval_samples=8", f"run.out_dir={out}")
     assert (out / "final" / "adapter" / "adapter_model.safetensors").is_file()
-    assert (out / "checkpoints" / "step_0000001" / "adapter_model.safetensors").is_file()
+    # the checkpoint is sharded (each rank wrote its own file of the adapter and optimizer state), and exports
+    ckpt = out / "checkpoints" / "step_0000001"
+    assert len(list((ckpt / "dcp").glob("*.distcp"))) == 2 and not (ckpt / "model.safetensors").exists()
+    assert json.loads((ckpt / "checkpoint.json").read_text())["lora"]["rank"] == 4
+    from dare.train.trainer import export_checkpoint
+
+    exported = export_checkpoint(ckpt)
+    assert (exported / "adapter" / "adapter_model.safetensors").is_file()
+    assert load_file(str(exported / "model.safetensors")).keys() == _weights(sft).keys()
     merged = _weights(out)
     assert merged.keys() == _weights(sft).keys() and all(v.dtype == torch.float32 for v in merged.values())
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -90,7 +119,7 @@ def test_fsdp_bf16_lora_rl_runs_and_exports_merged(tmp_path):
 
 def test_fsdp_two_processes_run_tracerl_with_its_value_model(tmp_path):
     """The value model's collectives under FSDP2 over gloo (its forward and backward, the companion
-    checkpoint's gather, the export): a 2-process TraceRL run with micro-batches finishes, writes
+    checkpoint's shards, the export): a 2-process TraceRL run with micro-batches finishes, writes
     `step_1/value/` and `<run>/value/`, and its checkpoint resumes in one process. (A model this
     tiny rarely solves a sum, so its rewards and the value targets may all be 0: this checks the
     distributed plumbing; tests/test_value_model.py checks the training itself.)"""
@@ -100,7 +129,7 @@ def test_fsdp_two_processes_run_tracerl_with_its_value_model(tmp_path):
             "algo.filter_low=0", "algo.filter_high=1", "train.micro_batch_size=5", "run.save_every=1"]
     _torchrun(2, "train", "tracerl", *args, f"run.out_dir={tmp_path / 'two'}")
     two = tmp_path / "two"
-    assert (two / "checkpoints" / "step_0000001" / "value" / "model.safetensors").is_file()
+    assert len(list((two / "checkpoints" / "step_0000001" / "value" / "dcp").glob("*.distcp"))) == 2  # sharded
     assert "value_head.weight" in _weights(two, "value")
     records = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(math.isfinite(r["value/loss"]) for r in records)
@@ -184,7 +213,12 @@ def test_lora_resume_reaches_identical_adapter(tmp_path):
     args = [*TINY, f"model.path={base_run / 'final'}", "train.steps=4", "train.lr=1e-2", "model.lora.rank=4",
             "model.lora.dropout=0.1", "run.save_every=2"]
     a = train("sft", None, [*args, f"run.out_dir={tmp_path / 'a'}"])
-    assert (a / "checkpoints" / "step_0000002" / "adapter_model.safetensors").is_file()
+    ckpt = a / "checkpoints" / "step_0000002"  # the adapter only (frozen base weights are not checkpointed)
+    assert json.loads((ckpt / "checkpoint.json").read_text())["lora"]["rank"] == 4
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = [k for k in FileSystemReader(str(ckpt / "dcp")).read_metadata().state_dict_metadata if k.startswith("model.")]
+    assert keys and all(".lora_" in k for k in keys)
     b = tmp_path / "b"
     shutil.copytree(a / "checkpoints", b / "checkpoints")
     (b / "run.json").write_text(json.dumps({**json.loads((a / "run.json").read_text()), "status": "running"}))

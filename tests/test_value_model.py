@@ -148,9 +148,12 @@ def test_tracerl_with_the_value_model_trains_it_checkpoints_it_and_resumes_exact
     assert records[-1]["value/mean"] != 0.0  # (the zero head at the start: the first test)
     assert (a / "checkpoints" / "step_0000002" / "value" / "trainer_state.pt").is_file()
     # TraceRL's noise is the rollout's own (drawn once per step), yet both models make mu = 2 updates a step
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
     ckpt = a / "checkpoints" / "step_0000002"
-    for state in (torch.load(ckpt / "trainer_state.pt", weights_only=False),
-                  torch.load(ckpt / "value" / "trainer_state.pt", weights_only=False)):
+    for folder in (ckpt, ckpt / "value"):  # the optimizer states, read whole from the sharded checkpoints
+        dcp_to_torch_save(folder / "dcp", tmp_path / "whole.pt")
+        state = torch.load(tmp_path / "whole.pt", weights_only=False)
         steps = {float(s["step"]) for s in state["optimizer"]["state"].values()}
         assert steps == {4.0}, steps
     head = _value_weights(a)["value_head.weight"]

@@ -317,6 +317,13 @@ def cmd_demo(ns) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+def cmd_export(ns) -> int:
+    from dare.train.trainer import export_checkpoint
+
+    print(export_checkpoint(ns.checkpoint, ns.to))
+    return 0
+
+
 def cmd_env(ns) -> int:
     """The fingerprint results carry (hardware, the ISA torch dispatches to, packages, lock, git)."""
     import json
@@ -357,6 +364,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "dispatches to, threads, BLAS; GPU, capability, driver, CUDA/cuDNN/NCCL; package versions; "
                        "the lock file the environment was installed from; the git state; this command.")
     s.set_defaults(func=cmd_env)
+
+    s = sub.add_parser("export", help="write a loadable model folder from a sharded training checkpoint",
+                       description="A run's periodic checkpoints (runs/<baseline>/<key>/checkpoints/step_N/) hold "
+                       "sharded tensors (torch.distributed.checkpoint, every rank its own shards). This writes a "
+                       "save_pretrained folder from one, in one process (LoRA merged into its base, the adapter "
+                       "kept in adapter/); `dare eval` does it by itself when given a checkpoint folder.")
+    s.add_argument("checkpoint", help="a checkpoints/step_N/ folder")
+    s.add_argument("--to", default=None, help="the folder to write (default: <checkpoint>/export)")
+    s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("eval", help="evaluate a checkpoint (embedded evaluator or OpenCompass)", description=(
         "Evaluate a checkpoint on benchmarks and write result_<benchmark>.json (schema v2) and "

@@ -283,6 +283,19 @@ def _benchmark_problem(name: str, e) -> str | None:
     return None
 
 
+def consolidated(checkpoint: Path) -> Path:
+    """A sharded training checkpoint (`checkpoints/step_N/`, tensors in `dcp/`) is evaluated through its export,
+    `<step_N>/export/` (`dare export`; written once, then reused); any other folder as it is."""
+    if (checkpoint / "dcp").is_dir() and not (checkpoint / "model.safetensors").is_file():
+        export = checkpoint / "export"
+        if not (export / "config.json").is_file():
+            from dare.train.trainer import export_checkpoint
+
+            export_checkpoint(checkpoint, export)
+        return export
+    return checkpoint
+
+
 def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None = None, overrides=(),
                         *, out_dir: str | Path | None = None, command: str | None = None,
                         opencompass_model: dict | None = None, reference=None) -> list[Path]:
@@ -295,7 +308,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
     from dare.eval import suite
 
     cfg = load_eval_config(config_path, overrides)
-    checkpoint = Path(checkpoint).resolve()  # OpenCompass runs in its own working directory
+    checkpoint = consolidated(Path(checkpoint).resolve())  # OpenCompass runs in its own working directory
     family = suite.checkpoint_family(checkpoint)
     meta = checkpoint_meta(checkpoint)
     explicit = explicit_decoding(config_path, overrides)

@@ -62,7 +62,7 @@ import torch.nn.functional as F
 
 from dare.models import facts
 from dare.models.core import KVCache
-from dare.rollout.core import RolloutOutput, any_rank, commit_quota, max_rank, response_mask
+from dare.rollout.core import RolloutOutput, any_rank, commit_quota, max_rank, response_mask, sharded
 from dare.rollout.dream import top_k_logits, top_p_logits
 
 
@@ -112,7 +112,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
         ends = pads + (-(-(lengths + G) // bs)) * bs
     else:  # it ends at gen_length: the last block is partial (its other positions hidden padding)
         ends = pads + lengths + G
-    W = max_rank(-(-int(ends.max()) // bs) * bs, device)  # every rank decodes as many column chunks (collective)
+    collective = sharded(model)  # FSDP: every rank makes the same forwards (as many column chunks, ...)
+    W = max_rank(-(-int(ends.max()) // bs) * bs, device, collective)
     x = torch.full((B, W), f.pad_token_id, dtype=torch.long, device=device)
     valid = torch.zeros((B, W), dtype=torch.bool, device=device)
     gen_start = pads + lengths
@@ -134,7 +135,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     trajectory = []
     for c in range(W // bs):
         cols = slice(c * bs, (c + 1) * bs)
-        if not any_rank((x[:, cols] == mask_id).any(), device):
+        if not any_rank((x[:, cols] == mask_id).any(), device, collective):
             continue  # nothing to decode here yet: prefilled together with the next block
         if cached and done_cols < c * bs:  # prefill the complete blocks before this one
             model(x[:, done_cols:c * bs], valid[:, done_cols:c * bs], past_key_values=cache, use_cache=True)
@@ -150,7 +151,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
                 done |= post > decoding.max_post_steps
             else:
                 done |= unmasked
-            if not any_rank(not done.all(), device):
+            if not any_rank(not done.all(), device, collective):
                 break
             if cached:
                 logits = model(x[:, cols], valid[:, cols], past_key_values=cache).logits
@@ -187,7 +188,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             nfe += 1
         done_cols = (c + 1) * bs
         if decoding.eos_early_stop and not any_rank(not _all_finished(x.gather(1, gen_cols), mask_id, f.stop_ids),
-                                                    device):
+                                                    device, collective):
             response = x.gather(1, gen_cols)
             x.scatter_(1, gen_cols, torch.where(response == mask_id, f.eos_token_id, response))
             break

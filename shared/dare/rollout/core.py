@@ -50,26 +50,32 @@ class RolloutOutput:
         return self.sequences[:, self.prompt_length:]
 
 
-def any_rank(flag, device) -> bool:
-    """`flag` on any process of the default process group (all-reduce MAX), `flag` itself without one: every
-    data-dependent decision of a sampler (go on while a block has masked tokens, stop early, skip a block)
-    goes through it, so that under FSDP every rank makes the same number of forwards (they are collective)
-    while any rank still has work; a rank whose rows are done runs forwards that commit nothing."""
+def sharded(model) -> bool:
+    """The model's forwards are collective: its parameters are FSDP2 shards (DTensors) of a process group."""
+    return any(hasattr(p, "device_mesh") for p in model.parameters())
+
+
+def any_rank(flag, device, collective: bool) -> bool:
+    """`flag` on any process (all-reduce MAX) when the forwards are `collective` (a sharded model, `sharded`),
+    `flag` itself otherwise: every data-dependent decision of a sampler (go on while a block has masked
+    tokens, stop early, skip a block) goes through it, so that under FSDP every rank makes the same number
+    of forwards while any rank still has work; a rank whose rows are done runs forwards that commit nothing.
+    An unsharded model (evaluation on one rank, a process per GPU) decides alone."""
+    if not collective:
+        return bool(flag)
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return bool(flag)
     t = torch.tensor([float(bool(flag))], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
 
 
-def max_rank(value: int, device) -> int:
-    """The largest `value` over the processes of the default process group (`value` without one)."""
+def max_rank(value: int, device, collective: bool) -> int:
+    """The largest `value` over the processes when the forwards are `collective`, `value` otherwise."""
+    if not collective:
+        return value
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
     t = torch.tensor([float(value)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())

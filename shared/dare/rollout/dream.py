@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from dare.models import facts, token_logits
-from dare.rollout.core import RolloutOutput, any_rank, canvas, response_mask
+from dare.rollout.core import RolloutOutput, any_rank, canvas, response_mask, sharded
 
 
 def top_p_logits(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -73,13 +73,14 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     G, mask_id = decoding.gen_length, f.mask_token_id
     x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
     (B, P), device = prompt_ids.shape, x.device
+    collective = sharded(model)  # FSDP: every rank makes the same forwards
     step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
     timesteps = torch.linspace(1, decoding.eps, decoding.steps + 1, device=device)
     trajectory, nfe = [], 0
 
     for i in range(decoding.steps):
         masked = x == mask_id
-        if not any_rank(masked.any(), device):
+        if not any_rank(masked.any(), device, collective):
             break
         logits = token_logits(model, x, attention_mask)
         nfe += 1

@@ -54,7 +54,7 @@ import torch
 
 from dare.models import align, facts, token_logits
 from dare.rollout.core import (RolloutOutput, any_rank, canvas, commit_rule, num_transfer_tokens, predict,
-                               response_mask)
+                               response_mask, sharded)
 from dare.utils import UserError
 
 
@@ -121,6 +121,7 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         even = num_transfer_tokens(torch.tensor([BL]), spb)[0].tolist()
         plan = [(BL, list(range(b * spb, (b + 1) * spb)), even) for b in range(n_blocks)]
     mask_id, shift = f.mask_token_id, f.logits_shift
+    collective = sharded(model)  # FSDP: every rank makes the same forwards
 
     if start is None:
         x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
@@ -170,7 +171,8 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         parallel = decoding.threshold > 0 or decoding.factor > 0
         i = sum(g < first for g in steps)  # steps of this block a continued canvas has already made
         if decoding.cache not in ("prefix", "dual"):  # "auto" / "none": the reference, no cache
-            while (parallel or i < n) and step < until and any_rank((x[:, lo:hi] == mask_id).any(), device):
+            while (parallel or i < n) and step < until and any_rank((x[:, lo:hi] == mask_id).any(), device,
+                                                                    collective):
                 logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, decoding.cfg_scale)
                 nfe += 1
                 commit(lo, hi, logits[:, lo:hi], quota[:, min(i, n - 1)], (0, P + G), gamma[min(i, n - 1)])
@@ -187,7 +189,7 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         cache = out.past_key_values
         if decoding.cache == "prefix":
             cache.truncate(start)
-        while any_rank((x[:, lo:hi] == mask_id).any(), device):
+        while any_rank((x[:, lo:hi] == mask_id).any(), device, collective):
             if decoding.cache == "prefix":
                 raw = model(x[:, start:], attention_mask[:, start:], past_key_values=cache).logits
             else:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from dare.models import facts, token_logits
-from dare.rollout.core import RolloutOutput, any_rank, canvas, response_mask
+from dare.rollout.core import RolloutOutput, any_rank, canvas, response_mask, sharded
 from dare.utils import UserError
 
 
@@ -64,6 +64,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     mask_id, eos = f.mask_token_id, f.eos_token_id
     x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
     (B, P), device = prompt_ids.shape, x.device
+    collective = sharded(model)  # FSDP: every rank makes the same forwards
     step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
     logps = torch.zeros(B, G, dtype=torch.float32, device=device)
     entropies = torch.zeros(B, G, dtype=torch.float32, device=device)
@@ -77,7 +78,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             removed |= ended
             x[ended, P + lo:] = eos
             step_map[ended, lo:] = step
-        if not any_rank(not removed.all(), device):
+        if not any_rank(not removed.all(), device, collective):
             break
         while step < hi // U:
             rows = (~removed).nonzero().squeeze(1)

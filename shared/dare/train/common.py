@@ -137,9 +137,10 @@ class StopSignals:
 
 
 class Checkpointer:
-    """`checkpoints/step_N/`: the weights (`Trainer.save`) and `trainer_state.pt` (optimizer,
-    schedule, sampler, generators, RNG, elapsed time), written by rank 0 into `step_N.tmp` and
-    renamed into place, so a crash never leaves a half-written checkpoint. Models trained beside
+    """`checkpoints/step_N/`: the sharded tensors (`Trainer.save`: weights and optimizer state, every rank
+    writing its own shards into `dcp/`) and `trainer_state.pt` (schedule, sampler, generators, RNG,
+    elapsed time, running totals), written into `step_N.tmp` and renamed into place by rank 0 once every
+    rank has written, so a crash never leaves a half-written checkpoint. Models trained beside
     the policy (`companions`, e.g. a value model: {"value": its Trainer}) are saved in
     `step_N/<name>/`, their weights and optimizer state, in the same atomic rename."""
 
@@ -163,15 +164,16 @@ class Checkpointer:
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
-        trainer.save(tmp, tokenizer)  # collective: gathers the shards
+            for name in self.companions:
+                (tmp / name).mkdir()
+        self.dist.barrier()  # the folders exist before any rank writes its shards
+        trainer.save(tmp, tokenizer)  # collective: every rank writes its own shards
         optim = trainer.optimizer_state()
         for name, other in self.companions.items():
-            if self.dist.main:
-                (tmp / name).mkdir()
             other.save(tmp / name, tokenizer)
-            other_optim = other.optimizer_state()
             if self.dist.main:
-                torch.save(other_optim, tmp / name / "trainer_state.pt")
+                torch.save(other.optimizer_state(), tmp / name / "trainer_state.pt")
+        self.dist.barrier()  # every rank's shards are written before the folder is renamed into place
         if self.dist.main:
             torch.save({"step": step, **optim, **state}, tmp / "trainer_state.pt")
             umask_permissions(tmp)

@@ -14,9 +14,14 @@ One code path from a laptop to a cluster; only the launch differs:
   same network with the adapter disabled, otherwise a frozen copy (optionally kept on the CPU).
 - gradient checkpointing of every decoder layer (non-reentrant).
 
-Checkpoints hold full (unsharded) tensors written by rank 0: the model (`save_pretrained`, or
-the peft adapter under LoRA), the optimizer and schedule, so a run can resume on another number
-of processes. Losses are normalized by batch totals (see `dare.train.sft`/`rl`), and FSDP
+Checkpoints are sharded: `torch.distributed.checkpoint` writes the trained parameters (all, or the LoRA
+adapter), the optimizer's state and a moving reference into `step_N/dcp/`, every rank its own shards (no
+gather on rank 0: an 8B model with its optimizer state never passes through one host's memory), and
+loads them back on any number of processes (resharded; tested 2 -> 1 and 1 -> 2). Rank 0 adds the small
+files: the model's config, the tokenizer, `checkpoint.json`. A loadable `save_pretrained` folder is written
+only at the end (`export`, the run's `final/`) or on demand from a checkpoint (`export_checkpoint`,
+`dare export`). Checkpoints of the earlier format (full tensors in `model.safetensors` and
+`trainer_state.pt`) still load. Losses are normalized by batch totals (see `dare.train.sft`/`rl`), and FSDP
 averages gradients over ranks, so each rank's loss is multiplied by the world size before
 backward (`Trainer.backward`).
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,6 +223,22 @@ class Trainer:
 
         return StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=self.lora, **kw)
 
+    def _sharded_options(self, **kw):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(ignore_frozen_params=self.lora, strict=not self.lora, **kw)
+
+    def _sharded_state(self) -> dict:
+        """The state a checkpoint holds, as this rank's shards (DTensors under FSDP): model, optimizer, and a
+        moving reference."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        model, optim = get_state_dict(self.model, self.optimizer, options=self._sharded_options())
+        state = {"model": model, "optimizer": optim}
+        if self.moving_reference:
+            state["reference"] = get_model_state_dict(self.ref)
+        return state
+
     def trainable_state(self) -> dict:
         """Full tensors of the trained parameters (all of them, or the LoRA adapter). Collective."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -224,10 +246,9 @@ class Trainer:
         return get_model_state_dict(self.model, options=self._options())
 
     def optimizer_state(self) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        return {"optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=self._options()),
-                "scheduler": self.scheduler.state_dict(), "lr_scale": self.lr_scale}
+        """What `trainer_state.pt` holds besides the loop's state: the schedule (the optimizer's tensors are
+        in the sharded checkpoint)."""
+        return {"scheduler": self.scheduler.state_dict(), "lr_scale": self.lr_scale}
 
     @property
     def moving_reference(self) -> bool:
@@ -235,24 +256,51 @@ class Trainer:
         return self.ref is not None and self.cfg.reference_sync_every > 0
 
     def save(self, folder: Path, tokenizer) -> None:
-        """The weights of a checkpoint (rank 0 writes): a loadable model, or the peft adapter; and
-        `reference.safetensors` when the reference is synced (it is no longer the initial model)."""
-        from safetensors.torch import save_file
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+        """A checkpoint's tensors into `folder/dcp/` (`torch.distributed.checkpoint`, every rank writing its
+        own shards), and from rank 0 the model's config, the tokenizer and `checkpoint.json` (the LoRA
+        settings and the base checkpoint they apply to), so that `export_checkpoint` can rebuild a loadable
+        model from the folder alone. Collective."""
+        import torch.distributed.checkpoint as dcp
 
-        state = self.trainable_state()
-        ref = get_model_state_dict(self.ref, options=self._options()) if self.moving_reference else None
-        if not self.dist.main:
-            return
-        if self.lora:
-            save_adapter(self.model, state, folder)
-        else:
-            save_model(self.base, tokenizer, folder, state_dict=state)
-        if ref is not None:
-            save_file({k: v.contiguous() for k, v in ref.items()}, str(Path(folder) / "reference.safetensors"))
+        from dare.utils import atomic_write_json
+
+        folder = Path(folder)
+        with _single_process_quiet():
+            dcp.save(self._sharded_state(), checkpoint_id=str(folder / "dcp"), no_dist=self.dist.world == 1)
+        if self.dist.main:
+            self.base.config.save_pretrained(folder)
+            save_tokenizer(tokenizer, folder)
+            lora = self.model.peft_config["default"] if self.lora else None
+            atomic_write_json(folder / "checkpoint.json", {
+                "format": "dcp", "lora": None if lora is None else {
+                    "rank": lora.r, "alpha": lora.lora_alpha, "dropout": lora.lora_dropout,
+                    "targets": lora.target_modules if isinstance(lora.target_modules, str)
+                    else sorted(lora.target_modules)},
+                "base": getattr(self.base, "name_or_path", None) or None})
 
     def load(self, folder: Path, state: dict) -> None:
-        """Restore weights (from `save`) and optimizer/schedule (from `optimizer_state`)."""
+        """Restore weights, optimizer and schedule from a checkpoint folder (`save`; resharded to this run's
+        processes), or from one of the earlier full-tensor format."""
+        folder = Path(folder)
+        if (folder / "dcp").is_dir():
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+            target = self._sharded_state()
+            with _single_process_quiet():
+                dcp.load(target, checkpoint_id=str(folder / "dcp"), no_dist=self.dist.world == 1)
+            set_state_dict(self.model, self.optimizer, model_state_dict=target["model"],
+                           optim_state_dict=target["optimizer"], options=self._sharded_options())
+            if self.moving_reference:
+                set_model_state_dict(self.ref, target["reference"])
+        else:
+            self._load_full(folder, state)
+        self.lr_scale = state.get("lr_scale", 1.0)
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def _load_full(self, folder: Path, state: dict) -> None:
+        """The earlier checkpoint format: full tensors (`model.safetensors` or the adapter, the optimizer in
+        `trainer_state.pt`, `reference.safetensors`)."""
         from safetensors.torch import load_file
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
@@ -266,8 +314,6 @@ class Trainer:
             raise RuntimeError(f"{folder}: checkpoint does not match the model (missing {missing[:5]})")
         set_model_state_dict(self.model, weights, options=self._options(strict=not self.lora))
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=self._options())
-        self.lr_scale = state.get("lr_scale", 1.0)
-        self.scheduler.load_state_dict(state["scheduler"])
         if self.moving_reference:
             if not (folder / "reference.safetensors").is_file():
                 raise RuntimeError(f"{folder}: train.reference_sync_every is set but the checkpoint holds no "
@@ -287,6 +333,69 @@ class Trainer:
             full = merge_lora(full, self.model.peft_config["default"])
         save_model(self.base if not self.lora else self.model.get_base_model(), tokenizer, folder,
                    meta=meta, state_dict=full)
+
+
+@contextlib.contextmanager
+def _single_process_quiet():
+    """torch.distributed.checkpoint warns that it assumes one process when no process group exists, which is
+    what a one-process run means: that warning only is silenced."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def export_checkpoint(folder: str | Path, dest: str | Path | None = None) -> Path:
+    """A loadable `save_pretrained` folder (`dest`, default `<folder>/export/`) from a sharded checkpoint
+    folder (`step_N/`), in one process: the model built from the folder's config (LoRA: its base checkpoint
+    with the adapter added), its trained tensors read from `dcp/`, LoRA merged into the weights (the adapter
+    kept in `adapter/`). Only the model's tensors are read, not the optimizer's."""
+    import json
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from transformers import AutoConfig, AutoModel
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    from dare.config import LoraConfig
+    from dare.models import load_pretrained, load_tokenizer, register_all
+    from dare.utils import replace_dir
+
+    folder = Path(folder)
+    if not (folder / "dcp").is_dir() or not (folder / "checkpoint.json").is_file():
+        raise UserError(f"{folder}: not a sharded checkpoint (no dcp/ and checkpoint.json); checkpoints are the "
+                        "step_N/ folders under a run's checkpoints/")
+    info = json.loads((folder / "checkpoint.json").read_text())
+    register_all()
+    if info.get("lora"):
+        if not info.get("base") or not Path(info["base"]).is_dir():
+            raise UserError(f"{folder}: a LoRA checkpoint needs its base model, {info.get('base')!r}, which is not a "
+                            "folder here")
+        lora = info["lora"]
+        model = add_lora(load_pretrained(info["base"]), LoraConfig(rank=lora["rank"], alpha=lora["alpha"],
+                                                                    dropout=lora["dropout"], targets=lora["targets"]))
+    else:
+        model = AutoModel.from_config(AutoConfig.from_pretrained(folder))
+    options = StateDictOptions(ignore_frozen_params=bool(info.get("lora")))
+    state = {"model": get_model_state_dict(model, options=options)}
+    with _single_process_quiet():
+        dcp.load(state, checkpoint_id=str(folder / "dcp"), no_dist=True)
+    model.load_state_dict(state["model"], strict=not info.get("lora"))
+    dest = Path(dest) if dest else folder / "export"
+    tmp = dest.with_name(dest.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tokenizer = load_tokenizer(folder)
+    if info.get("lora"):
+        full = model.state_dict()
+        save_adapter(model, {k: v for k, v in full.items() if ".lora_" in k}, tmp / "adapter")
+        save_model(model.get_base_model(), tokenizer, tmp, state_dict=merge_lora(full, model.peft_config["default"]))
+    else:
+        save_model(model, tokenizer, tmp)
+    replace_dir(tmp, dest)
+    return dest
 
 
 def shard(model, bf16: bool, offload: bool = False) -> None:
