@@ -16,6 +16,14 @@ training layout `[x_t ; x_0]` (BD3-LM / SDAR) adds the three rules: x_t sees onl
 x_t, x_t sees strictly earlier blocks of x_0, x_0 is block-causal over x_0 and never sees x_t.
 Padded query rows see every key (so no row is empty); their outputs are never used.
 
+Sequence parallelism (Ulysses, `sequence_parallel(group)` around a forward): every rank of the group
+holds the whole input and its layout, but embeds, runs the layers on, and keeps the activations of only
+its contiguous 1/P of the positions; in attention an all-to-all trades the sequence split for a head
+split (each rank attends over all positions with H/P heads) and a second one trades back; after the
+last layer the hidden states are gathered, so the head and the loss see the whole sequence on every
+rank. The gradient of the gather returns each rank its own positions' share: summed over the group
+(FSDP's reduction, or an all-reduce) the parameters' gradients are the single-process ones.
+
 Blocks are counted in each row's own positions (`cumsum(attention_mask) - 1`), so a padded row
 computes exactly what it computes alone. A batch decoded chunk by chunk through the cache must
 therefore left-pad each row by a multiple of `block_size`, so that block boundaries fall on the
@@ -24,6 +32,8 @@ same columns in every row (the originals decode one sequence at a time, where th
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import sys
 from dataclasses import dataclass
@@ -150,6 +160,8 @@ class Layout:
     cache_mode: str | None = None
     replace_start: int = 0
     _flex_mask: object = None
+    sequence_group: object = None
+    """The process group of a sequence-parallel forward (`sequence_parallel`); None otherwise."""
 
     def cached(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """The keys/values this layer attends to, updating the cache as `cache_mode` says."""
@@ -359,7 +371,14 @@ def _sdpa(q, k, v, mask):
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """Attention of q (B, Hq, Lq, D) over k, v (B, Hkv, Lk, D) as `layout` allows. -> (B, Lq, Hq, D)"""
+    """Attention of q (B, Hq, Lq, D) over k, v (B, Hkv, Lk, D) as `layout` allows. -> (B, Lq, Hq, D)
+    In a sequence-parallel forward q, k, v hold this rank's positions: all-to-all to all positions of
+    H/P heads, attention, all-to-all back (Ulysses)."""
+    group = layout.sequence_group
+    if group is not None:
+        heads = [_seq_to_heads(t, group) for t in (q, k, v)]
+        out = attend(*heads, Layout(layout.positions, layout.mask, layout.backend))  # (B, L, Hq/P, D)
+        return _heads_to_seq(out.transpose(1, 2), group).transpose(1, 2)
     if layout.backend == "flash":
         out = _flash(q, k, v, layout)
         if out is not None:
@@ -373,6 +392,69 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout) ->
             out[:, :, s:e] = _sdpa(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], layout.segment_masks[i])
         return out.transpose(1, 2)
     return _sdpa(q, k, v, layout.mask).transpose(1, 2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sequence parallelism (Ulysses)
+
+_SEQUENCE_GROUP: contextvars.ContextVar = contextvars.ContextVar("sequence_group", default=None)
+
+
+@contextlib.contextmanager
+def sequence_parallel(group):
+    """Forwards inside run sequence-parallel over `group` (a torch.distributed process group whose ranks all
+    hold the same input): see the module docstring. The sequence length must divide by the group's size, and
+    so must the attention heads (query and key/value)."""
+    token = _SEQUENCE_GROUP.set(group)
+    try:
+        yield
+    finally:
+        _SEQUENCE_GROUP.reset(token)
+
+
+def _all_to_all(x: torch.Tensor, group) -> torch.Tensor:
+    """(P, ...) chunks, chunk j sent to rank j; returns (P, ...) with chunk j received from rank j (autograd:
+    the backward is the reverse exchange)."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    x = x.contiguous()  # (the output buffer must be contiguous too: empty_like keeps a transposed layout)
+    return all_to_all_single(torch.empty_like(x), x, group=group)
+
+
+def _seq_to_heads(t: torch.Tensor, group) -> torch.Tensor:
+    """(B, H, L/P, D) this rank's positions of all heads -> (B, H/P, L, D) all positions of its heads."""
+    P = torch.distributed.get_world_size(group)
+    B, H, n, D = t.shape
+    if H % P:
+        raise ValueError(f"sequence parallelism over {P} ranks needs the heads ({H}) to divide by {P}")
+    chunks = t.reshape(B, P, H // P, n, D).transpose(0, 1)  # chunk j: the heads rank j will own
+    got = _all_to_all(chunks, group)  # chunk j: rank j's positions of my heads
+    return got.permute(1, 2, 0, 3, 4).reshape(B, H // P, P * n, D)
+
+
+def _heads_to_seq(t: torch.Tensor, group) -> torch.Tensor:
+    """(B, H/P, L, D) all positions of this rank's heads -> (B, H, L/P, D) its positions of all heads."""
+    P = torch.distributed.get_world_size(group)
+    B, h, L, D = t.shape
+    chunks = t.reshape(B, h, P, L // P, D).permute(2, 0, 1, 3, 4)  # chunk j: rank j's positions
+    got = _all_to_all(chunks, group)  # chunk j: my positions of rank j's heads
+    return got.transpose(0, 1).reshape(B, P * h, L // P, D)
+
+
+class _GatherPositions(torch.autograd.Function):
+    """All-gather along the positions (dim 1); the backward returns this rank's slice of the gradient (every
+    rank computes the same loss from the gathered states, so no sum)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.rank, ctx.n = torch.distributed.get_rank(group), x.shape[1]
+        parts = [torch.empty_like(x) for _ in range(torch.distributed.get_world_size(group))]
+        torch.distributed.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[:, ctx.rank * ctx.n:(ctx.rank + 1) * ctx.n].contiguous(), None
 
 
 def _flex(q, k, v, layout: Layout):
@@ -556,7 +638,18 @@ def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_
     layout = make_layout(model, shape_ids, attention_mask, position_ids, cu_seqlens=cu_seqlens,
                          past_key_values=past_key_values, cache_mode=mode,
                          replace_start=replace_position or 0, block_diffusion=block_diffusion)
-    cos_sin = rope(layout.positions, x.dtype)
+    group = _SEQUENCE_GROUP.get()
+    if group is not None:  # Ulysses: this rank's contiguous share of the positions
+        if past_key_values is not None or cu_seqlens is not None:
+            raise ValueError("a sequence-parallel forward takes no cache and no packed input")
+        P, r = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
+        if x.shape[1] % P:
+            raise ValueError(f"sequence parallelism over {P} ranks needs the length ({x.shape[1]}) to divide by {P}")
+        n = x.shape[1] // P
+        x, layout.sequence_group = x[:, r * n:(r + 1) * n], group
+        cos_sin = rope(layout.positions[:, r * n:(r + 1) * n], x.dtype)
+    else:
+        cos_sin = rope(layout.positions, x.dtype)
     routers = []
     recompute = getattr(model, "gradient_checkpointing", False) and model.training and torch.is_grad_enabled()
     for i, layer in enumerate(layers):
@@ -566,9 +659,14 @@ def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_
             x, router_logits = layer(x, cos_sin, layout, i)
         if router_logits is not None:
             routers.append(router_logits)
-    if block_diffusion:
+    if group is None and block_diffusion:
         x = x[:, : x.shape[1] // 2]
     x = norm(x)
-    return DLLMOutput(logits=head(x) if output_logits else None, last_hidden_state=None if output_logits else x,
+    out = head(x) if output_logits else x
+    if group is not None:  # per position so far: gathered after the head, whose gradient then stays per position
+        out = _GatherPositions.apply(out, group)
+        if block_diffusion:
+            out = out[:, : out.shape[1] // 2]
+    return DLLMOutput(logits=out if output_logits else None, last_hidden_state=None if output_logits else out,
                       past_key_values=past_key_values,
                       router_logits=tuple(routers) if output_router_logits and routers else None)
