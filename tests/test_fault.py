@@ -56,6 +56,30 @@ def test_kill_9_then_rerun_reaches_the_uninterrupted_weights(tmp_path):
     assert steps == list(range(1, STEPS + 1))  # the log is continuous: nothing lost, nothing twice
 
 
+def test_a_second_train_in_the_same_run_folder_refuses_and_a_killed_run_leaves_no_lock(tmp_path):
+    """Two `dare train` on one run folder: the second exits at once with a message naming the running one, which
+    goes on untouched; after a `kill -9` of the first the same command starts (and resumes) at once."""
+    out = tmp_path / "run"
+    long = [*command(out)[:-3], "train.steps=100000", "run.save_every=10", f"run.out_dir={out}"]
+    first = subprocess.Popen(long, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    wait_for_checkpoint(out, first)
+    second = subprocess.run(long, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert second.returncode == 2, second.stderr
+    assert f"another `dare train` is running in this run folder (pid {first.pid})" in second.stderr
+    assert first.poll() is None  # the running one is untouched
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    done = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*") if p.name[5:].isdigit())
+    third = subprocess.Popen(long, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
+    end = time.monotonic() + 300
+    while time.monotonic() < end and not any(int(p.name[5:]) > done for p in (out / "checkpoints").glob("step_*")
+                                              if p.name[5:].isdigit()):
+        assert third.poll() is None, third.communicate()
+        time.sleep(0.05)
+    third.send_signal(signal.SIGKILL)
+    assert f"resuming from {out / 'checkpoints'}" in third.communicate()[0]
+
+
 def test_sigterm_checkpoints_exits_for_requeue_and_resumes(tmp_path):
     ref = tmp_path / "ref"
     subprocess.run(command(ref), check=True, capture_output=True, cwd=REPO, timeout=600)

@@ -62,75 +62,80 @@ def fit(algorithm: ModuleType, cfg, run_dir: str | Path, *, name: str, force: bo
     check_sinks(cfg.run.report_to)
     digest, init, key = run_key(cfg)
     run_dir = Path(run_dir)
-    status_path = run_dir / "run.json"
-    status = json.loads(status_path.read_text()) if status_path.is_file() else {}
-    if status and (status.get("config_hash"), status.get("init_fingerprint")) != (digest, init):
-        def short(v):
-            return v[:12] if v else "none (from scratch)"
-        what = ("config" if status.get("config_hash") != digest else "starting checkpoint")
-        raise ConfigError(f"{run_dir}: holds a run with another {what} (config hash "
-                          f"{short(status.get('config_hash'))}, this one {short(digest)}; starting checkpoint "
-                          f"{short(status.get('init_fingerprint'))}, this one {short(init)}); choose another "
-                          f"run.out_dir or delete it")
-    if status.get("status") == "done" and (run_dir / "final" / "dare.json").is_file() and not force:
-        print(f"[{name}] reusing finished run {run_dir}", flush=True)
-        return run_dir
-    if force:  # start over: no resuming from the old checkpoints
-        for old in ("checkpoints", "final", "metrics.jsonl", "eval"):  # evaluations of the old final model too
-            target = run_dir / old
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-        status = {}
-
     main = int(os.environ.get("RANK", "0")) == 0  # under torchrun/Ray only rank 0 writes run files
     run_dir.mkdir(parents=True, exist_ok=True)
-    status = {"baseline": name, "config_hash": digest, "init_fingerprint": init, "status": "running",
-              "started_at": status.get("started_at", now()), "config_path": config_path,
-              "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-              **({"guards": status["guards"]} if status.get("guards") else {})}  # a resumed run keeps its events
-    if main:
-        save_config(cfg, run_dir, header=command or f"dare train {name}")
-        atomic_write_json(status_path, status)
-
-    t0 = time.perf_counter()
+    lock = hold_run_folder(run_dir, name) if main else None  # before anything in the folder is read or removed
     try:
-        outcome = RECIPES[algorithm.RECIPE](cfg, hooks, run_dir, label=name)
-    except Preempted as stop:  # checkpointed; a relaunch (SLURM requeue) resumes from it
+        status_path = run_dir / "run.json"
+        status = json.loads(status_path.read_text()) if status_path.is_file() else {}
+        if status and (status.get("config_hash"), status.get("init_fingerprint")) != (digest, init):
+            def short(v):
+                return v[:12] if v else "none (from scratch)"
+            what = ("config" if status.get("config_hash") != digest else "starting checkpoint")
+            raise ConfigError(f"{run_dir}: holds a run with another {what} (config hash "
+                              f"{short(status.get('config_hash'))}, this one {short(digest)}; starting checkpoint "
+                              f"{short(status.get('init_fingerprint'))}, this one {short(init)}); choose another "
+                              f"run.out_dir or delete it")
+        if status.get("status") == "done" and (run_dir / "final" / "dare.json").is_file() and not force:
+            print(f"[{name}] reusing finished run {run_dir}", flush=True)
+            return run_dir
+        if force:  # start over: no resuming from the old checkpoints
+            for old in ("checkpoints", "final", "metrics.jsonl", "eval"):  # evaluations of the old final model too
+                target = run_dir / old
+                if target.is_dir():
+                    shutil.rmtree(target)
+                elif target.exists():
+                    target.unlink()
+            status = {}
+
+        status = {"baseline": name, "config_hash": digest, "init_fingerprint": init, "status": "running",
+                  "started_at": status.get("started_at", now()), "config_path": config_path,
+                  "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                  **({"guards": status["guards"]} if status.get("guards") else {})}  # a resumed run keeps its events
         if main:
-            atomic_write_json(status_path, {**status, "status": "preempted", "preempted_at": now(),
-                                            "step": stop.step})
-            print(f"[{name}] {stop}; rerun the same command to resume", file=sys.stderr, flush=True)
-        raise SystemExit(128 + stop.signum) from None
-    except Collapsed as stop:  # a guard stopped it (its event is in run.json's `guards`)
+            save_config(cfg, run_dir, header=command or f"dare train {name}")
+            atomic_write_json(status_path, status)
+
+        t0 = time.perf_counter()
+        try:
+            outcome = RECIPES[algorithm.RECIPE](cfg, hooks, run_dir, label=name)
+        except Preempted as stop:  # checkpointed; a relaunch (SLURM requeue) resumes from it
+            if main:
+                atomic_write_json(status_path, {**status, "status": "preempted", "preempted_at": now(),
+                                                "step": stop.step})
+                print(f"[{name}] {stop}; rerun the same command to resume", file=sys.stderr, flush=True)
+            raise SystemExit(128 + stop.signum) from None
+        except Collapsed as stop:  # a guard stopped it (its event is in run.json's `guards`)
+            if main:
+                atomic_write_json(status_path, {**_current(status_path, status), "status": "collapsed",
+                                                "stopped_at": now(), "reason": str(stop)})
+            raise UserError(f"{name}: stopped by a guard at {stop} (run folder {run_dir}: run.json lists the events; "
+                            "resuming starts again from its last checkpoint)") from None
+        commit, dirty = git_state()
+        meta = {
+            "baseline": name, "config_hash": digest, "run_key": key, "seed": cfg.run.seed, "steps": outcome["steps"],
+            "model_name": outcome["model_name"], "family": cfg.model.family,
+            "data": outcome["data"], "init": outcome["init"], "method": method or {},
+            "wall_time_s": round(outcome["elapsed_s"], 2), "git_commit": commit, "git_dirty": dirty,
+            "created_at": now(), "config_path": config_path, "recipe_hash": recipe_hash(cfg),
+            "config": to_dict(cfg, hashed_only=True), "command": command or None,
+        }
+        totals = outcome.get("totals") or {}
+        if "rollout_forwards" in totals:  # what an RL run spent (`dare.results.Compute`)
+            meta["compute"] = {**{k: int(round(totals[k])) for k in ("rollout_tokens", "rollout_forwards",
+                                                                     "train_forwards", "update_tokens")},
+                               "wall_time_s": meta["wall_time_s"]}
+        save_final(outcome["trainer"], outcome["tokenizer"], run_dir, meta, base=cfg.model.path)
         if main:
-            atomic_write_json(status_path, {**_current(status_path, status), "status": "collapsed",
-                                            "stopped_at": now(), "reason": str(stop)})
-        raise UserError(f"{name}: stopped by a guard at {stop} (run folder {run_dir}: run.json lists the events; "
-                        "resuming starts again from its last checkpoint)") from None
-    commit, dirty = git_state()
-    meta = {
-        "baseline": name, "config_hash": digest, "run_key": key, "seed": cfg.run.seed, "steps": outcome["steps"],
-        "model_name": outcome["model_name"], "family": cfg.model.family,
-        "data": outcome["data"], "init": outcome["init"], "method": method or {},
-        "wall_time_s": round(outcome["elapsed_s"], 2), "git_commit": commit, "git_dirty": dirty,
-        "created_at": now(), "config_path": config_path, "recipe_hash": recipe_hash(cfg),
-        "config": to_dict(cfg, hashed_only=True), "command": command or None,
-    }
-    totals = outcome.get("totals") or {}
-    if "rollout_forwards" in totals:  # what an RL run spent (`dare.results.Compute`)
-        meta["compute"] = {**{k: int(round(totals[k])) for k in ("rollout_tokens", "rollout_forwards",
-                                                                 "train_forwards", "update_tokens")},
-                           "wall_time_s": meta["wall_time_s"]}
-    save_final(outcome["trainer"], outcome["tokenizer"], run_dir, meta, base=cfg.model.path)
-    if main:
-        status = _current(status_path, status)  # with what the run added (its guards' events)
-        status.update(status="done", finished_at=now(), wall_time_s=meta["wall_time_s"],
-                      session_time_s=round(time.perf_counter() - t0, 2))
-        atomic_write_json(status_path, status)
-        print(f"[{name}] done in {meta['wall_time_s']:.0f}s -> {run_dir / 'final'}", flush=True)
-    return run_dir
+            status = _current(status_path, status)  # with what the run added (its guards' events)
+            status.update(status="done", finished_at=now(), wall_time_s=meta["wall_time_s"],
+                          session_time_s=round(time.perf_counter() - t0, 2))
+            atomic_write_json(status_path, status)
+            print(f"[{name}] done in {meta['wall_time_s']:.0f}s -> {run_dir / 'final'}", flush=True)
+        return run_dir
+    finally:
+        if lock is not None:
+            lock.close()
 
 
 def _current(path: Path, status: dict) -> dict:
@@ -139,3 +144,26 @@ def _current(path: Path, status: dict) -> dict:
         return {**status, **json.loads(path.read_text())}
     except (OSError, ValueError):
         return status
+
+
+def hold_run_folder(run_dir: Path, name: str):
+    """An exclusive lock on `run_dir/.lock` (flock) for as long as this process lives, so two `dare train`
+    never write one run folder at once: the second refuses, naming the holder's pid. The kernel drops the
+    lock when the holder exits, however it exits (a `kill -9` leaves nothing stuck). Returns the open file
+    (keep it). flock is per machine: processes on other nodes of a shared filesystem are not seen."""
+    import fcntl
+
+    handle = open(run_dir / ".lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise UserError(f"{run_dir}: another `dare train` is running in this run folder (pid {holder}); wait for it, "
+                        f"stop it, or give {name} another run.out_dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
