@@ -4,6 +4,7 @@ uninterrupted run (bitwise, CPU, one process)."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +79,36 @@ def test_a_second_train_in_the_same_run_folder_refuses_and_a_killed_run_leaves_n
         time.sleep(0.05)
     third.send_signal(signal.SIGKILL)
     assert f"resuming from {out / 'checkpoints'}" in third.communicate()[0]
+
+
+def _interrupted_copy(ref: Path, out: Path) -> None:
+    """`out` as `ref` was before its last steps: its kept checkpoints, its run.json saying running."""
+    shutil.copytree(ref / "checkpoints", out / "checkpoints")
+    (out / "run.json").write_text(json.dumps({**json.loads((ref / "run.json").read_text()), "status": "running"}))
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(tmp_path):
+    """Checkpoints record their files' sha256: a truncated shard in the latest one is found at resume, which says so
+    and resumes from the one before (the last two are kept), reaching the uninterrupted run's weights; with every
+    kept checkpoint damaged it stops with one clear line."""
+    ref = tmp_path / "ref"
+    subprocess.run(command(ref), check=True, capture_output=True, cwd=REPO, timeout=600)
+    assert sorted(p.name for p in (ref / "checkpoints").glob("step_*")) == ["step_0000130", "step_0000140"]
+    out = tmp_path / "damaged"
+    _interrupted_copy(ref, out)
+    shard = next((out / "checkpoints" / "step_0000140" / "dcp").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # a write cut short
+    r = subprocess.run(command(out), capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "step_0000140 is damaged (dcp/" in r.stderr and "resuming from" in r.stdout and "step_0000130" in r.stdout
+    a, b = weights(ref), weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    every = tmp_path / "all_damaged"
+    _interrupted_copy(ref, every)
+    for state in (every / "checkpoints").glob("step_*/trainer_state.pt"):
+        state.write_bytes(b"not a checkpoint")
+    r = subprocess.run(command(every), capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 2 and "no checkpoint can be resumed" in r.stderr and "trainer_state.pt is not the file" in r.stderr
 
 
 def test_sigterm_checkpoints_exits_for_requeue_and_resumes(tmp_path):

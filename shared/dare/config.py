@@ -91,9 +91,10 @@ class RunConfig:
     save_every: int = field(default=0, metadata=NOHASH)
     """Checkpoint interval in the recipe's steps (`train.steps`): optimizer steps for SFT and
     preference, rollout batches for RL (each `rl.num_iterations` optimizer steps). 0: only the final."""
-    keep_checkpoints: int = field(default=1, metadata=NOHASH)
-    """Periodic checkpoints kept in `checkpoints/`, the latest N (0: all). Each holds the weights
-    (`dare eval` takes it like `final/`) and the optimizer and data state that resume needs."""
+    keep_checkpoints: int = field(default=2, metadata=NOHASH)
+    """Periodic checkpoints kept in `checkpoints/`, the latest N (0: all; with 2 a damaged latest one falls
+    back to the one before). Each holds the sharded weights and optimizer state (`dare eval` exports it),
+    the data state that resume needs, and its files' sha256."""
     threads: int = field(default=0, metadata=NOHASH)
     """torch intra-op threads on CPU (0: torch's default, one per core)."""
     report_to: list[str] = field(default_factory=list, metadata=NOHASH)

@@ -157,6 +157,28 @@ class Checkpointer:
         done = self.complete()
         return done[-1] if done else None
 
+    CHECKSUMS = "checksums.json"
+
+    def record_checksums(self, folder: Path) -> None:
+        """sha256 of every file of a written checkpoint (every rank's shards included), so a resume can tell
+        a complete checkpoint from a truncated or corrupted one (`damage`)."""
+        sums = {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+        atomic_write(folder / self.CHECKSUMS, json.dumps(sums, indent=1) + "\n")
+
+    def damage(self, folder: Path) -> str | None:
+        """Why checkpoint `folder` cannot be trusted (a file missing or not what was written), or None. A
+        checkpoint from before checksums were recorded is trusted as it is."""
+        path = folder / self.CHECKSUMS
+        if not path.is_file():
+            return None
+        for name, digest in json.loads(path.read_text()).items():
+            file = folder / name
+            if not file.is_file():
+                return f"{name} is missing"
+            if sha256_file(file) != digest:
+                return f"{name} is not the file that was written (sha256 differs: truncated or corrupted)"
+        return None
+
     def save(self, step: int, trainer, tokenizer, state: dict) -> Path:
         final = self.dir / f"step_{step:07d}"
         tmp = self.dir / f"step_{step:07d}.tmp"
@@ -176,6 +198,7 @@ class Checkpointer:
         self.dist.barrier()  # every rank's shards are written before the folder is renamed into place
         if self.dist.main:
             torch.save({"step": step, **optim, **state}, tmp / "trainer_state.pt")
+            self.record_checksums(tmp)
             umask_permissions(tmp)
             replace_dir(tmp, final)
             for old in (self.complete()[:-self.keep] if self.keep else []):
@@ -227,12 +250,27 @@ def resume(run_dir: Path, trainer, sampler: EpochSampler, generators: dict,
     """Restore the latest complete checkpoint, if any, with its companions (`Checkpointer`):
     (checkpointer keeping the latest `keep`, or all with 0; the checkpoint's state, {} when none)."""
     ckpt = Checkpointer(run_dir, trainer.dist, keep, companions)
-    latest = ckpt.latest()
-    if latest is None:
+    kept = ckpt.complete()
+    if not kept:
         return ckpt, {}
-    state = restore(latest, ckpt, trainer, sampler, generators)
+    choice = -1  # rank 0 checks the checkpoints, newest first; every rank restores the one it picked
     if trainer.dist.main:
-        print(f"[{label}] resuming from {latest} (step {state['step']})", flush=True)
+        problems = []
+        for i in range(len(kept) - 1, -1, -1):
+            why = ckpt.damage(kept[i])
+            if why is None:
+                choice = i
+                break
+            problems.append(f"{kept[i].name}: {why}")
+            print(f"[{label}] checkpoint {kept[i]} is damaged ({why}); trying the one before it", file=sys.stderr,
+                  flush=True)
+        if choice < 0:
+            raise UserError(f"{ckpt.dir}: no checkpoint can be resumed ({'; '.join(problems)}); start over with "
+                            "--force or restore the folder")
+    choice = int(trainer.dist.max({"i": float(choice)})["i"])
+    state = restore(kept[choice], ckpt, trainer, sampler, generators)
+    if trainer.dist.main:
+        print(f"[{label}] resuming from {kept[choice]} (step {state['step']})", flush=True)
     return ckpt, state
 
 
