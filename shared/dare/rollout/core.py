@@ -61,13 +61,7 @@ def any_rank(flag, device, collective: bool) -> bool:
     tokens, stop early, skip a block) goes through it, so that under FSDP every rank makes the same number
     of forwards while any rank still has work; a rank whose rows are done runs forwards that commit nothing.
     An unsharded model (evaluation on one rank, a process per GPU) decides alone."""
-    if not collective:
-        return bool(flag)
-    import torch.distributed as dist
-
-    t = torch.tensor([float(bool(flag))], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return bool(max_rank(int(bool(flag)), device, collective))
 
 
 def max_rank(value: int, device, collective: bool) -> int:

@@ -239,12 +239,6 @@ class Trainer:
             state["reference"] = get_model_state_dict(self.ref)
         return state
 
-    def trainable_state(self) -> dict:
-        """Full tensors of the trained parameters (all of them, or the LoRA adapter). Collective."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        return get_model_state_dict(self.model, options=self._options())
-
     def optimizer_state(self) -> dict:
         """What `trainer_state.pt` holds besides the loop's state: the schedule (the optimizer's tensors are
         in the sharded checkpoint)."""
