@@ -26,6 +26,36 @@ def test_addition_splits_are_disjoint_and_correct(tmp_path):
     assert [r["index"] for r in test] == list(range(500))
 
 
+def test_progression_writes_every_term_and_its_answers_are_long(tmp_path):
+    """The bench task: each term is the one before plus the step modulo 10^4, digits least significant
+    first, letters count down to `a`; 112-182 tokens (one character each); train and test differ."""
+    test = load_split("progression", "test", tmp_path)
+    train = load_split("progression", "train", tmp_path)
+    assert len(test) == 500 and len(train) == 20000
+    assert len({r["prompt"][0]["content"] for r in test} - {r["prompt"][0]["content"] for r in train}) > 400
+    lengths = set()
+    for r in test:
+        start, step, count = r["extra"]["start"], r["extra"]["step"], r["extra"]["count"]
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        assert r["prompt"][0]["content"] == f"{str(start).zfill(4)[::-1]},{step},{letters[count - 1]}"
+        terms = r["ground_truth"].split(",")
+        assert terms[-1] == "" and len(terms) == count + 1
+        for k, term in zip(range(count, 0, -1), terms):
+            start += step
+            assert term[0] == letters[k - 1] and term[1] == str(step) and int(term[2:][::-1]) == start % 10000
+            assert len(term) == 6
+        lengths.add(len(r["ground_truth"]))
+    assert min(lengths) == 112 and max(lengths) == 182
+    task = TASKS["progression"]
+    truth = test[0]["ground_truth"]
+    n = truth.count(",")
+    assert task.score(f" {truth}\n", test[0]) == {"accuracy": 1.0, "term_accuracy": 1.0}
+    wrong_last = truth[:-2] + ("0" if truth[-2] != "0" else "1") + ","
+    assert task.score(wrong_last, test[0]) == {"accuracy": 0.0, "term_accuracy": (n - 1) / n}
+    assert task.score(truth + "z", test[0])["accuracy"] == 0.0  # nothing may follow the last term
+    assert task.reward("", test[0]) == 0.0
+
+
 def _write(path, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=_schema()), path)

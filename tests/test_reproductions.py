@@ -32,7 +32,7 @@ def test_there_are_reproductions_for_the_wave_one_baselines():
 def test_reproduction_config_resolves(path):
     baseline = yaml.safe_load(path.read_text())["baseline"]
     _, cfg, _ = resolve(baseline, path)
-    if path.parent.name not in ("demo", "tiny", "sudoku"):  # the paper configs start from released checkpoints
+    if path.parent.name not in ("demo", "tiny", "sudoku", "bench"):  # the paper configs start from released checkpoints
         assert cfg.model.path and cfg.model.path.startswith("/ckpt/"), path
 
 

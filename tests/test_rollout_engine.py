@@ -198,10 +198,12 @@ def test_eos_early_stop_fills_the_rest_with_eos(models):
 
 
 def test_bench_rollout_runs_every_strategy_side_by_side(trained_tiny, char_tok, tmp_path):
-    """One command, a checkpoint folder: a table row and a valid result JSON per strategy."""
+    """One command, a checkpoint folder: a table row and a valid result JSON per strategy; rows that
+    lose more than a point of accuracy against vanilla are marked; the target verdict is printed."""
     import json
 
     from conftest import dare_cli
+    from dare.app.bench import keeps_accuracy
     from dare.models.tokenizer import save_tokenizer
     from dare.results import read_result
 
@@ -211,14 +213,24 @@ def test_bench_rollout_runs_every_strategy_side_by_side(trained_tiny, char_tok, 
     out = tmp_path / "bench"
     r = dare_cli("bench", "rollout", "--checkpoint", str(ckpt), "--prompts", "8", "--out", str(out),
                  "gen_length=32", "block_length=8")
+    assert r.returncode != 0 and "does not record its training task; name one with --task" in r.stderr
+    r = dare_cli("bench", "rollout", "--checkpoint", str(ckpt), "--prompts", "8", "--out", str(out),
+                 "--task", "addition", "gen_length=32", "block_length=8")
     assert r.returncode == 0, r.stderr
+    lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ") and line.split()}
+    vanilla_acc = float(lines["vanilla"].split()[5])
+    for name in ("vanilla", "prefix_cache", "dual_cache", "parallel", "dual_cache+parallel", "ass"):
+        assert name in lines, name
+        acc = float(lines[name].split()[5])
+        assert ("!! accuracy" in lines[name]) == (not keeps_accuracy(acc, vanilla_acc)), lines[name]
+    assert "target: dual_cache+parallel >= 8x vanilla at accuracy within 1 pt:" in r.stdout
     for name in ("vanilla", "prefix_cache", "dual_cache", "parallel", "dual_cache+parallel"):
-        assert any(line.split()[:1] == [name] for line in r.stdout.splitlines()), name
         result = read_result(out / f"llada-{name}" / "result_addition.json")
         metrics = {m.name: m.value for m in result.metrics}
         assert {"accuracy", "tokens_per_s", "speedup_vs_vanilla", "tokens_per_forward"} <= set(metrics)
         assert result.method.variant == f"rollout:{name}" and result.decoding.gen_length == 32
     vanilla = read_result(out / "llada-vanilla" / "result_addition.json")
+    assert vanilla.benchmark.name.startswith("addition")
     assert {m.name: m.value for m in vanilla.metrics}["speedup_vs_vanilla"] == 1.0
     assert json.loads((out / "llada-dual_cache" / "result_addition.json").read_text())["decoding"]["extra"] == {
         "cache": "dual"}
@@ -252,6 +264,13 @@ def test_sampling_on_cuda_with_a_cpu_generator_is_reproducible(models, fam):
             for _ in range(2)]
     model.cpu()
     assert torch.equal(outs[0], outs[1])
+
+
+def test_the_accuracy_tolerance_is_one_point():
+    from dare.app.bench import keeps_accuracy
+
+    assert keeps_accuracy(0.90, 0.90) and keeps_accuracy(0.89, 0.90) and keeps_accuracy(0.95, 0.90)
+    assert not keeps_accuracy(0.885, 0.90) and not keeps_accuracy(0.0, 0.02)
 
 
 @pytest.mark.parametrize("family, small", [

@@ -1,6 +1,6 @@
 """Ulysses sequence parallelism (`dare.models.core.sequence_parallel`) over 2 real processes (torchrun, gloo):
 for every family, a training forward (logits, hidden states; the block families through the `[x_t ; x_0]`
-layout, a left-padded row included) equals the single-process one, and the parameters' gradients summed over
+layout, a left-padded row included; a length that divides by 2 and one that does not) equals the single-process one, and the parameters' gradients summed over
 the ranks equal the single-process gradients."""
 
 import json

@@ -92,6 +92,43 @@ def test_sharded_checkpoints_resume_on_more_processes_and_export(tmp_path):
     assert exported.keys() == expected.keys() and all(torch.equal(exported[k], expected[k]) for k in expected)
 
 
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_sequence_parallel_training_matches_one_process(tmp_path, family):
+    """train.sequence_parallel=2 on 2 processes (one data share, each process 1/2 of the positions; FSDP2
+    over both): the same losses and weights as one process, for a bidirectional family and a block-causal
+    one (its [x_t ; x_0] layout); the sequence lengths do not divide by 2 everywhere (padded inside)."""
+    sp = [*TINY, "model.scratch.n_heads=4", "train.steps=3", "train.packing=false", f"model.family={family}"]
+    one = train("sft", None, [*sp, f"run.out_dir={tmp_path / 'one'}"])
+    _torchrun(2, "train", "sft", *sp, "train.sequence_parallel=2", f"run.out_dir={tmp_path / 'sp'}")
+    assert json.loads((tmp_path / "sp" / "run.json").read_text())["world_size"] == 2
+    assert _losses(tmp_path / "sp") == pytest.approx(_losses(one), rel=1e-5)
+    _close(_weights(one), _weights(tmp_path / "sp"))
+
+
+def test_sequence_parallel_rl_with_data_parallel_groups_matches_data_parallel_alone(tmp_path):
+    """4 processes as 2 data shares x 2 sequence-parallel processes run d1 (rollouts whole, the update
+    sequence-parallel) to the losses, rewards and weights of 2 plain data-parallel processes: the
+    shares, seeds and batch totals are counted per share, not per process."""
+    sft = train("sft", None, [*TINY, "model.scratch.n_heads=4", "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
+    d1 = ["d1", f"model.path={sft / 'final'}", *D1_TINY, "train.steps=2", "train.packing=false", "rl.eval_every=0"]
+    _torchrun(2, "train", *d1, f"run.out_dir={tmp_path / 'dp'}")
+    _torchrun(4, "train", *d1, "train.sequence_parallel=2", f"run.out_dir={tmp_path / 'dpsp'}", timeout=600)
+    for key in ("loss/total", "rollout/reward_mean"):
+        assert _losses(tmp_path / "dpsp", key) == pytest.approx(_losses(tmp_path / "dp", key), rel=1e-5, abs=1e-7)
+    _close(_weights(tmp_path / "dp"), _weights(tmp_path / "dpsp"))
+
+
+def test_sequence_parallel_refuses_what_it_cannot_split(tmp_path):
+    with pytest.raises(ConfigError, match="set train.packing=false"):
+        train("sft", None, [*TINY, "train.steps=2", "train.sequence_parallel=2", f"run.out_dir={tmp_path / 'a'}"])
+    r = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "-m", "dare.app.cli",
+                        "train", "sft", *TINY, "model.scratch.n_heads=1", "train.steps=2", "train.packing=false",
+                        "train.sequence_parallel=2",
+                        f"run.out_dir={tmp_path / 'b'}"], capture_output=True, text=True, timeout=300, cwd=REPO,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode != 0 and "the model's attention heads ([1]) must divide by it" in r.stderr
+
+
 def test_fsdp_bf16_lora_rl_runs_and_exports_merged(tmp_path):
     """2 processes, FSDP2 with bfloat16 mixed precision, LoRA on the sharded model, the adapter-
     disabled reference: a d1 run finishes and exports a merged plain checkpoint plus the adapter."""

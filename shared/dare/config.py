@@ -354,6 +354,10 @@ class TrainConfig:
     """Recompute each decoder layer's activations in the backward pass (less memory, ~1/3 more compute)."""
     packing: bool = True
     """Log-prob passes drop padding and pack the sequences of a micro-batch into one row (no compute on pads)."""
+    sequence_parallel: int = field(default=1, metadata=ADDED)
+    """Ulysses sequence parallelism: groups of this many processes share each data-parallel share of the batch,
+    each process computing 1/P of the positions of the trained model's forward and backward (all-to-all over
+    attention heads); for sequences too long for one device. Needs packing off; must divide the processes."""
     logit_chunk: int = 1024
     """Positions per output-head call in log-prob passes (peak memory ~ chunk x vocab); 0: full logits."""
     reference_offload: bool = False
@@ -380,6 +384,9 @@ class TrainConfig:
         check(all(0 <= b < 1 for b in self.betas), "must be within [0, 1)", "betas")
         check(self.max_grad_norm >= 0, "must be >= 0", "max_grad_norm")
         check(self.reference_sync_every >= 0, "must be >= 0 (0: a frozen reference)", "reference_sync_every")
+        check(self.sequence_parallel >= 1, "must be >= 1 (1: off)", "sequence_parallel")
+        check(self.sequence_parallel == 1 or not self.packing,
+              "sequence parallelism takes no packed input: set train.packing=false", "sequence_parallel", "packing")
         check(0 < self.reference_mix <= 1, "must be within (0, 1]", "reference_mix")
 
 

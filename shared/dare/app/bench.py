@@ -1,11 +1,14 @@
 """Benchmarks: `dare bench rollout` (decoding strategies side by side) and `dare bench rewards`.
 
-`dare bench rollout` decodes the addition test prompts with every strategy on the demo's trained
-tiny LLaDA and a tiny SDAR trained the same way (both trained on first use and then reused, by
-their run keys), or on `--checkpoint`, at gen_length 256, block 32, batch 8 by default, and
+`dare bench rollout` decodes the `progression` test prompts (112-182-token answers) with every
+strategy on the bench checkpoint of each family (a tiny LLaDA, Dream, SDAR and LLaDA2.x trained on
+that task: `reproductions/bench/sft.yaml`, trained on first use and then reused by run key), or on
+`--checkpoint` (its training task, or `--task`), at gen_length 256, block 32, batch 8 by default, and
 reports tokens/s (batch x gen_length / decoding time), NFE, tokens per forward, task accuracy and
-the speedup over vanilla measured in the same run. Each strategy's numbers are written as a
-result JSON (metrics `accuracy`, `tokens_per_s`, `speedup_vs_vanilla`, `tokens_per_forward`).
+the speedup over vanilla measured in the same run. A strategy that loses more than one point of
+accuracy against vanilla is marked `!!` in the table, and each model's headline strategy is checked
+against its speed target (`HEADLINE`). Each strategy's numbers are written as a result JSON
+(metrics `accuracy`, `tokens_per_s`, `speedup_vs_vanilla`, `tokens_per_forward`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from dare.eval import build_result, evaluate_model, task_benchmark
 from dare.models import facts, load_pretrained, load_tokenizer
 from dare.models.api import checkpoint_meta
 from dare.results import metric_from_values, write_result
-from dare.utils import atomic_write, atomic_write_json, git_state, hardware, now, package_versions, runs_dir, shown_path
+from dare.utils import (REPO_ROOT, UserError, atomic_write, atomic_write_json, git_state, hardware, now,
+                        package_versions, runs_dir, shown_path)
 
 # strategy -> decoding overrides (on top of gen_length/block_length; vanilla: steps = gen_length / 2)
 MASKED_STRATEGIES = {
@@ -45,6 +49,14 @@ BLOCK_STRATEGIES = {  # SDAR: denoising steps = block size (one token per step) 
 }
 
 
+# issue 23's targets: the headline strategy's speedup over vanilla at gen 256, at accuracy within 1 point
+HEADLINE = {"masked": ("dual_cache+parallel", 8.0), "block": ("block_cache+parallel", 10.0)}
+ACCURACY_TOLERANCE = 0.01
+RL_STEP_TARGET = 6.0  # the end-to-end d1 step, accelerated over naive
+BENCH = REPO_ROOT / "reproductions" / "bench"
+BENCH_FAMILIES = ("llada", "dream", "sdar", "llada2")
+
+
 def _demo_checkpoint(family: str) -> Path:
     """The demo's SFT checkpoint for `family` (trained on first use, then reused by run key)."""
     from dare.app.runs import train
@@ -53,49 +65,89 @@ def _demo_checkpoint(family: str) -> Path:
     return Path(train("sft", DEMO / "sft.yaml", overrides)) / "final"
 
 
+def bench_checkpoint(family: str) -> Path:
+    """The speed benchmarks' checkpoint for `family`: a tiny model trained on `progression`'s long
+    answers (`reproductions/bench/sft.yaml`), trained on first use, then reused by run key."""
+    from dare.app.runs import train
+
+    overrides = [f"model.family={family}", f"model.name=tiny-{family}-progression"]
+    return Path(train("sft", BENCH / "sft.yaml", overrides)) / "final"
+
+
+def checkpoint_task(ckpt: Path, task: str | None) -> str:
+    """The task a rollout benchmark decodes: `task`, else the one the checkpoint was trained on."""
+    name = task or (checkpoint_meta(ckpt).get("data") or {}).get("task")
+    if not name:
+        raise UserError(f"{shown_path(ckpt)} does not record its training task; name one with --task")
+    if name not in TASKS or "test" not in TASKS[name].splits:
+        raise UserError(f"--task {name!r}: not a task with a test split ({sorted(TASKS)})")
+    return name
+
+
+def keeps_accuracy(accuracy: float, vanilla: float) -> bool:
+    """A strategy keeps vanilla's accuracy when it loses at most `ACCURACY_TOLERANCE` (1 point)."""
+    return accuracy >= vanilla - ACCURACY_TOLERANCE - 1e-9
+
+
 def rollout_benchmark(checkpoint: str | None, overrides: list[str], repeats: int = 1, batch_size: int = 8,
-                      n_prompts: int = 64, device: str = "cpu", out: str | None = None) -> list[dict]:
+                      n_prompts: int = 64, device: str = "cpu", out: str | None = None,
+                      task: str | None = None, families: tuple[str, ...] = BENCH_FAMILIES) -> list[dict]:
+    """Every strategy side by side per checkpoint (the bench checkpoints of `families` by default);
+    returns one report per checkpoint with its rows, `accuracy_ok` per row and the target verdict."""
     import torch
 
     base = load_config(DecodingConfig, None, ["gen_length=256", "block_length=32", *overrides])
-    targets = [Path(checkpoint)] if checkpoint else [_demo_checkpoint("llada"), _demo_checkpoint("sdar")]
+    targets = [Path(checkpoint)] if checkpoint else [bench_checkpoint(f) for f in families]
+    tasks = [checkpoint_task(ckpt, task) for ckpt in targets]  # every input checked before decoding
     out_root = Path(out) if out else runs_dir() / "bench" / f"rollout-{now().replace(':', '')}"
     reports = []
-    for ckpt in targets:
+    for ckpt, task_name in zip(targets, tasks):
         model = load_pretrained(ckpt).to(device).eval()
         tokenizer = load_tokenizer(ckpt)
         f = facts(model)
-        block = f.attention == "block_causal"
-        strategies = BLOCK_STRATEGIES if block else MASKED_STRATEGIES
+        kind = "block" if f.attention == "block_causal" else "masked"
+        strategies = BLOCK_STRATEGIES if kind == "block" else MASKED_STRATEGIES
         label = checkpoint_meta(ckpt).get("model_name") or ckpt.parent.name
-        print(f"rollout benchmark: {label} ({f.family}), {n_prompts} addition prompts, batch {batch_size}, "
+        print(f"rollout benchmark: {label} ({f.family}), {n_prompts} {task_name} prompts, batch {batch_size}, "
               f"gen {base.gen_length}, block {f.block_size or base.block_length}, {torch.get_num_threads()} threads, "
               f"{device}")
         print(f"  {'strategy':24s} {'tokens/s':>9s} {'speedup':>8s} {'NFE':>6s} {'tok/fwd':>8s} {'accuracy':>9s}")
-        rows, vanilla_tps = [], None
+        rows, vanilla = [], None
         for name, kw in strategies.items():
-            steps = (f.block_size if block else base.gen_length // 2)
+            steps = (f.block_size if kind == "block" else base.gen_length // 2)
             if kw.get("schedule") == "ass":
                 steps = base.gen_length.bit_length() - 1
-            chosen = {**_changed(base), "steps": steps, "sampler": "block" if block else "masked", **kw}
+            chosen = {**_changed(base), "steps": steps, "sampler": kind, **kw}
             params = load_config(DecodingConfig, None, [f"{k}={v}" for k, v in chosen.items()])
             times, outcome = [], None
             for r in range(repeats):
-                outcome = evaluate_model(model, tokenizer, "addition", "test", params, batch_size, n_prompts, seed=r)
+                outcome = evaluate_model(model, tokenizer, task_name, "test", params, batch_size, n_prompts, seed=r)
                 times.append(outcome["seconds"])
             seconds = statistics.median(times)
             tps = n_prompts * params.gen_length / seconds
-            vanilla_tps = vanilla_tps or tps
             nfe = outcome["throughput"]["nfe_per_sample"]
             acc = sum(outcome["values"]["accuracy"]) / len(outcome["values"]["accuracy"])
-            row = {"strategy": name, "tokens_per_s": tps, "speedup_vs_vanilla": tps / vanilla_tps,
+            vanilla = vanilla or {"tokens_per_s": tps, "accuracy": acc}
+            row = {"strategy": name, "tokens_per_s": tps, "speedup_vs_vanilla": tps / vanilla["tokens_per_s"],
                    "nfe_per_batch": nfe, "tokens_per_forward": params.gen_length / nfe, "accuracy": acc,
+                   "accuracy_ok": keeps_accuracy(acc, vanilla["accuracy"]),
                    "seconds": seconds, "decoding": kw}
             rows.append(row)
+            flag = "" if row["accuracy_ok"] else f"  !! accuracy {100 * (acc - vanilla['accuracy']):+.1f} pts vs vanilla"
             print(f"  {name:24s} {tps:9.1f} {row['speedup_vs_vanilla']:7.2f}x {nfe:6.0f} "
-                  f"{row['tokens_per_forward']:8.2f} {acc:9.3f}")
-            _write_result(ckpt, model, label, params, outcome, row, out_root / f"{f.family}-{name}")
-        reports.append({"model": label, "family": f.family, "rows": rows})
+                  f"{row['tokens_per_forward']:8.2f} {acc:9.3f}{flag}")
+            _write_result(ckpt, model, label, task_name, params, outcome, row, out_root / f"{f.family}-{name}")
+        headline, target = HEADLINE[kind]
+        best = next(r for r in rows if r["strategy"] == headline)
+        met = best["speedup_vs_vanilla"] >= target and best["accuracy_ok"]
+        print(f"  target: {headline} >= {target:g}x vanilla at accuracy within {100 * ACCURACY_TOLERANCE:g} pt: "
+              f"{'met' if met else '!! MISSED'} ({best['speedup_vs_vanilla']:.2f}x, accuracy "
+              f"{best['accuracy']:.3f} vs {vanilla['accuracy']:.3f})")
+        if not all(r["accuracy_ok"] for r in rows):
+            print(f"  !! WARNING: {sum(not r['accuracy_ok'] for r in rows)} strategies lose more than "
+                  f"{100 * ACCURACY_TOLERANCE:g} pt of accuracy against vanilla (marked !!)")
+        reports.append({"model": label, "family": f.family, "task": task_name, "rows": rows,
+                        "target": {"strategy": headline, "speedup": target, "met": met}})
         print(f"  -> {out_root}")
     return reports
 
@@ -190,19 +242,19 @@ def _changed(cfg) -> dict:
     return {k: v for k, v in to_dict(cfg).items() if v != default[k]}
 
 
-def _write_result(ckpt: Path, model, label: str, params, outcome: dict, row: dict, folder: Path) -> Path:
+def _write_result(ckpt: Path, model, label: str, task: str, params, outcome: dict, row: dict, folder: Path) -> Path:
     """One strategy's numbers as a result JSON (the eval result plus the speed metrics)."""
     import json
 
     f = facts(model)
     folder.mkdir(parents=True, exist_ok=True)
-    samples = folder / "samples_addition.jsonl"
+    samples = folder / f"samples_{task}.jsonl"
     atomic_write(samples, "".join(json.dumps(s) + "\n" for s in outcome["samples"]))
     model_info = {"name": label, "family": f.family, "revision": None,
                   "kind": "block" if f.attention == "block_causal" else "masked", "dtype": "float32",
                   "n_params": sum(p.numel() for p in model.parameters())}
     result = build_result(meta=checkpoint_meta(ckpt), model_info=model_info,
-                          benchmark=task_benchmark("addition", "test"), decoding=params, outcome=outcome,
+                          benchmark=task_benchmark(task, "test"), decoding=params, outcome=outcome,
                           eval_hash=config_hash(params), seed=0,
                           samples_path=samples, command="dare bench rollout")
     result["method"]["variant"] = f"rollout:{row['strategy']}"
@@ -210,7 +262,7 @@ def _write_result(ckpt: Path, model, label: str, params, outcome: dict, row: dic
     for name in ("tokens_per_s", "speedup_vs_vanilla", "tokens_per_forward"):
         result["metrics"].append(metric_from_values(name, [row[name]]).model_dump())
     result["artifacts"]["config"] = None
-    return write_result(result, folder / "result_addition.json")
+    return write_result(result, folder / f"result_{task}.json")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -430,26 +482,35 @@ def vrpo_memory(n_ts=(1, 4, 16), pairs: int = 4, length: int = 224, width: int =
 RL_PIPELINES = {
     "naive": ["rl.decoding.cache=none", "rl.decoding.threshold=0", "train.packing=false", "train.logit_chunk=0",
               "rl.recompute_old_logps=true"],
-    "accelerated": ["rl.decoding.cache=dual", "rl.decoding.threshold=0", "train.packing=true",
+    "accelerated": ["rl.decoding.cache=dual", "rl.decoding.threshold=0.9", "train.packing=true",
                     "train.logit_chunk=1024", "rl.recompute_old_logps=false"],
 }
 
 
-def rl_step_benchmark(checkpoint: str | None = None, steps: int = 2, gen_length: int = 256, prompts: int = 16,
+def rl_step_benchmark(checkpoint: str | None = None, steps: int = 4, gen_length: int = 256, prompts: int = 16,
                       group_size: int = 6) -> dict:
-    """Median seconds per RL step (d1, mu = 1, beta > 0) of each pipeline in `RL_PIPELINES`,
-    run through the real training loop; the time split comes from its metrics.jsonl."""
+    """Median seconds per RL step (d1, mu = 1, beta > 0) of each pipeline in `RL_PIPELINES`, run
+    through the real training loop on the checkpoint's task (default: the LLaDA bench checkpoint on
+    `progression`, whose answers fill most of gen 256); the first step is a warm-up, the
+    median is over the others, per phase (rollout, log-probs, update) from its metrics.jsonl. The
+    rollouts' mean reward and response length are reported beside, to show both pipelines sample
+    the same quality."""
     import json
     import tempfile
 
     from dare.app.runs import train
 
-    ckpt = Path(checkpoint) if checkpoint else _demo_checkpoint("llada")
+    if steps < 2:
+        raise UserError(f"rl_step_benchmark: steps={steps}; need at least 2 (the first is a warm-up)")
+    ckpt = Path(checkpoint) if checkpoint else bench_checkpoint("llada")
+    task = checkpoint_task(ckpt, None)
+    family = checkpoint_meta(ckpt).get("family", "llada")
     # d1's step on 8 GPUs: 16 prompts x 6 completions, gen 256, block 32, 128 steps, one update
-    common = [f"model.path={ckpt}", f"train.steps={steps}", f"rl.prompts_per_step={prompts}",
-              f"rl.group_size={group_size}",
+    common = [f"model.path={ckpt}", f"model.family={family}", f"data.task={task}", f"train.steps={steps}",
+              f"rl.prompts_per_step={prompts}", f"rl.group_size={group_size}",
               "rl.num_iterations=1", "algo.beta=0.04", f"rl.decoding.gen_length={gen_length}",
-              "rl.decoding.block_length=32", f"rl.decoding.steps={gen_length // 2}", "run.log_every=1"]
+              "rl.decoding.block_length=32", f"rl.decoding.steps={gen_length // 2}", "run.log_every=1",
+              "rl.agreement_rows=0", "rl.diag_every=0"]  # the diagnostics measure the run; they are not the step
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, overrides in RL_PIPELINES.items():
@@ -457,11 +518,13 @@ def rl_step_benchmark(checkpoint: str | None = None, steps: int = 2, gen_length:
             records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:]  # skip warm-up
             parts = {k: statistics.median(r[f"time/{k}_s"] for r in records) for k in ("rollout", "logp", "update")}
             out[name] = {**{f"{k}_s": v for k, v in parts.items()}, "step_s": sum(parts.values()),
+                         "step_s_each": [sum(r[f"time/{k}_s"] for k in ("rollout", "logp", "update")) for r in records],
+                         "reward_mean": statistics.mean(r["rollout/reward_mean"] for r in records),
                          "response_tokens": statistics.median(r["rollout/response_tokens"] for r in records)}
     out["speedup"] = out["naive"]["step_s"] / out["accelerated"]["step_s"]
-    out["setting"] = {"checkpoint": shown_path(ckpt), "sequences": prompts * group_size, "gen_length": gen_length,
-                      "block_length": 32,
-                      "steps_timed": steps - 1, "pipelines": RL_PIPELINES}
+    out["setting"] = {"checkpoint": shown_path(ckpt), "task": task, "sequences": prompts * group_size,
+                      "gen_length": gen_length, "block_length": 32, "steps_timed": steps - 1,
+                      "pipelines": RL_PIPELINES}
     return out
 
 
@@ -553,9 +616,11 @@ def train_benchmark(out: str | None = None, repeats: int = 3, vocab: int = 12646
     report["results"]["rl_step"] = rl
     for name in RL_PIPELINES:
         r = rl[name]
-        print(f"  RL step, {name:<11}: {r['step_s']:.2f} s (rollout {r['rollout_s']:.2f}, log-probs {r['logp_s']:.2f}, "
-              f"update {r['update_s']:.2f})")
-    print(f"  end-to-end RL step speedup: {rl['speedup']:.2f}x")
+        print(f"  RL step, {name:<11}: {r['step_s']:.2f} s (median of {len(r['step_s_each'])}; rollout "
+              f"{r['rollout_s']:.2f}, log-probs {r['logp_s']:.2f}, update {r['update_s']:.2f}), reward "
+              f"{r['reward_mean']:.3f}, {r['response_tokens']:.0f} response tokens")
+    target = "met" if rl["speedup"] >= RL_STEP_TARGET else "!! MISSED"
+    print(f"  end-to-end RL step speedup: {rl['speedup']:.2f}x (target {RL_STEP_TARGET:g}x: {target})")
     commit, dirty = git_state()
     report.update(git_commit=commit, git_dirty=dirty, hardware=hardware(), versions=package_versions())
     path = Path(out) if out else runs_dir() / "bench" / f"train-{report['created'].replace(':', '')}.json"

@@ -220,7 +220,7 @@ def _models_released() -> int:
 
 
 def cmd_bench(ns) -> int:
-    from dare.app.bench import rewards_benchmark, rollout_benchmark
+    from dare.app.bench import BENCH_FAMILIES, rewards_benchmark, rollout_benchmark
 
     if ns.what == "train":
         from dare.app.bench import train_benchmark
@@ -251,8 +251,12 @@ def cmd_bench(ns) -> int:
         released_benchmark(ns.released, overrides, device=ns.device, dtype=ns.dtype, batch_size=ns.batch_size,
                            prompt_length=ns.prompt_length, repeats=ns.repeats, out=ns.out)
         return 0
+    families = tuple(ns.family or BENCH_FAMILIES)
+    unknown = [f for f in families if f not in BENCH_FAMILIES]
+    if unknown:
+        raise UserError(f"dare bench rollout --family {unknown[0]}: no bench checkpoint; one of {BENCH_FAMILIES}")
     rollout_benchmark(ns.checkpoint, overrides, repeats=ns.repeats, batch_size=ns.batch_size, n_prompts=ns.prompts,
-                      device=ns.device, out=ns.out)
+                      device=ns.device, out=ns.out, task=ns.task, families=families)
     return 0
 
 
@@ -430,7 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--checkpoint")
     s.add_argument("--repeats", type=int, default=1, help="rollout: timing repeats (median)")
     s.add_argument("--batch-size", type=int, default=8)
-    s.add_argument("--prompts", type=int, default=64, help="rollout: addition test prompts decoded per strategy")
+    s.add_argument("--prompts", type=int, default=64, help="rollout: test prompts decoded per strategy")
+    s.add_argument("--task", help="rollout --checkpoint: the task to decode (default: the checkpoint's training task)")
+    s.add_argument("--family", action="append", help="rollout: only this family's bench checkpoint (repeatable)")
     s.add_argument("--device", default="cpu", help="rollout: cpu or cuda")
     s.add_argument("--released", metavar="FAMILY", help="rollout: the family's released size with random weights "
                    "(cache speed and peak memory only; no accuracy)")

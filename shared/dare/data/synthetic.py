@@ -103,6 +103,51 @@ class AdditionTeacher(Addition):
         return row["extra"]["demonstration"]
 
 
+class Progression(Task):
+    """Long answers for the decoding and RL speed benchmarks (`dare bench rollout`, `dare bench train`):
+    an arithmetic progression modulo 10^4 with every step written out. The prompt gives the start, the
+    step (1-9) and a letter; the answer is one term per letter from that letter down to `a`, each the
+    term before plus the step modulo 10^4, written as the letter, the step, the term's 4 digits least
+    significant first (as one adds by hand: each carry goes to the digit after it) and a comma:
+
+        prompt `2100,7,c`  ->  answer `c79100,b76200,a73300,`   (12 -> 19, 26, 33)
+
+    Every token reads its inputs at a fixed distance (the term before it; the prompt for the first),
+    and the letters say where the answer ends, so a tiny RoPE model of any family learns it in minutes;
+    each term follows from the one before, so decoding is neither one token per step by necessity nor
+    all at once. Answers are 7 x count tokens: 112-182 for counts in [16, 26] (letters p..z).
+    `accuracy` is the whole answer right; the reward is `term_accuracy`, the share of terms right. Train
+    rows are `n_train` draws, test rows `n_test` draws from another seed."""
+
+    name = "progression"
+    splits = ("train", "test")
+    offline = True
+    seed = 4040
+    alphabet = "0123456789,abcdefghijklmnopqrstuvwxyz"
+    digits = 4
+
+    def __init__(self, counts: tuple[int, int], n_train: int, n_test: int):
+        self.counts, self.sizes = counts, {"train": n_train, "test": n_test}
+        self.version = f"c{counts[0]}-{counts[1]}.n{n_train}.{n_test}.r{arithmetic.VERSION}.1"
+
+    def generate(self, split: str) -> list[dict]:
+        rng = random.Random(self.seed + (1 if split == "train" else 2))
+        rows = []
+        for _ in range(self.sizes[split]):
+            start, step, count = rng.randrange(10 ** self.digits), rng.randint(1, 9), rng.randint(*self.counts)
+            prompt = f"{arithmetic.lsb(start, self.digits)},{step},{chr(ord('a') + count - 1)}"
+            rows.append({"prompt": [{"role": "user", "content": prompt}],
+                         "ground_truth": arithmetic.progression_trace(start, step, count, self.digits),
+                         "extra": {"start": start, "step": step, "count": count}})
+        return rows
+
+    def reward(self, completion: str, row: dict, style: str = "default") -> float:
+        return arithmetic.trace_scores(completion, row["ground_truth"])["term_accuracy"]
+
+    def score(self, completion: str, row: dict) -> dict[str, float]:
+        return arithmetic.trace_scores(completion, row["ground_truth"])
+
+
 class SudokuFill(Task):
     """4x4 Sudoku in a form a from-scratch character model reads: the prompt is the 16-cell puzzle
     (reading order, 0 = empty) and `=`, the answer is the digits of the empty cells in reading order

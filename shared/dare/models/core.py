@@ -22,7 +22,11 @@ its contiguous 1/P of the positions; in attention an all-to-all trades the seque
 split (each rank attends over all positions with H/P heads) and a second one trades back; after the
 last layer the hidden states are gathered, so the head and the loss see the whole sequence on every
 rank. The gradient of the gather returns each rank its own positions' share: summed over the group
-(FSDP's reduction, or an all-reduce) the parameters' gradients are the single-process ones.
+(FSDP's reduction, or an all-reduce) the gradients of the parameters before the gather are the
+single-process ones. What comes after the gather (the output head, or any head a caller applies to the
+hidden states, such as a chunked loss or a value head) runs in full on every rank, so its gradient is the
+single-process one on each rank: divide it by the group size before summing (`Trainer.step` does, for the
+model's output head and value head). Router logits (MoE auxiliary losses) are not supported.
 
 Blocks are counted in each row's own positions (`cumsum(attention_mask) - 1`), so a padded row
 computes exactly what it computes alone. A batch decoded chunk by chunk through the cache must
@@ -403,13 +407,43 @@ _SEQUENCE_GROUP: contextvars.ContextVar = contextvars.ContextVar("sequence_group
 @contextlib.contextmanager
 def sequence_parallel(group):
     """Forwards inside run sequence-parallel over `group` (a torch.distributed process group whose ranks all
-    hold the same input): see the module docstring. The sequence length must divide by the group's size, and
-    so must the attention heads (query and key/value)."""
+    hold the same input): see the module docstring. A length that does not divide by the group's size is
+    right-padded with invisible positions (each half of a block-diffusion input), whose outputs are dropped;
+    the attention heads (query and key/value) must divide by it."""
     token = _SEQUENCE_GROUP.set(group)
     try:
         yield
     finally:
         _SEQUENCE_GROUP.reset(token)
+
+
+def _pad_to_group(P: int, input_ids, inputs_embeds, attention_mask, position_ids, block_diffusion: bool):
+    """Right-pad the input (each half of a block-diffusion `[x_t ; x_0]`) with invisible positions so that
+    the length divides by the group size `P`; -> the padded input, mask, position ids and the length of
+    the outputs to keep (the unpadded length; one half's for block diffusion)."""
+    x = input_ids if input_ids is not None else inputs_embeds
+    B, L = x.shape[:2]
+    half = L // 2 if block_diffusion else L
+    parts = 2 if block_diffusion else 1
+    extra = 0
+    while (parts * (half + extra)) % P:
+        extra += 1
+    if not extra:
+        return input_ids, inputs_embeds, attention_mask, position_ids, half
+
+    def widen(t, fill, n=half):  # (B, parts * n, ...) -> (B, parts * (n + extra), ...)
+        if t is None:
+            return None
+        pieces = t.split(n, dim=1) if t.shape[1] == parts * n else [t]
+        pad = [torch.full((B, extra, *t.shape[2:]), fill, dtype=t.dtype, device=t.device)]
+        return torch.cat([q for piece in pieces for q in (piece, *pad)], dim=1)
+
+    mask = attention_mask
+    if mask is None:
+        mask = torch.ones(B, half, dtype=torch.long, device=x.device)
+    elif mask.dim() != 2:
+        raise ValueError("a sequence-parallel forward whose length needs padding takes a 2-D attention_mask")
+    return (widen(input_ids, 0), widen(inputs_embeds, 0.0), widen(mask, 0), widen(position_ids, 0), half)
 
 
 def _all_to_all(x: torch.Tensor, group) -> torch.Tensor:
@@ -628,6 +662,13 @@ def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_
     if past_key_values is not None and not isinstance(past_key_values, KVCache):
         raise TypeError(f"past_key_values must be a dare.models.core.KVCache (the one a forward with use_cache=True "
                         f"returns), got {type(past_key_values).__name__}")
+    group, length = _SEQUENCE_GROUP.get(), None
+    if group is not None:
+        if past_key_values is not None or cu_seqlens is not None or output_router_logits:
+            raise ValueError("a sequence-parallel forward takes no cache, no packed input and no router logits")
+        input_ids, inputs_embeds, attention_mask, position_ids, length = _pad_to_group(
+            torch.distributed.get_world_size(group), input_ids, inputs_embeds, attention_mask, position_ids,
+            block_diffusion)
     x = embed(input_ids) if inputs_embeds is None else inputs_embeds
     shape_ids = input_ids if input_ids is not None else x[..., 0]
     if use_cache and past_key_values is None:
@@ -638,13 +679,8 @@ def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_
     layout = make_layout(model, shape_ids, attention_mask, position_ids, cu_seqlens=cu_seqlens,
                          past_key_values=past_key_values, cache_mode=mode,
                          replace_start=replace_position or 0, block_diffusion=block_diffusion)
-    group = _SEQUENCE_GROUP.get()
     if group is not None:  # Ulysses: this rank's contiguous share of the positions
-        if past_key_values is not None or cu_seqlens is not None:
-            raise ValueError("a sequence-parallel forward takes no cache and no packed input")
         P, r = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
-        if x.shape[1] % P:
-            raise ValueError(f"sequence parallelism over {P} ranks needs the length ({x.shape[1]}) to divide by {P}")
         n = x.shape[1] // P
         x, layout.sequence_group = x[:, r * n:(r + 1) * n], group
         cos_sin = rope(layout.positions[:, r * n:(r + 1) * n], x.dtype)
@@ -659,14 +695,14 @@ def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_
             x, router_logits = layer(x, cos_sin, layout, i)
         if router_logits is not None:
             routers.append(router_logits)
-    if group is None and block_diffusion:
-        x = x[:, : x.shape[1] // 2]
     x = norm(x)
+    if group is not None:  # per position so far: gathered before the head, which every rank applies in full
+        x = _GatherPositions.apply(x, group)
+    if block_diffusion:
+        x = x[:, : x.shape[1] // 2]
+    if group is not None:
+        x = x[:, :length]  # without the positions added for the split
     out = head(x) if output_logits else x
-    if group is not None:  # per position so far: gathered after the head, whose gradient then stays per position
-        out = _GatherPositions.apply(out, group)
-        if block_diffusion:
-            out = out[:, : out.shape[1] // 2]
     return DLLMOutput(logits=out if output_logits else None, last_hidden_state=None if output_logits else out,
                       past_key_values=past_key_values,
                       router_logits=tuple(routers) if output_router_logits and routers else None)

@@ -17,3 +17,30 @@ def parse_answer(completion: str) -> str | None:
 def exact_match(completion: str, ground_truth: str) -> float:
     answer = parse_answer(completion)
     return 1.0 if answer is not None and int(answer) == int(ground_truth) else 0.0
+
+
+
+def lsb(n: int, width: int) -> str:
+    """`n` written least significant digit first, zero-padded to `width` digits."""
+    return str(n).zfill(width)[::-1]
+
+
+def progression_trace(start: int, step: int, count: int, digits: int = 4) -> str:
+    """The answer of `progression`: `count` terms after `start`, each the one before plus `step` modulo
+    10^digits, written `<letter><step><digits, least significant first>,` with the letters counting down
+    to `a` (the last term)."""
+    out, value = [], start
+    for k in range(count, 0, -1):
+        value = (value + step) % 10 ** digits
+        out.append(f"{chr(ord('a') + k - 1)}{step}{lsb(value, digits)},")
+    return "".join(out)
+
+
+def trace_scores(completion: str, ground_truth: str) -> dict[str, float]:
+    """`accuracy`: the whole trace is right (every term, nothing after the last); `term_accuracy`:
+    the share of the ground truth's terms (comma-terminated) written right at their place.
+    Surrounding whitespace is ignored."""
+    text = completion.strip()
+    want, got = ground_truth.split(","), text.split(",")
+    right = sum(w == g for w, g in zip(want[:-1], got))
+    return {"accuracy": float(text == ground_truth), "term_accuracy": right / (len(want) - 1)}

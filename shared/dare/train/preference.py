@@ -67,7 +67,7 @@ def preference_batch(prompts, chosen, rejected, eos_id: int, pad_id: int, comput
 
 
 def run(cfg, hooks: PreferenceHooks, run_dir, label: str = "preference") -> dict:
-    dist = setup_dist()
+    dist = setup_dist(cfg.train.sequence_parallel)
     if cfg.train.batch_size % dist.world:
         raise UserError(f"train.batch_size={cfg.train.batch_size} must be divisible by the {dist.world} processes")
     task = TASKS[cfg.data.task]

@@ -178,7 +178,7 @@ def per_micro(fn, batch: RLBatch, noise, size: int) -> list:
 def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     if not cfg.model.path:
         raise UserError("RL starts from a trained checkpoint: set model.path=<folder>")
-    dist = setup_dist()
+    dist = setup_dist(cfg.train.sequence_parallel)
     n_prompts, G, mu = cfg.rl.prompts_per_step, cfg.rl.group_size, cfg.rl.num_iterations
     if n_prompts % dist.world:
         raise UserError(f"rl.prompts_per_step={n_prompts} must be divisible by the {dist.world} processes")

@@ -96,7 +96,7 @@ def train_step(trainer: Trainer, hooks: SFTHooks, batch: SFTBatch, noise, cfg) -
 
 
 def run(cfg, hooks: SFTHooks, run_dir, label: str = "sft") -> dict:
-    dist = setup_dist()
+    dist = setup_dist(cfg.train.sequence_parallel)
     task = TASKS[cfg.data.task]
     rows = load_split(cfg.data.task, cfg.data.split)
     model, tokenizer, model_name, init = build_model(cfg.model, task, cfg.run.seed)
