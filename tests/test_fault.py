@@ -130,3 +130,34 @@ def test_sigterm_checkpoints_exits_for_requeue_and_resumes(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((out / "run.json").read_text())["status"] == "done"
     assert os.path.exists(out / "final" / "dare.json")
+
+
+def test_dare_eval_names_a_broken_checkpoint_in_one_line_before_decoding(tmp_path, trained_tiny, char_tok):
+    """Truncated weights, a missing tokenizer, a config of an unknown family: `dare eval` stops at once
+    with one line naming the file and the problem (no traceback), before any decoding or result."""
+    from dare.models.tokenizer import save_tokenizer
+
+    good = tmp_path / "good"
+    trained_tiny.save_pretrained(good)
+    save_tokenizer(char_tok, good)
+    cases = {}
+    for name in ("truncated", "no_tokenizer", "unknown_family"):
+        shutil.copytree(good, tmp_path / name)
+    weights_file = tmp_path / "truncated" / "model.safetensors"
+    size = weights_file.stat().st_size
+    os.truncate(weights_file, size // 2)
+    cases["truncated"] = f"{weights_file}: truncated: {size // 2:,} bytes, its header describes {size:,}"
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "no_tokenizer" / f).unlink()
+    cases["no_tokenizer"] = f"{tmp_path / 'no_tokenizer'}: no tokenizer (tokenizer.json, tokenizer_config.json"
+    config = tmp_path / "unknown_family" / "config.json"
+    config.write_text(config.read_text().replace('"model_type": "llada"', '"model_type": "mystery"'))
+    cases["unknown_family"] = f"{config}: model_type 'mystery' is not a family dare knows"
+    dare = str(Path(sys.executable).with_name("dare"))
+    for name, message in cases.items():
+        out = tmp_path / f"{name}-eval"
+        r = subprocess.run([dare, "eval", str(tmp_path / name), "--out", str(out), "eval.n_samples=8"],
+                           capture_output=True, text=True, timeout=120, cwd=REPO)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), (name, r.stderr)
+        assert not out.exists()  # nothing decoded, nothing written

@@ -27,7 +27,7 @@ from dare.config import save as save_config
 from dare.data import TASKS, load_split
 from dare.eval import suite
 from dare.models import encode_chat, facts, load_pretrained, load_tokenizer
-from dare.models.api import checkpoint_fingerprint, checkpoint_meta, count_parameters, meta_model
+from dare.models.api import check_checkpoint, checkpoint_fingerprint, checkpoint_meta, count_parameters, meta_model
 from dare.results import SCHEMA_VERSION, metric_from_values, read_result, write_result
 from dare.utils import (UserError, atomic_write, command_line, environment_lock, git_state, hardware, make_generator,
                         now, package_versions, runs_dir, sha256_file, shown_path)
@@ -309,6 +309,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
 
     cfg = load_eval_config(config_path, overrides)
     checkpoint = consolidated(Path(checkpoint).resolve())  # OpenCompass runs in its own working directory
+    check_checkpoint(checkpoint)  # config, tokenizer and weights, before any decoding (one line each)
     family = suite.checkpoint_family(checkpoint)
     meta = checkpoint_meta(checkpoint)
     explicit = explicit_decoding(config_path, overrides)

@@ -74,12 +74,58 @@ def encode_chat(tokenizer, prompts: list[list[dict]]) -> list[list[int]]:
 
 
 def _check_folder(path: str | Path) -> Path:
+    """A checkpoint folder whose config.json parses and names a family dare knows (one line otherwise)."""
     p = Path(path)
-    if not (p / "config.json").is_file():
+    file = p / "config.json"
+    if not file.is_file():
         raise UserError(
             f"{path}: not a checkpoint folder (no config.json). Models are loaded from local folders "
             f"(download them first, e.g. `huggingface-cli download GSAI-ML/LLaDA-8B-Instruct --local-dir ...`).")
+    try:
+        model_type = json.loads(file.read_text()).get("model_type")
+    except (ValueError, AttributeError) as e:
+        raise UserError(f"{file}: not a JSON object ({e})") from None
+    known = {mt for _, mt in FAMILIES.values()}
+    if model_type not in known:
+        raise UserError(f"{file}: model_type {model_type!r} is not a family dare knows "
+                        f"(model types: {sorted(known)}; families: {sorted(FAMILIES)})")
     return p
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def _check_tokenizer(folder: Path) -> Path:
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(f"{folder}: no tokenizer ({', '.join(TOKENIZER_FILES)}); copy the tokenizer files of the "
+                        f"model it was trained from into the folder")
+    return folder
+
+
+def check_checkpoint(path: str | Path) -> Path:
+    """Everything `load_pretrained` and `load_tokenizer` need, checked in a moment without loading
+    anything: the config (`_check_folder`), tokenizer files, and weights files whose sizes match what
+    their headers describe (a truncated copy is named, with both sizes). Raises a one-line UserError."""
+    folder = _check_tokenizer(_check_folder(path))
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights and not list(folder.glob("pytorch_model*.bin")):
+        raise UserError(f"{folder}: no weights (*.safetensors)")
+    for file in weights:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            header = f.read(n) if 0 < n <= size - 8 else b""
+        try:
+            tensors = json.loads(header) if header else None
+        except ValueError:
+            tensors = None
+        if not isinstance(tensors, dict):
+            raise UserError(f"{file}: not a readable safetensors file ({size} bytes; its header is cut or damaged)")
+        end = max((t["data_offsets"][1] for k, t in tensors.items() if k != "__metadata__"), default=0)
+        if size < 8 + n + end:
+            raise UserError(f"{file}: truncated: {size:,} bytes, its header describes {8 + n + end:,}")
+    return folder
 
 
 def load_pretrained(path: str | Path, dtype: str = "float32", attn_backend: str | None = None):
@@ -91,7 +137,7 @@ def load_pretrained(path: str | Path, dtype: str = "float32", attn_backend: str 
     from transformers import AutoModel
 
     register_all()
-    folder = _check_folder(path)
+    folder = check_checkpoint(path)
     config = json.loads((folder / "config.json").read_text())
     if config.get("model_type") == "llada" and "LLaDAMoEModelLM" in (config.get("architectures") or []):
         # LLaDA-MoE's released config.json reuses `model_type: llada` for a different architecture
@@ -159,7 +205,7 @@ def meta_model(path: str | Path):
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(_check_folder(path))
+    return AutoTokenizer.from_pretrained(_check_tokenizer(_check_folder(path)))
 
 
 def new_model(family: str, tokenizer, scratch, seed: int, dtype: str = "float32"):
