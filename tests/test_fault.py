@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -161,3 +162,50 @@ def test_dare_eval_names_a_broken_checkpoint_in_one_line_before_decoding(tmp_pat
         lines = r.stderr.strip().splitlines()
         assert r.returncode != 0 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), (name, r.stderr)
         assert not out.exists()  # nothing decoded, nothing written
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 600 KiB filesystem (tmpfs), room for the run's small files and one checkpoint of the TINY
+    model (about 340 KiB) but not two. Needs root (mount); skipped otherwise, saying why."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip() or 'not root'})")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_while_saving_keeps_the_previous_checkpoint_and_names_the_path(tmp_path, small_disk):
+    """A checkpoint that does not fit: the run stops with one line naming the partial folder (removed) and the
+    last complete checkpoint, which stays intact; with space freed, the same command resumes from it to the
+    uninterrupted run's weights. A result file that does not fit: one line naming it, the old file unchanged."""
+    steps = ["train.steps=15", "run.save_every=5"]
+    dare = str(Path(sys.executable).with_name("dare"))
+    ref = tmp_path / "ref"
+    subprocess.run([dare, "train", "sft", *TINY, *steps, f"run.out_dir={ref}"], check=True, capture_output=True,
+                   cwd=REPO, timeout=600)
+    out = small_disk / "run"
+    cmd = [dare, "train", "sft", *TINY, *steps, f"run.out_dir={out}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    lines = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert r.returncode != 0 and len(lines) == 1, r.stderr[-2000:]
+    assert f"checkpoint {out / 'checkpoints' / 'step_0000010.tmp'}: No space left on device" in lines[0]
+    assert f"the last complete checkpoint is {out / 'checkpoints' / 'step_0000005'}" in lines[0]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_0000005"]  # no partial folder left
+    subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)  # space freed
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 0 and "step_0000005" in r.stdout, r.stderr[-2000:]  # resumed from the kept checkpoint
+    a, b = weights(ref), weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # a result (any atomic write) that does not fit: the old file stays, the error names the path
+    from dare.utils import UserError, atomic_write
+
+    result = small_disk / "result.json"
+    atomic_write(result, "{}\n")
+    free = os.statvfs(small_disk)
+    (small_disk / "filler").write_bytes(b"\0" * (free.f_bavail * free.f_frsize - 8192))  # all but 8 KiB
+    with pytest.raises(UserError, match=f"{result}: could not write it: No space left on device"):
+        atomic_write(result, "x" * (64 << 10))
+    assert result.read_text() == "{}\n" and [p.name for p in small_disk.iterdir() if p.name.startswith(".")] == []

@@ -8,6 +8,7 @@ reproductions/, leaderboard/, tests/) are known only to the application wing, `d
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -76,10 +77,17 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            raise UserError(f"{path}: could not write it: {e.strerror} on {path.parent}; the previous "
+                            f"{path.name} (if any) is unchanged") from None
         raise
     return path
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+"""The errors of a full disk (or quota): reported as one line naming the path, nothing half-written left."""
 
 
 def umask_permissions(folder: str | os.PathLike) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dare.utils import UserError, atomic_write, derive_seed, replace_dir, umask_permissions
+from dare.utils import NO_SPACE, UserError, atomic_write, derive_seed, replace_dir, umask_permissions
 from dare.data import TASKS, split_path
 from dare.models import facts, load_pretrained, load_tokenizer, new_model
 from dare.models.api import checkpoint_meta
@@ -180,8 +180,23 @@ class Checkpointer:
         return None
 
     def save(self, step: int, trainer, tokenizer, state: dict) -> Path:
-        final = self.dir / f"step_{step:07d}"
+        """Write checkpoint `step` (atomically: `step_N.tmp`, renamed into place). A full disk removes the
+        partial folder and stops with one line naming it; the checkpoints before stay as they were."""
         tmp = self.dir / f"step_{step:07d}.tmp"
+        try:
+            return self._save(step, tmp, trainer, tokenizer, state)
+        except BaseException as raised:  # torch.distributed.checkpoint wraps a rank's error in a BaseException
+            e = _no_space(raised)
+            if e is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            kept = self.complete()
+            raise UserError(f"checkpoint {tmp}: {e.strerror} ({e.filename or tmp}); removed the partial folder; "
+                            f"the last complete checkpoint is {kept[-1] if kept else 'none'}: free space and rerun "
+                            f"the same command to resume") from None
+
+    def _save(self, step: int, tmp: Path, trainer, tokenizer, state: dict) -> Path:
+        final = self.dir / f"step_{step:07d}"
         if self.dist.main:
             if tmp.exists():
                 shutil.rmtree(tmp)
@@ -216,6 +231,20 @@ class Checkpointer:
         if save_every and done % save_every == 0 and done < total:
             save()
         stop.check(done, save, self.dist)
+
+
+def _no_space(e: BaseException | None, depth: int = 0) -> OSError | None:
+    """The full-disk OSError behind `e` (itself, its cause, or a rank's failure that
+    torch.distributed.checkpoint collected), or None."""
+    if e is None or depth > 8:
+        return None
+    if isinstance(e, OSError) and e.errno in NO_SPACE:
+        return e
+    for failure in getattr(e, "failures", {}).values():
+        found = _no_space(failure[0] if isinstance(failure, tuple) else failure, depth + 1)
+        if found is not None:
+            return found
+    return _no_space(e.__cause__ or e.__context__, depth + 1)
 
 
 def training_state(sampler: EpochSampler, generators: dict, elapsed_s: float, totals: dict | None = None) -> dict:
