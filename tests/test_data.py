@@ -26,27 +26,25 @@ def test_addition_splits_are_disjoint_and_correct(tmp_path):
     assert [r["index"] for r in test] == list(range(500))
 
 
-def test_progression_writes_every_term_and_its_answers_are_long(tmp_path):
-    """The bench task: each term is the one before plus the step modulo 10^4, digits least significant
-    first, letters count down to `a`; 112-182 tokens (one character each); train and test differ."""
-    test = load_split("progression", "test", tmp_path)
-    train = load_split("progression", "train", tmp_path)
+def test_chain_writes_every_step_and_its_answers_are_long(tmp_path):
+    """The bench task: each term is the one before plus its last digit plus 1, modulo 10^4, digits least
+    significant first, letters count down to `a`; 102-156 tokens (one character each)."""
+    test = load_split("chain", "test", tmp_path)
+    train = load_split("chain", "train", tmp_path)
     assert len(test) == 500 and len(train) == 20000
-    assert len({r["prompt"][0]["content"] for r in test} - {r["prompt"][0]["content"] for r in train}) > 400
     lengths = set()
+    letters = "abcdefghijklmnopqrstuvwxyz"
     for r in test:
-        start, step, count = r["extra"]["start"], r["extra"]["step"], r["extra"]["count"]
-        letters = "abcdefghijklmnopqrstuvwxyz"
-        assert r["prompt"][0]["content"] == f"{str(start).zfill(4)[::-1]},{step},{letters[count - 1]}"
+        value, count = r["extra"]["start"], r["extra"]["count"]
+        assert r["prompt"][0]["content"] == f"{str(value).zfill(4)[::-1]},{letters[count - 1]}"
         terms = r["ground_truth"].split(",")
         assert terms[-1] == "" and len(terms) == count + 1
         for k, term in zip(range(count, 0, -1), terms):
-            start += step
-            assert term[0] == letters[k - 1] and term[1] == str(step) and int(term[2:][::-1]) == start % 10000
-            assert len(term) == 6
+            value = (value + value % 10 + 1) % 10000
+            assert term[0] == letters[k - 1] and int(term[1:][::-1]) == value and len(term) == 5
         lengths.add(len(r["ground_truth"]))
-    assert min(lengths) == 112 and max(lengths) == 182
-    task = TASKS["progression"]
+    assert min(lengths) == 102 and max(lengths) == 156
+    task = TASKS["chain"]
     truth = test[0]["ground_truth"]
     n = truth.count(",")
     assert task.score(f" {truth}\n", test[0]) == {"accuracy": 1.0, "term_accuracy": 1.0}

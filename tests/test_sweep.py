@@ -311,6 +311,43 @@ def test_slurm_preempted_run_requeues_and_resumes(tmp_path, on_cluster):
 
 
 @pytest.mark.slow
+def test_slurm_job_killed_mid_checkpoint_resumes_from_the_last_complete_one(tmp_path, on_cluster):
+    """`scancel --signal=KILL` (a kill, not a preemption: no handler runs) while a checkpoint is being
+    written leaves its `step_N.tmp` behind; the sweep's relaunch resumes from the last complete
+    checkpoint and the run ends with every step logged once."""
+    path = write_sweep(tmp_path, "killed", {"run.seed": [0]}, steps=40)
+    spec = yaml.safe_load(path.read_text())
+    # a model whose checkpoints take a while to write (~40 MB with the optimizer state), one every step
+    spec["overrides"].update({"run.save_every": 1, "model.scratch.d_model": 256, "model.scratch.n_heads": 4,
+                              "model.scratch.n_layers": 4, "model.scratch.mlp_hidden_size": 1024})
+    path.write_text(yaml.safe_dump(spec))
+    sweep = load_sweep(path)
+    (run,) = launch(sweep, cluster="slurm")
+    job_id = json.loads((run.dir / "job.json").read_text())["job_id"]
+    ckpts = run.dir / "train" / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline:  # a complete checkpoint exists and the next one is being written
+        if list(ckpts.glob("step_*[0-9]")) and list(ckpts.glob("step_*.tmp")):
+            subprocess.run(["scancel", "--signal=KILL", "--full", job_id], check=True, env=on_cluster.env)
+            break
+        time.sleep(0.002)
+    else:
+        pytest.fail("never saw a checkpoint being written")
+    on_cluster.wait_empty()
+    left = sorted(p.name for p in ckpts.iterdir())
+    assert any(n.endswith(".tmp") for n in left), left  # killed mid-checkpoint
+    complete = [n for n in left if not n.endswith(".tmp")]
+    assert state(run)[0] == "failed"
+    assert [r.id for r in launch(load_sweep(path), cluster="slurm")] == [run.id]  # the relaunch
+    on_cluster.wait_empty(timeout=600)
+    assert state(run)[0] == "done" and results_of(run)
+    metrics = run.dir / "train" / "metrics.jsonl"
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == list(range(1, 41))
+    logs = "".join(p.read_text() for p in (sweep.out / "submitit").glob("**/*_log.*"))
+    assert "resuming from" in logs and complete[-1] in logs.split("resuming from", 1)[1].splitlines()[0]
+
+
+@pytest.mark.slow
 def test_slurm_multi_task_run_forms_one_process_group(tmp_path, on_cluster):
     """slurm.tasks_per_node=2: srun starts two training processes that join one gloo process group
     from SLURM's environment (the same path as 2 nodes x 8 GPUs, at a size this machine has)."""

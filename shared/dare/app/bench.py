@@ -1,6 +1,6 @@
 """Benchmarks: `dare bench rollout` (decoding strategies side by side) and `dare bench rewards`.
 
-`dare bench rollout` decodes the `progression` test prompts (112-182-token answers) with every
+`dare bench rollout` decodes the `chain` test prompts (102-156-token answers) with every
 strategy on the bench checkpoint of each family (a tiny LLaDA, Dream, SDAR and LLaDA2.x trained on
 that task: `reproductions/bench/sft.yaml`, trained on first use and then reused by run key), or on
 `--checkpoint` (its training task, or `--task`), at gen_length 256, block 32, batch 8 by default, and
@@ -66,11 +66,11 @@ def _demo_checkpoint(family: str) -> Path:
 
 
 def bench_checkpoint(family: str) -> Path:
-    """The speed benchmarks' checkpoint for `family`: a tiny model trained on `progression`'s long
+    """The speed benchmarks' checkpoint for `family`: a tiny model trained on `chain`'s long
     answers (`reproductions/bench/sft.yaml`), trained on first use, then reused by run key."""
     from dare.app.runs import train
 
-    overrides = [f"model.family={family}", f"model.name=tiny-{family}-progression"]
+    overrides = [f"model.family={family}", f"model.name=tiny-{family}-chain"]
     return Path(train("sft", BENCH / "sft.yaml", overrides)) / "final"
 
 
@@ -491,7 +491,7 @@ def rl_step_benchmark(checkpoint: str | None = None, steps: int = 4, gen_length:
                       group_size: int = 6) -> dict:
     """Median seconds per RL step (d1, mu = 1, beta > 0) of each pipeline in `RL_PIPELINES`, run
     through the real training loop on the checkpoint's task (default: the LLaDA bench checkpoint on
-    `progression`, whose answers fill most of gen 256); the first step is a warm-up, the
+    `chain`, whose answers fill most of gen 256); the first step is a warm-up, the
     median is over the others, per phase (rollout, log-probs, update) from its metrics.jsonl. The
     rollouts' mean reward and response length are reported beside, to show both pipelines sample
     the same quality."""

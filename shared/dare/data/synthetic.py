@@ -103,23 +103,24 @@ class AdditionTeacher(Addition):
         return row["extra"]["demonstration"]
 
 
-class Progression(Task):
+class Chain(Task):
     """Long answers for the decoding and RL speed benchmarks (`dare bench rollout`, `dare bench train`):
-    an arithmetic progression modulo 10^4 with every step written out. The prompt gives the start, the
-    step (1-9) and a letter; the answer is one term per letter from that letter down to `a`, each the
-    term before plus the step modulo 10^4, written as the letter, the step, the term's 4 digits least
-    significant first (as one adds by hand: each carry goes to the digit after it) and a comma:
+    a chain of additions modulo 10^4 with every step written out. The prompt gives the start and a
+    letter; the answer is one term per letter from that letter down to `a`, each the term before plus
+    that term's last digit plus 1, written as the letter, the term's 4 digits least significant first
+    (as one adds by hand: each carry goes to the digit after it) and a comma:
 
-        prompt `2100,7,c`  ->  answer `c79100,b76200,a73300,`   (12 -> 19, 26, 33)
+        prompt `8500,c`  ->  answer `c7600,b5700,a1800,`   (58 -> 67, 75, 81: 58 + 8 + 1 = 67, ...)
 
     Every token reads its inputs at a fixed distance (the term before it; the prompt for the first),
-    and the letters say where the answer ends, so a tiny RoPE model of any family learns it in minutes;
-    each term follows from the one before, so decoding is neither one token per step by necessity nor
-    all at once. Answers are 7 x count tokens: 112-182 for counts in [16, 26] (letters p..z).
-    `accuracy` is the whole answer right; the reward is `term_accuracy`, the share of terms right. Train
-    rows are `n_train` draws, test rows `n_test` draws from another seed."""
+    the letters say where the answer ends, and no term can be read off the others (a step is not
+    undone uniquely, nor repeated in the answer), so a model has to read the prompt: a tiny RoPE model
+    of any family learns it in minutes. Each term follows from the one before, so decoding is neither
+    one token per step by necessity nor all at once. Answers are 6 x count tokens: 102-156 for counts
+    in [17, 26] (letters q..z). `accuracy` is the whole answer right; the reward is `term_accuracy`, the
+    share of terms right. Train rows are `n_train` draws, test rows `n_test` draws from another seed."""
 
-    name = "progression"
+    name = "chain"
     splits = ("train", "test")
     offline = True
     seed = 4040
@@ -134,11 +135,11 @@ class Progression(Task):
         rng = random.Random(self.seed + (1 if split == "train" else 2))
         rows = []
         for _ in range(self.sizes[split]):
-            start, step, count = rng.randrange(10 ** self.digits), rng.randint(1, 9), rng.randint(*self.counts)
-            prompt = f"{arithmetic.lsb(start, self.digits)},{step},{chr(ord('a') + count - 1)}"
+            start, count = rng.randrange(10 ** self.digits), rng.randint(*self.counts)
+            prompt = f"{arithmetic.lsb(start, self.digits)},{chr(ord('a') + count - 1)}"
             rows.append({"prompt": [{"role": "user", "content": prompt}],
-                         "ground_truth": arithmetic.progression_trace(start, step, count, self.digits),
-                         "extra": {"start": start, "step": step, "count": count}})
+                         "ground_truth": arithmetic.chain_trace(start, count, self.digits),
+                         "extra": {"start": start, "count": count}})
         return rows
 
     def reward(self, completion: str, row: dict, style: str = "default") -> float:

@@ -25,14 +25,14 @@ def lsb(n: int, width: int) -> str:
     return str(n).zfill(width)[::-1]
 
 
-def progression_trace(start: int, step: int, count: int, digits: int = 4) -> str:
-    """The answer of `progression`: `count` terms after `start`, each the one before plus `step` modulo
-    10^digits, written `<letter><step><digits, least significant first>,` with the letters counting down
-    to `a` (the last term)."""
+def chain_trace(start: int, count: int, digits: int = 4) -> str:
+    """The answer of `chain`: `count` terms after `start`, each the one before plus its own last digit
+    plus 1, modulo 10^digits, written `<letter><digits, least significant first>,` with the letters
+    counting down to `a` (the last term)."""
     out, value = [], start
     for k in range(count, 0, -1):
-        value = (value + step) % 10 ** digits
-        out.append(f"{chr(ord('a') + k - 1)}{step}{lsb(value, digits)},")
+        value = (value + value % 10 + 1) % 10 ** digits
+        out.append(f"{chr(ord('a') + k - 1)}{lsb(value, digits)},")
     return "".join(out)
 
 
