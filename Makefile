@@ -17,14 +17,14 @@ COMPILE := --quiet --generate-hashes --no-emit-index-url --no-emit-find-links --
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test data checklist leaderboard setup eval-env lock browser slurm clean-venv help
+.PHONY: demo test data checklist leaderboard setup eval-env lock sandbox browser slurm clean-venv help
 
 # `make help` lists every target with the `## ` description on its line (tests/test_cli.py checks
 # that each target has one).
 help: ## list every target with what it does
 	@awk -F ':.*## ' '/^[A-Za-z][A-Za-z0-9_-]*:.*## / {printf "make %-12s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
-setup: $(TRAIN)/.installed ## create or update the train venv (.venv/train) only
+setup: sandbox $(TRAIN)/.installed ## create or update the train venv (.venv/train) and the code sandbox
 
 # An editable install belongs to one checkout: installing this checkout into a venv whose editable
 # install points at another clone would silently move that clone's environment here. Refuse, and
@@ -62,7 +62,7 @@ eval-env: $(EVAL)/.installed ## create or update the eval venv (.venv/eval, Open
 demo: $(TRAIN)/.installed ## set up the train venv and run the embedded default (tiny SFT -> d1 -> eval)
 	$(TRAIN)/bin/dare demo
 
-test: $(TRAIN)/.installed $(EVAL)/.installed ## set up both venvs and run the test suite (PYTEST_ARGS=... passes options)
+test: sandbox $(TRAIN)/.installed $(EVAL)/.installed ## set up both venvs and run the test suite (PYTEST_ARGS=... passes options)
 	DARE_VENV=$(abspath $(VENV)) DARE_EVAL_PYTHON=$(abspath $(EVAL))/bin/python $(TRAIN)/bin/python -m pytest $(PYTEST_ARGS)
 
 # The offline tasks, rebuilt from code to the hashes in shared/dare/data/hashes.json (the same bytes
@@ -81,6 +81,13 @@ browser: ## install Chromium and its WebDriver for the leaderboard's browser tes
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null)
 	@chromium --version
+
+# Debian's bubblewrap, the code rewards' sandbox (dare.rewards.sandbox; it runs model-written code).
+# Needs root or sudo; without it the sandbox refuses to run (DARE_SANDBOX=limits-only opts out).
+sandbox: ## install bubblewrap for the code-reward sandbox (needs root or sudo)
+	@command -v bwrap >/dev/null || \
+	  ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq bubblewrap >/dev/null)
+	@bwrap --version
 
 # Debian's SLURM and munge, for the sweep tests' one-node cluster (tests/slurm_cluster.py starts and
 # stops the daemons itself; this only installs them). Needs root or sudo.

@@ -19,8 +19,8 @@ FAST = Limits(wall_s=8, cpu_s=4)
 
 
 def test_full_isolation_is_available_on_the_project_machines():
-    # root and unprivileged namespaces exist here and in CI; without them the sandbox degrades
-    assert os.geteuid() != 0 or isolation() == "namespaces"
+    # bubblewrap and unprivileged user namespaces exist here and in CI
+    assert isolation() == "bubblewrap"
 
 
 def test_humaneval_canonical_solutions_score_164_of_164():
@@ -67,9 +67,23 @@ def test_infinite_loop_times_out():
 def test_fork_bomb_is_contained_and_leaves_no_process():
     program = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     assert hostile(program, Limits(wall_s=4, cpu_s=3)) == 0.0
+    assert_no_sandbox_process_left()
+
+
+def assert_no_sandbox_process_left():
+    """Nothing of the sandbox runs on: no live process of its user now, and no zombie either after the
+    host's init has reaped the children the namespace's end left it (at once on most machines; in
+    batches on some VMs' init)."""
+    def nobody(zombies: bool) -> list[str]:
+        out = subprocess.run(["ps", "-u", "65534", "-o", "pid=,stat="], capture_output=True, text=True).stdout
+        return [line.split()[0] for line in out.splitlines() if zombies or not line.split()[1].startswith("Z")]
+
     time.sleep(0.5)
-    left = subprocess.run(["pgrep", "-u", "65534"], capture_output=True, text=True).stdout.split()
-    assert left == [], f"sandbox processes survived: {left}"
+    assert nobody(zombies=False) == [], "sandbox processes survived"
+    deadline = time.monotonic() + 30
+    while nobody(zombies=True) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert nobody(zombies=True) == []
 
 
 def test_memory_bomb_fails_inside_the_sandbox():
@@ -135,3 +149,95 @@ def test_killing_the_parent_or_anything_else_fails():
         os.kill(os.getpid(), 0)  # and so are we
     finally:
         sentinel.kill()
+
+
+# ------------------------------------------------------------------------------------------------
+# The attacks of `sandbox_hostile.py`, as root and as an unprivileged user
+
+
+def _host_clean(marker: str) -> None:
+    from sandbox_hostile import host_files
+
+    time.sleep(5)  # past the daemon's write (4 s after it started)
+    left = [f for f in host_files(marker) if os.path.exists(f)]
+    assert left == [], f"written on the host: {left}"
+
+
+def test_hostile_programs_fail_and_leave_nothing_as_root(monkeypatch):
+    from sandbox_hostile import programs
+
+    if os.geteuid() != 0:
+        import pytest
+
+        pytest.skip("the caller is not root here (the unprivileged test below covers it)")
+    marker = f"dare-hostile-{os.getpid()}"
+    monkeypatch.setenv("DARE_HOSTILE_SECRET", marker)  # in this (host) process's environment
+    for name, program in programs(marker).items():
+        out = run_program(program, Limits(wall_s=3, cpu_s=2))
+        assert not out.passed, (name, out.output[-500:])
+        assert len(out.output) <= 8192
+    _host_clean(marker)
+    assert_no_sandbox_process_left()
+
+
+def test_hostile_programs_fail_as_an_unprivileged_user():
+    """The same attacks from a user without privileges (a SLURM node's usual case), created by the test:
+    the sandbox runs bwrap as that user through unprivileged user namespaces, with the same result. The
+    driver runs on the system's python3 (the project's interpreter may live where the user cannot read)."""
+    import json
+    import pytest
+
+    python = "/usr/bin/python3"
+    if not os.path.exists(python):
+        pytest.skip("no system python3 for the unprivileged driver")
+    marker = f"dare-hostile-u{os.getpid()}"
+    driver = [python, os.path.join(os.path.dirname(__file__), "sandbox_hostile.py"), marker]
+    user = None
+    if os.geteuid() == 0:
+        user = "dare-sandbox-test"
+        if subprocess.run(["id", user], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", user], check=True)
+        driver = ["su", user, "-s", "/bin/sh", "-c", " ".join(driver)]
+    r = subprocess.run(driver, capture_output=True, text=True, timeout=300, cwd="/")
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert report["isolation"] == "bubblewrap" and report["uid"] != 0 and report["canonical"] is True
+    attacks = {k: v for k, v in report.items() if isinstance(v, dict)}
+    assert len(attacks) >= 9 and not [k for k, v in attacks.items() if v["passed"]], attacks
+    assert attacks["output_flood"]["output_bytes"] <= 8192
+    _host_clean(marker)
+    if user:
+        left = subprocess.run(["ps", "-u", user, "-o", "pid=,stat="], capture_output=True, text=True).stdout.split()
+        assert left == []
+
+
+def test_without_bubblewrap_the_sandbox_refuses_unless_limits_only_is_chosen(tmp_path):
+    """No bwrap on PATH: one line naming the package (and the opt-out), before any program runs;
+    DARE_SANDBOX=limits-only runs the program with a notice."""
+    code = ("import sys; sys.path.insert(0, %r)\nfrom dare.rewards.sandbox import run_program\n"
+            "print(run_program('print(6 * 7)').output.strip())\n") % (os.path.join(os.path.dirname(__file__), "..",
+                                                                                    "shared"),)
+    env = {"PATH": str(tmp_path), "LANG": "C.UTF-8"}  # nothing on it: no bwrap, no ldd
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode != 0 and "the code sandbox needs bubblewrap (bwrap), which is not installed: apt-get " \
+                                  "install bubblewrap" in r.stderr and "DARE_SANDBOX=limits-only" in r.stderr
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**env, "DARE_SANDBOX": "limits-only"})
+    assert r.returncode == 0 and r.stdout.strip() == "42" and "resource limits only" in r.stderr
+
+
+def test_with_user_namespaces_disabled_the_error_names_the_setting():
+    """In a user namespace whose user.max_user_namespaces is 0 (the per-namespace form of the setting a
+    machine uses to disable them), the sandbox refuses with the setting named, and the opt-out."""
+    import pytest
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs util-linux unshare")
+    code = ("import sys; sys.path.insert(0, %r)\nfrom dare.rewards.sandbox import isolation\nisolation()\n") % (
+        os.path.join(os.path.dirname(__file__), "..", "shared"),)
+    script = f"echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} -c \"$0\""
+    r = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script, code], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0
+    assert "disables unprivileged user namespaces (user.max_user_namespaces=0)" in r.stderr, r.stderr[-1000:]
+    assert "sysctl -w user.max_user_namespaces=" in r.stderr and "DARE_SANDBOX=limits-only" in r.stderr
