@@ -223,6 +223,7 @@ def test_bench_rollout_runs_every_strategy_side_by_side(trained_tiny, char_tok, 
         assert name in lines, name
         acc = float(lines[name].split()[5])
         assert ("!! accuracy" in lines[name]) == (not keeps_accuracy(acc, vanilla_acc)), lines[name]
+        assert ("!!" in lines[name]) == ("!! accuracy" in lines[name])  # addition has the one metric
     assert "target: dual_cache+parallel >= 8x vanilla at accuracy within 1 pt:" in r.stdout
     for name in ("vanilla", "prefix_cache", "dual_cache", "parallel", "dual_cache+parallel"):
         result = read_result(out / f"llada-{name}" / "result_addition.json")

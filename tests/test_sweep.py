@@ -315,11 +315,12 @@ def test_slurm_job_killed_mid_checkpoint_resumes_from_the_last_complete_one(tmp_
     """`scancel --signal=KILL` (a kill, not a preemption: no handler runs) while a checkpoint is being
     written leaves its `step_N.tmp` behind; the sweep's relaunch resumes from the last complete
     checkpoint and the run ends with every step logged once."""
-    path = write_sweep(tmp_path, "killed", {"run.seed": [0]}, steps=40)
+    path = write_sweep(tmp_path, "killed", {"run.seed": [0]}, steps=12)
     spec = yaml.safe_load(path.read_text())
-    # a model whose checkpoints take a while to write (~40 MB with the optimizer state), one every step
-    spec["overrides"].update({"run.save_every": 1, "model.scratch.d_model": 256, "model.scratch.n_heads": 4,
-                              "model.scratch.n_layers": 4, "model.scratch.mlp_hidden_size": 1024})
+    # a model whose checkpoints take a while to write (~0.9 GB with the optimizer state: longer than the
+    # kill takes to arrive through slurmctld and slurmd), one every step
+    spec["overrides"].update({"run.save_every": 1, "model.scratch.d_model": 768, "model.scratch.n_heads": 4,
+                              "model.scratch.n_layers": 8, "model.scratch.mlp_hidden_size": 3072})
     path.write_text(yaml.safe_dump(spec))
     sweep = load_sweep(path)
     (run,) = launch(sweep, cluster="slurm")
@@ -342,7 +343,7 @@ def test_slurm_job_killed_mid_checkpoint_resumes_from_the_last_complete_one(tmp_
     on_cluster.wait_empty(timeout=600)
     assert state(run)[0] == "done" and results_of(run)
     metrics = run.dir / "train" / "metrics.jsonl"
-    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == list(range(1, 41))
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == list(range(1, 13))
     logs = "".join(p.read_text() for p in (sweep.out / "submitit").glob("**/*_log.*"))
     assert "resuming from" in logs and complete[-1] in logs.split("resuming from", 1)[1].splitlines()[0]
 
