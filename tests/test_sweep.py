@@ -2,6 +2,8 @@
 started by the fixture), through submitit's SLURM executor; plus validation and the local path."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -312,26 +314,26 @@ def test_slurm_preempted_run_requeues_and_resumes(tmp_path, on_cluster):
 
 @pytest.mark.slow
 def test_slurm_job_killed_mid_checkpoint_resumes_from_the_last_complete_one(tmp_path, on_cluster):
-    """`scancel --signal=KILL` (a kill, not a preemption: no handler runs) while a checkpoint is being
-    written leaves its `step_N.tmp` behind; the sweep's relaunch resumes from the last complete
-    checkpoint and the run ends with every step logged once."""
+    """A SLURM job whose training process is killed (SIGKILL, as the OOM killer or a node failure does: no
+    handler runs, unlike a preemption) while a checkpoint is being written leaves its `step_N.tmp` behind
+    and the job failed; the sweep's relaunch submits the run again, and it resumes from the last complete
+    checkpoint and ends with every step logged once."""
     path = write_sweep(tmp_path, "killed", {"run.seed": [0]}, steps=12)
     spec = yaml.safe_load(path.read_text())
-    # a model whose checkpoints take a while to write (~0.9 GB with the optimizer state: longer than the
-    # kill takes to arrive through slurmctld and slurmd), one every step
-    spec["overrides"].update({"run.save_every": 1, "model.scratch.d_model": 768, "model.scratch.n_heads": 4,
-                              "model.scratch.n_layers": 8, "model.scratch.mlp_hidden_size": 3072})
+    # a model whose checkpoints take a moment to write (~40 MB with the optimizer state), one every step
+    spec["overrides"].update({"run.save_every": 1, "model.scratch.d_model": 256, "model.scratch.n_heads": 4,
+                              "model.scratch.n_layers": 4, "model.scratch.mlp_hidden_size": 1024})
     path.write_text(yaml.safe_dump(spec))
     sweep = load_sweep(path)
     (run,) = launch(sweep, cluster="slurm")
-    job_id = json.loads((run.dir / "job.json").read_text())["job_id"]
     ckpts = run.dir / "train" / "checkpoints"
     deadline = time.time() + 300
     while time.time() < deadline:  # a complete checkpoint exists and the next one is being written
         if list(ckpts.glob("step_*[0-9]")) and list(ckpts.glob("step_*.tmp")):
-            subprocess.run(["scancel", "--signal=KILL", "--full", job_id], check=True, env=on_cluster.env)
+            pid = int((run.dir / "train" / ".lock").read_text().split()[0])  # the training process (its lock)
+            os.kill(pid, signal.SIGKILL)
             break
-        time.sleep(0.002)
+        time.sleep(0.001)
     else:
         pytest.fail("never saw a checkpoint being written")
     on_cluster.wait_empty()
@@ -346,6 +348,7 @@ def test_slurm_job_killed_mid_checkpoint_resumes_from_the_last_complete_one(tmp_
     assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == list(range(1, 13))
     logs = "".join(p.read_text() for p in (sweep.out / "submitit").glob("**/*_log.*"))
     assert "resuming from" in logs and complete[-1] in logs.split("resuming from", 1)[1].splitlines()[0]
+    assert not list(ckpts.glob("*.tmp"))  # the partial folder was cleared by the resumed run's next save
 
 
 @pytest.mark.slow
