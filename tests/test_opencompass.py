@@ -347,14 +347,19 @@ def test_repeated_sampling_benchmarks_average_over_the_runs(checkpoints, env):
 
 
 def test_a_failing_opencompass_task_fails_dare_eval_loudly(checkpoints, env, tmp_path):
-    """Corrupt weights: config.json and the safetensors header are fine, so the checks pass and
-    OpenCompass starts, then its inference task dies. OpenCompass exits 0; `dare eval` must not."""
+    """Corrupt weights: config.json is fine and the safetensors file is whole (a truncated one is named
+    before anything runs: tests/test_fault.py), but a tensor's dtype in its header is not one safetensors
+    knows, so the checks pass and OpenCompass starts, then its inference task dies. OpenCompass exits 0;
+    `dare eval` must not."""
     import shutil
 
     broken = tmp_path / "broken"
     shutil.copytree(checkpoints["llada"], broken)
     weights = next(broken.glob("*.safetensors"))
-    weights.write_bytes(weights.read_bytes()[:-4096])
+    data = weights.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    assert b'"F32"' in data[8:8 + n]
+    weights.write_bytes(data[:8] + data[8:8 + n].replace(b'"F32"', b'"X32"', 1) + data[8 + n:])
     r = dare_cli("eval", str(broken), "--engine", "opencompass", "--benchmarks", "gsm8k", *TINY, env=env, timeout=600)
     assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
     assert "OpenCompass failed" in r.stderr and "gsm8k" in r.stderr and "no predictions" in r.stderr

@@ -106,7 +106,11 @@ def check_checkpoint(path: str | Path) -> Path:
     """Everything `load_pretrained` and `load_tokenizer` need, checked in a moment without loading
     anything: the config (`_check_folder`), tokenizer files, and weights files whose sizes match what
     their headers describe (a truncated copy is named, with both sizes). Raises a one-line UserError."""
-    folder = _check_tokenizer(_check_folder(path))
+    return _check_weights(_check_tokenizer(_check_folder(path)))
+
+
+def _check_weights(folder: Path) -> Path:
+    """Weights files whose sizes match what their headers describe (one line naming a truncated one)."""
     weights = sorted(folder.glob("*.safetensors"))
     if not weights and not list(folder.glob("pytorch_model*.bin")):
         raise UserError(f"{folder}: no weights (*.safetensors)")
@@ -137,7 +141,7 @@ def load_pretrained(path: str | Path, dtype: str = "float32", attn_backend: str 
     from transformers import AutoModel
 
     register_all()
-    folder = check_checkpoint(path)
+    folder = _check_weights(_check_folder(path))  # (a model folder needs no tokenizer: `load_tokenizer` checks)
     config = json.loads((folder / "config.json").read_text())
     if config.get("model_type") == "llada" and "LLaDAMoEModelLM" in (config.get("architectures") or []):
         # LLaDA-MoE's released config.json reuses `model_type: llada` for a different architecture
