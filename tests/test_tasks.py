@@ -25,7 +25,7 @@ def test_registry_has_the_tasks_of_the_papers():
     assert set(TASKS) >= {"gsm8k", "math", "math500", "countdown", "countdown4", "sudoku", "humaneval", "mbpp",
                           "ultrafeedback", "addition", "s1k"}
     assert set(OFFLINE) == {"addition", "addition_pairs", "addition_teacher", "countdown", "countdown4", "sudoku", "humaneval",
-                            "sudoku_fill", "sudoku_fill_teacher"}
+                            "sudoku_fill", "sudoku_fill_teacher", "chain"}
     assert set(recorded_hashes()) == {f"{n}/{s}" for n in OFFLINE for s in TASKS[n].splits}
 
 
