@@ -22,7 +22,7 @@ from dare.config import DecodingConfig, config_hash, load as load_config, to_dic
 from dare.data import TASKS, load_split
 from dare.eval import build_result, evaluate_model, task_benchmark
 from dare.models import facts, load_pretrained, load_tokenizer
-from dare.models.api import checkpoint_meta
+from dare.models.api import checkpoint_meta, meta_model
 from dare.results import metric_from_values, write_result
 from dare.utils import (REPO_ROOT, UserError, atomic_write, atomic_write_json, git_state, hardware, now,
                         package_versions, runs_dir, shown_path)
@@ -507,7 +507,7 @@ def rl_step_benchmark(checkpoint: str | None = None, steps: int = 4, gen_length:
         raise UserError(f"rl_step_benchmark: steps={steps}; need at least 2 (the first is a warm-up)")
     ckpt = Path(checkpoint) if checkpoint else bench_checkpoint("llada")
     task = checkpoint_task(ckpt, None)
-    family = checkpoint_meta(ckpt).get("family", "llada")
+    family = facts(meta_model(ckpt)).family  # from its config.json
     # d1's step on 8 GPUs: 16 prompts x 6 completions, gen 256, block 32, 128 steps, one update
     common = [f"model.path={ckpt}", f"model.family={family}", f"data.task={task}", f"train.steps={steps}",
               f"rl.prompts_per_step={prompts}", f"rl.group_size={group_size}",

@@ -118,6 +118,13 @@ def _drops_to_nobody() -> bool:
     return any(inside <= NOBODY < inside + count for inside, _, count in ranges)
 
 
+def _become_nobody() -> None:
+    """(In a child before exec, as root) drop every group and become `nobody`."""
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
 def _rlimits(limits: Limits, nproc: int) -> list[tuple[str, tuple[int, int]]]:
     mb = 1024 * 1024
     return [("RLIMIT_CPU", (limits.cpu_s, limits.cpu_s + 1)), ("RLIMIT_AS", (limits.memory_mb * mb,) * 2),
@@ -229,14 +236,9 @@ def isolation() -> str:
                         f"bubblewrap (`make setup` does), {hint}")
     root = _drops_to_nobody()
 
-    def drop():
-        if root:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-
     probe = subprocess.run(["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1",
-                            "--ro-bind", "/", "/", "true"], capture_output=True, text=True, timeout=30, preexec_fn=drop)
+                            "--ro-bind", "/", "/", "true"], capture_output=True, text=True, timeout=30,
+                           preexec_fn=_become_nobody if root else None)
     if probe.returncode == 0:
         return "bubblewrap"
     blocking = [(name, value, on) for name, off, on in (  # (setting, the value that disables, one that allows)
@@ -284,9 +286,7 @@ def run_program(source: str, limits: Limits = Limits()) -> Outcome:
         for name, value in rlimits:
             resource.setrlimit(getattr(resource, name), value)
         if root:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
+            _become_nobody()
 
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", **({"HOME": workdir} if workdir else {})}
     start = time.monotonic()
