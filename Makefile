@@ -14,10 +14,13 @@ EVAL   := $(VENV)/eval
 PIP_TOOLS := pip-tools==7.6.2
 # pip-compile's options (the same for every lock; the header of each lock repeats them)
 COMPILE := --quiet --generate-hashes --no-emit-index-url --no-emit-find-links --strip-extras --allow-unsafe
+# the GPU locks' resolver and options (PyPI only, the GPU machines' platform)
+UV := uv==0.13.9
+GPU_COMPILE := --quiet --generate-hashes --no-config --index-url https://pypi.org/simple --python-version 3.11 --python-platform x86_64-manylinux_2_28
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test data checklist leaderboard setup eval-env lock sandbox browser slurm clean-venv help
+.PHONY: demo test data checklist leaderboard setup eval-env lock lock-gpu sandbox browser slurm clean-venv help
 
 # `make help` lists every target with the `## ` description on its line (tests/test_cli.py checks
 # that each target has one).
@@ -33,12 +36,13 @@ OWNER = $(1)/bin/python -I -c 'import json, sys, importlib.metadata as m; u = js
 
 # Install a venv from its lock: exactly the locked packages (hashes checked, no dependency
 # resolution), then this checkout editable without dependencies; the venv records which lock it
-# came from (dare-lock.json: results and `dare env` report it).
+# came from after checking it holds every locked version (dare-lock.json: results and `dare env`
+# report it).
 INSTALL = @$(call OWNER,$(1)) && \
 	(test -x $(1)/bin/python || $(PYTHON) -m venv $(1)) && \
 	$(1)/bin/pip install $(PIP_FLAGS) --no-deps --require-hashes -r $(2) && \
 	$(1)/bin/pip install $(PIP_FLAGS) --no-deps --no-build-isolation -e . && \
-	$(1)/bin/python -c 'import hashlib, json, sys; lock = sys.argv[1]; json.dump({"lock": lock, "sha256": hashlib.sha256(open(lock, "rb").read()).hexdigest()}, open(sys.argv[2], "w"))' $(2) $(1)/dare-lock.json && \
+	$(1)/bin/dare env --record-lock $(2) && \
 	touch $(1)/.installed
 
 # The eval environment (transformers 4.x, numpy 1.x: the `eval` extra); the tests use it to check
@@ -50,12 +54,21 @@ $(EVAL)/.installed: locks/eval.txt
 $(TRAIN)/.installed: locks/train.txt
 	$(call INSTALL,$(TRAIN),locks/train.txt)
 
-# Regenerate the locks from pyproject.toml's pins (network; about 10 minutes each). They lock this
-# machine's CPU torch build; GPU machines install the pyproject extras (environment-*.yml).
-lock: ## regenerate locks/*.txt from pyproject.toml with pip-compile (then commit them)
+# Regenerate the locks from pyproject.toml's pins (network). The CPU locks (locks/train.txt,
+# locks/eval.txt: about 10 minutes each) resolve through this machine's pip configuration, so its
+# local CPU torch build is the one locked. The GPU locks (locks/gpu-*.txt, installed by
+# environment-*.yml) resolve against PyPI alone, whose Linux torch is the CUDA build, for CPython
+# 3.11 on x86_64 manylinux_2_28; uv resolves them in seconds (pip-compile was still backtracking
+# through the CUDA wheels after 40 minutes).
+lock: lock-gpu ## regenerate every lock (locks/*.txt) from pyproject.toml's pins (then commit them)
 	@test -x $(VENV)/tools/bin/pip-compile || ($(PYTHON) -m venv $(VENV)/tools && $(VENV)/tools/bin/pip install $(PIP_FLAGS) "$(PIP_TOOLS)")
 	$(VENV)/tools/bin/pip-compile $(COMPILE) --extra train --extra dev -o locks/train.txt pyproject.toml
 	$(VENV)/tools/bin/pip-compile $(COMPILE) --extra eval --extra dev -o locks/eval.txt pyproject.toml
+
+lock-gpu: ## regenerate only the GPU locks (locks/gpu-train.txt, locks/gpu-eval.txt) with uv
+	@test -x $(VENV)/tools/bin/uv || ($(PYTHON) -m venv $(VENV)/tools && $(VENV)/tools/bin/pip install $(PIP_FLAGS) "$(UV)")
+	$(VENV)/tools/bin/uv pip compile $(GPU_COMPILE) --extra train --extra dev -o locks/gpu-train.txt pyproject.toml
+	$(VENV)/tools/bin/uv pip compile $(GPU_COMPILE) --extra eval --extra dev -o locks/gpu-eval.txt pyproject.toml
 
 eval-env: $(EVAL)/.installed ## create or update the eval venv (.venv/eval, OpenCompass) only
 

@@ -13,6 +13,7 @@ import yaml
 
 from conftest import VENV
 from dare.app import baselines
+from dare.utils import lock_pins
 
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -35,24 +36,24 @@ def test_ci_runs_exactly_make_test():
     assert (REPO / ".ci/run").stat().st_mode & 0o111
 
 
-LOCKS = {"locks/train.txt": ("train", "dev"), "locks/eval.txt": ("eval", "dev")}
-
-
-def lock_pins(text: str) -> dict[str, str]:
-    """name -> version of every package in a pip-compile lock (local versions like +cpu dropped)."""
-    return {m[1].lower(): m[2].split("+")[0] for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.M)}
+# every lock: the extras it holds, and how torch appears in it (this machine's local CPU build in the
+# venvs' locks, PyPI's CUDA build with its nvidia libraries in the conda files' GPU locks)
+LOCKS = {"locks/train.txt": ("train", "dev"), "locks/eval.txt": ("eval", "dev"),
+         "locks/gpu-train.txt": ("train", "dev"), "locks/gpu-eval.txt": ("eval", "dev")}
+CONDA_LOCKS = {"environment-train.yml": "locks/gpu-train.txt", "environment-eval.yml": "locks/gpu-eval.txt"}
 
 
 def lock_disagreements(lock_text: str, extras: tuple[str, ...], pyproject: dict) -> list[str]:
-    """Every pin of `extras` in pyproject.toml that the lock does not hold at the same version, and
-    every locked package without a hash."""
-    locked = lock_pins(lock_text)
+    """Every pin of `extras` in pyproject.toml that the lock does not hold at the same version (a
+    local version like +cpu aside), and every locked package without a hash."""
+    locked = {name: version.split("+")[0] for name, version in lock_pins(lock_text).items()}
     problems = []
     for extra in extras:
         for req in pyproject["project"]["optional-dependencies"][extra]:
             name, _, version = req.partition("==")
-            if locked.get(name.lower()) != version:
-                problems.append(f"{name}: pyproject {version}, lock {locked.get(name.lower())}")
+            key = re.sub(r"[-_.]+", "-", name).lower()
+            if locked.get(key) != version:
+                problems.append(f"{name}: pyproject {version}, lock {locked.get(key)}")
     unhashed = re.findall(r"^([A-Za-z0-9_.-]+==\S+)\n(?!\s+--hash)", lock_text, re.M)
     return problems + [f"{u}: no hash" for u in unhashed]
 
@@ -60,10 +61,12 @@ def lock_disagreements(lock_text: str, extras: tuple[str, ...], pyproject: dict)
 @pytest.mark.parametrize("lock", sorted(LOCKS))
 def test_every_lock_agrees_with_pyprojects_pins(lock):
     """`make lock` regenerates the locks from pyproject.toml: a pin changed without regenerating fails
-    here; the lock names the extras it was compiled from and hashes every package."""
+    here; the lock names the extras it was compiled from (its tool's header) and hashes every package."""
     text = (REPO / lock).read_text()
     assert not lock_disagreements(text, LOCKS[lock], PYPROJECT)
-    assert all(f"--extra={e}" in text.split("\n\n")[0] for e in LOCKS[lock])  # pip-compile's header
+    header = text.split("\n\n")[0] if "pip-compile" in text[:200] else text[:600]
+    assert all(f"--extra={e}" in header or f"--extra {e}" in header for e in LOCKS[lock]), header
+    assert f"-o {lock}" in header or f"--output-file={lock}" in header  # generated for this file
     assert len(lock_pins(text)) > 50
 
 
@@ -71,38 +74,64 @@ def test_a_pin_changed_without_a_new_lock_is_caught():
     changed = json.loads(json.dumps(PYPROJECT))
     train = changed["project"]["optional-dependencies"]["train"]
     train[:] = [("transformers==5.99.0" if p.startswith("transformers==") else p) for p in train]
-    problems = lock_disagreements((REPO / "locks/train.txt").read_text(), ("train", "dev"), changed)
-    assert problems == ["transformers: pyproject 5.99.0, lock 5.23.0"]
+    for lock in ("locks/train.txt", "locks/gpu-train.txt"):
+        problems = lock_disagreements((REPO / lock).read_text(), ("train", "dev"), changed)
+        assert problems == ["transformers: pyproject 5.99.0, lock 5.23.0"], lock
 
 
-def test_the_local_cpu_torch_is_the_one_locked():
-    for lock in LOCKS:
-        assert re.search(r"^torch==2\.13\.0\+cpu \\", (REPO / lock).read_text(), re.M), lock
+def test_the_venvs_lock_the_local_cpu_torch_and_the_conda_files_pypis_cuda_build():
+    for lock in ("locks/train.txt", "locks/eval.txt"):
+        text = (REPO / lock).read_text()
+        assert re.search(r"^torch==2\.13\.0\+cpu \\", text, re.M) and "nvidia-" not in text, lock
+    for lock in CONDA_LOCKS.values():
+        pins = lock_pins((REPO / lock).read_text())
+        assert pins["torch"] == "2.13.0" and "nvidia-cublas" in pins and "triton" in pins, lock
+        assert "uv pip compile" in (REPO / lock).read_text()[:300] and "https://pypi.org/simple" in (
+            REPO / "Makefile").read_text()  # PyPI only: never this machine's local CPU wheels
 
 
-def test_environment_files_take_their_pins_from_pyproject():
-    """The conda files (GPU machines: PyPI's CUDA torch, which the CPU locks cannot name) install the
-    pyproject extras; any explicit pin there is pyproject's."""
-    pins = {}
-    for extra in EXTRAS.values():
-        for req in extra:
-            name, _, version = req.partition("==")
-            pins[name.lower()] = version
-    for env_file, extras in [("environment-train.yml", "train"), ("environment-eval.yml", "eval")]:
-        env = yaml.safe_load((REPO / env_file).read_text())
+def test_environment_files_install_exactly_their_gpu_lock():
+    """The conda files (GPU machines) install their lock, nothing else: hash checking makes pip
+    refuse any package the lock does not name; the project goes in afterwards without dependencies."""
+    for env_file, lock in CONDA_LOCKS.items():
+        text = (REPO / env_file).read_text()
+        env = yaml.safe_load(text)
         assert "python=3.11" in env["dependencies"]
         pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-        assert any(re.fullmatch(rf"-e \.\[{extras}(,\w+)*\]", p) for p in pip), pip
-        for p in pip:
-            if "==" in p:  # any explicit pin must be the pyproject pin
-                name, version = p.split("==")
-                assert pins[name.lower()] == version, (env_file, p)
+        assert pip == [f"-r {lock}"], (env_file, pip)
+        assert f"pip install --no-deps --no-build-isolation -e . && dare env --record-lock {lock}" in text
+
+
+def test_a_record_names_the_lock_only_when_the_environment_holds_it(tmp_path):
+    """`dare env --record-lock` (the last step of every install) refuses a lock whose versions this
+    environment does not hold, naming the packages; a matching lock is recorded with its sha256."""
+    import hashlib
+    from importlib import metadata
+
+    from dare.utils import UserError, environment_lock, record_lock
+
+    held = tmp_path / "held.txt"
+    held.write_text(f"pyyaml=={metadata.version('pyyaml')} \\\n    --hash=sha256:{'0' * 64}\n")
+    other = tmp_path / "other.txt"
+    other.write_text(f"pyyaml==0.0.1 \\\n    --hash=sha256:{'0' * 64}\n")
+    with pytest.raises(UserError, match=r"does not hold .*other.txt: 1 packages differ: pyyaml .* \(lock 0\.0\.1\)"):
+        record_lock(other)
+    with pytest.raises(UserError, match="not a hashed lock file"):
+        record_lock(REPO / "README.md")
+    record = Path(sys.prefix) / "dare-lock.json"
+    before = record.read_bytes() if record.exists() else None
+    try:
+        record_lock(held)
+        assert environment_lock() == {"lock": str(held), "sha256": hashlib.sha256(held.read_bytes()).hexdigest()}
+    finally:  # the test venv's own record is put back
+        record.write_bytes(before) if before is not None else record.unlink()
 
 
 def test_the_makefile_installs_the_locks():
     make = (REPO / "Makefile").read_text()
     assert "--no-deps --require-hashes -r $(2)" in make and "torch==" not in make  # no second copy of a pin
     assert "$(call INSTALL,$(TRAIN),locks/train.txt)" in make and "$(call INSTALL,$(EVAL),locks/eval.txt)" in make
+    assert "$(1)/bin/dare env --record-lock $(2)" in make  # the record is checked against the venv
 
 
 def test_setup_is_idempotent():

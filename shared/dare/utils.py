@@ -209,6 +209,39 @@ def environment_lock() -> dict | None:
     return record if isinstance(record, dict) and {"lock", "sha256"} <= set(record) else None
 
 
+def lock_pins(text: str) -> dict[str, str]:
+    """name -> version of every package a lock file pins (`name==version` lines; names normalised)."""
+    return {re.sub(r"[-_.]+", "-", m[1]).lower(): m[2] for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.M)}
+
+
+def record_lock(lock: str | os.PathLike) -> Path:
+    """Record in this environment (`<sys.prefix>/dare-lock.json`) the lock file it was installed
+    from, after checking that every package the lock pins is installed at that version: the record
+    then says what the environment holds. Results and `dare env` report it."""
+    path = Path(lock)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"lock file {path}: {e.strerror}") from None
+    pins = lock_pins(data.decode(errors="replace"))
+    if not pins or "--hash=" not in data.decode(errors="replace"):
+        raise UserError(f"{path}: not a hashed lock file (no `name==version` lines with --hash)")
+    wrong = []
+    for name, version in sorted(pins.items()):
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            installed = "not installed"
+        if installed != version:
+            wrong.append(f"{name} {installed} (lock {version})")
+    if wrong:
+        raise UserError(f"this environment ({sys.prefix}) does not hold {path}: {len(wrong)} packages differ: "
+                        + ", ".join(wrong[:5]) + (" ..." if len(wrong) > 5 else "")
+                        + f"; install it with `pip install --no-deps --require-hashes -r {path}`")
+    return atomic_write_json(Path(sys.prefix) / LOCK_RECORD,
+                             {"lock": shown_path(path.resolve()), "sha256": hashlib.sha256(data).hexdigest()})
+
+
 def command_line() -> str:
     """This process's command as typed (`dare ...`, `python -m dare.app.sweep ...`), for provenance;
     path arguments inside the working directory or the checkout are shown relative (`shown_path`)."""

@@ -332,8 +332,11 @@ def cmd_env(ns) -> int:
     """The fingerprint results carry (hardware, the ISA torch dispatches to, packages, lock, git)."""
     import json
 
-    from dare.utils import fingerprint
+    from dare.utils import fingerprint, record_lock, shown_path
 
+    if ns.record_lock:
+        print(f"{shown_path(record_lock(ns.record_lock))}: installed from {ns.record_lock}")
+        return 0
     try:
         import torch  # noqa: F401  (the torch-dependent fields are filled only once it is imported)
     except ImportError:
@@ -367,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="The fingerprint every result records: CPU model and the instruction set torch "
                        "dispatches to, threads, BLAS; GPU, capability, driver, CUDA/cuDNN/NCCL; package versions; "
                        "the lock file the environment was installed from; the git state; this command.")
+    s.add_argument("--record-lock", metavar="LOCK", help=(
+        "record that this environment was installed from LOCK (after checking that every package it pins is "
+        "installed at that version) instead of printing; `make setup` and the conda files' last step run it"))
     s.set_defaults(func=cmd_env)
 
     s = sub.add_parser("export", help="write a loadable model folder from a sharded training checkpoint",
