@@ -138,6 +138,12 @@ def test_finished_run_is_reused_and_config_mismatch_is_refused(tmp_path, capsys)
         train("sft", None, [*SFT_TINY, "train.steps=2", f"run.out_dir={out}", f"model.path={out / 'final'}"])
     meta = json.loads((out / "final" / "dare.json").read_text())
     assert meta["baseline"] == "sft" and meta["init"] is None and meta["steps"] == 2
+    import torch
+
+    from dare.utils import environment_lock
+    made_by = meta["fingerprint"]  # which machine and environment made the checkpoint
+    assert made_by["hardware"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert made_by["packages"]["torch"] == torch.__version__ and made_by["lock"] == environment_lock()
     assert (out / "config.yaml").read_text().count("config_hash: sha256:" + meta["config_hash"]) == 1
 
 

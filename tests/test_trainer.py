@@ -141,7 +141,8 @@ def test_fsdp_bf16_lora_rl_runs_and_exports_merged(tmp_path):
     # the checkpoint is sharded (each rank wrote its own file of the adapter and optimizer state), and exports
     ckpt = out / "checkpoints" / "step_0000001"
     assert len(list((ckpt / "dcp").glob("*.distcp"))) == 2 and not (ckpt / "model.safetensors").exists()
-    assert json.loads((ckpt / "checkpoint.json").read_text())["lora"]["rank"] == 4
+    info = json.loads((ckpt / "checkpoint.json").read_text())
+    assert info["lora"]["rank"] == 4 and info["fingerprint"]["hardware"]["cpu_capability"]
     from dare.train.trainer import export_checkpoint
 
     exported = export_checkpoint(ckpt)

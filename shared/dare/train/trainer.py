@@ -46,7 +46,7 @@ import torch
 from dare.utils import UserError
 from dare.models import facts
 from dare.models.tokenizer import save_tokenizer
-from dare.utils import atomic_write, derive_seed
+from dare.utils import atomic_write, derive_seed, fingerprint
 
 LORA_PREFIX = "base_model.model."
 
@@ -349,7 +349,7 @@ class Trainer:
                     "rank": lora.r, "alpha": lora.lora_alpha, "dropout": lora.lora_dropout,
                     "targets": lora.target_modules if isinstance(lora.target_modules, str)
                     else sorted(lora.target_modules)},
-                "base": getattr(self.base, "name_or_path", None) or None})
+                "base": getattr(self.base, "name_or_path", None) or None, "fingerprint": fingerprint()})
 
     def load(self, folder: Path, state: dict) -> None:
         """Restore weights, optimizer and schedule from a checkpoint folder (`save`; resharded to this run's
