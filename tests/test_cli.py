@@ -196,3 +196,27 @@ def test_recorded_commands_are_what_was_typed_without_machine_paths(tmp_path):
     assert shown_argument(f"{REPO}/reproductions/demo/sft.yaml") == "reproductions/demo/sft.yaml"
     assert shown_argument("train.lr=1e-3") == "train.lr=1e-3"
     assert shown_argument(f"run.out_dir={tmp_path}") == f"run.out_dir={tmp_path}"  # outside: as given
+
+
+@pytest.mark.parametrize("env", ["train", "eval"])
+def test_dare_env_prints_the_fingerprint_in_both_environments(env):
+    """The same fingerprint results carry, for bug reports: the ISA torch dispatches to, threads and
+    BLAS, the packages (transformers 5 here, 4.x with OpenCompass there) and the lock each
+    environment was installed from."""
+    import json
+
+    from conftest import EVAL_PYTHON
+
+    python = sys.executable if env == "train" else EVAL_PYTHON
+    if not Path(python).exists():
+        pytest.skip("no eval environment (make test builds $VENV/eval)")
+    r = subprocess.run([python, "-m", "dare.app.cli", "env"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    fp = json.loads(r.stdout)
+    import torch
+
+    assert fp["hardware"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and fp["hardware"]["blas"]
+    assert fp["packages"]["transformers"].startswith("5." if env == "train" else "4.")
+    assert ("opencompass" in fp["packages"]) == (env == "eval")
+    if os.environ.get("DARE_VENV"):  # under `make test` both venvs were installed from their locks
+        assert fp["lock"]["lock"] == f"locks/{env}.txt", fp["lock"]
