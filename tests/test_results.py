@@ -188,3 +188,19 @@ def test_a_published_result_names_run_folders_as_runs_not_machine_paths(tmp_path
     assert str(tmp_path) not in text
     assert read_result(out).training.command == "dare train d1 model.path=runs/sft/a/final run.out_dir=runs/sweeps/x/train"
     assert "model: {path: runs/sft/a/final}" in (out.parent / "config.yaml").read_text()
+
+
+def test_publishing_a_result_from_a_dirty_tree_or_an_unlocked_environment_warns(tmp_path, capsys):
+    """`dare results publish` names a result that cannot be traced to a commit and a lock (the
+    committed-results test refuses it in leaderboard/results); a clean, locked one publishes quietly."""
+    from dare.app.cli import main
+
+    cases = {"clean": {}, "dirty": {"git_dirty": True}, "unlocked": {"lock": None}}
+    for name, change in cases.items():
+        src = tmp_path / name / "result_addition.json"
+        prov = {**make_result()["provenance"], **change}
+        write_result(make_result(run_id=f"d1__tiny__addition__s0__{name}", provenance=prov), src)
+        assert main(["results", "publish", str(src), "--to", str(tmp_path / "board")]) == 0
+        err = capsys.readouterr().err
+        assert ("uncommitted changes" in err) == (name == "dirty") and ("no recorded lock" in err) == (name == "unlocked")
+        assert (tmp_path / "board" / f"d1__tiny__addition__s0__{name}" / src.name).is_file()

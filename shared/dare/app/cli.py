@@ -32,7 +32,7 @@ from dare.data import TASKS, build, recorded_hashes, split_path
 from dare.eval import evaluate_checkpoint
 from dare.models import ATTENTION, FAMILIES, facts, family_module, load_pretrained
 from dare.models.api import count_parameters, meta_model
-from dare.results import publish
+from dare.results import publish, read_result
 from dare.utils import REPO_ROOT, sha256_file
 
 
@@ -269,6 +269,12 @@ def cmd_results(ns) -> int:
             print(publish(p, ns.to))
         except ValueError as e:
             raise UserError(f"{p}: not a valid result: {e}") from None
+        prov = read_result(p).provenance
+        if prov.git_dirty or not prov.lock:  # the repository's tests refuse such a result in leaderboard/results
+            print(f"warning: {p} was made " + ("from a tree with uncommitted changes" if prov.git_dirty else
+                  "in an environment with no recorded lock (`dare env --record-lock <lock>`)")
+                  + ": it cannot be traced to a commit and a lock; rerun it from a clean checkout before committing it",
+                  file=sys.stderr)
     return 0
 
 
