@@ -381,12 +381,21 @@ def _round(x: float | None, digits: int = 1) -> float | None:
     return round(x, min(digits, max(0, 2 - int(math.floor(math.log10(abs(x)))))) if x else 0.0)
 
 
+def report_hardware(report: dict) -> str:
+    """A bench report's machine as the result rows name theirs (`Hardware.hardware_class`): the GPU and
+    its capability, else the CPU model and the instruction set torch dispatched to."""
+    hw = report.get("hardware") or {}
+    if hw.get("gpu"):
+        return f"{hw['gpu']} (sm {hw.get('gpu_capability') or '?'})"
+    return f"{hw.get('cpu_model') or hw.get('cpu') or '?'} ({hw.get('cpu_capability') or '?'})"
+
+
 def training_speed_rows(reports) -> list[dict]:
     """`dare bench train` reports: each comparison's baseline, accelerated value and gain."""
     out = []
     for path, rep in reports:
         res = rep.get("results", {})
-        hw = (rep.get("hardware") or {}).get("gpu") or (rep.get("hardware") or {}).get("cpu", "")
+        hw = report_hardware(rep)
         if "packing" in res:
             p = res["packing"]
             out.append({"comparison": "packing vs padding (tokens/s)", "baseline": p.get("padded_tokens_per_s"),

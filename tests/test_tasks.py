@@ -207,7 +207,7 @@ def test_project_data_dvc_tracks_the_offline_tasks():
     assert "path: data" in text and f"nfiles: {len(recorded_hashes())}" in text  # every offline split
 
 
-def test_bench_rewards_writes_a_report(tmp_path):
+def test_bench_rewards_writes_a_report(tmp_path, monkeypatch):
     out = tmp_path / "bench.json"
     r = dare_cli("bench", "rewards", "--n", "20", "--workers", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
@@ -216,7 +216,14 @@ def test_bench_rewards_writes_a_report(tmp_path):
     for name, entry in report["tasks"].items():
         assert entry["serial_per_s"] > 0 and entry["parallel_per_s"] > 0
         assert 0.3 < entry["mean_reward"] < 0.9, name  # about half of the inputs are right
-    assert report["workers"] == 2 and report["n"] == 20 and "hardware" in report
+    assert report["workers"] == 2 and report["n"] == 20
+    # the fingerprint every committed report carries (the leaderboard's speed view names the machine)
+    assert report["hardware"]["cpu_model"] and {"packages", "lock", "git", "command"} <= set(report)
+    assert report["command"].startswith("dare bench rewards --n 20")
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "leaderboard"))
+    from load import report_hardware
+
+    assert report_hardware(report) == f"{report['hardware']['cpu_model']} ({report['hardware'].get('cpu_capability', '?')})"
 
 
 def test_s1k_builds_d1s_sft_target(tmp_path):

