@@ -215,8 +215,12 @@ def test_bench_rollout_runs_every_strategy_side_by_side(trained_tiny, char_tok, 
                  "gen_length=32", "block_length=8")
     assert r.returncode != 0 and "does not record its training task; name one with --task" in r.stderr
     r = dare_cli("bench", "rollout", "--checkpoint", str(ckpt), "--prompts", "8", "--out", str(out),
-                 "--task", "addition", "gen_length=32", "block_length=8")
+                 "--task", "addition", "--min-seconds", "1000", "gen_length=32", "block_length=8")
     assert r.returncode == 0, r.stderr
+    results = sorted(out.glob("*/result_*.json"))
+    assert len(results) >= 6
+    for result in results:  # decodes this short are each timed 5 times (the median counts)
+        assert read_result(result).metric("timed_decodes").value == 5, result
     lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ") and line.split()}
     vanilla_acc = float(lines["vanilla"].split()[5])
     for name in ("vanilla", "prefix_cache", "dual_cache", "parallel", "dual_cache+parallel", "ass"):

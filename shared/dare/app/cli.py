@@ -256,7 +256,7 @@ def cmd_bench(ns) -> int:
     if unknown:
         raise UserError(f"dare bench rollout --family {unknown[0]}: no bench checkpoint; one of {BENCH_FAMILIES}")
     rollout_benchmark(ns.checkpoint, overrides, repeats=ns.repeats, batch_size=ns.batch_size, n_prompts=ns.prompts,
-                      device=ns.device, out=ns.out, task=ns.task, families=families)
+                      device=ns.device, out=ns.out, task=ns.task, families=families, min_seconds=ns.min_seconds)
     return 0
 
 
@@ -445,6 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("args", nargs="*", metavar="key=value")
     s.add_argument("--checkpoint")
     s.add_argument("--repeats", type=int, default=1, help="rollout: timing repeats (median)")
+    s.add_argument("--min-seconds", type=float, default=20.0, help=(
+        "rollout: time a strategy again until this many seconds are measured (at most 5 decodes, the median "
+        "counts): a decode of a few seconds alone is noisy"))
     s.add_argument("--batch-size", type=int, default=8)
     s.add_argument("--prompts", type=int, default=64, help="rollout: test prompts decoded per strategy")
     s.add_argument("--task", help="rollout --checkpoint: the task to decode (default: the checkpoint's training task)")
