@@ -15,7 +15,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from dare.results import Result, load_results
+from dare.results import Hardware, Result, load_results
 
 HERE = Path(__file__).resolve().parent
 RUNS_ENV = "DARE_LEADERBOARD_RUNS"
@@ -384,10 +384,7 @@ def _round(x: float | None, digits: int = 1) -> float | None:
 def report_hardware(report: dict) -> str:
     """A bench report's machine as the result rows name theirs (`Hardware.hardware_class`): the GPU and
     its capability, else the CPU model and the instruction set torch dispatched to."""
-    hw = report.get("hardware") or {}
-    if hw.get("gpu"):
-        return f"{hw['gpu']} (sm {hw.get('gpu_capability') or '?'})"
-    return f"{hw.get('cpu_model') or hw.get('cpu') or '?'} ({hw.get('cpu_capability') or '?'})"
+    return Hardware.model_construct(**{"cpu": "?", "n_cpus": 0, **(report.get("hardware") or {})}).hardware_class()
 
 
 def training_speed_rows(reports) -> list[dict]:

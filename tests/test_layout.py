@@ -13,7 +13,7 @@ import yaml
 
 from conftest import VENV
 from dare.app import baselines
-from dare.utils import lock_pins
+from dare.utils import lock_pins, package_name
 
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -51,9 +51,8 @@ def lock_disagreements(lock_text: str, extras: tuple[str, ...], pyproject: dict)
     for extra in extras:
         for req in pyproject["project"]["optional-dependencies"][extra]:
             name, _, version = req.partition("==")
-            key = re.sub(r"[-_.]+", "-", name).lower()
-            if locked.get(key) != version:
-                problems.append(f"{name}: pyproject {version}, lock {locked.get(key)}")
+            if locked.get(package_name(name)) != version:
+                problems.append(f"{name}: pyproject {version}, lock {locked.get(package_name(name))}")
     unhashed = re.findall(r"^([A-Za-z0-9_.-]+==\S+)\n(?!\s+--hash)", lock_text, re.M)
     return problems + [f"{u}: no hash" for u in unhashed]
 

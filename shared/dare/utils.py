@@ -209,9 +209,14 @@ def environment_lock() -> dict | None:
     return record if isinstance(record, dict) and {"lock", "sha256"} <= set(record) else None
 
 
+def package_name(name: str) -> str:
+    """A distribution name as package indexes compare them (PEP 503: `Foo_bar.baz` -> `foo-bar-baz`)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def lock_pins(text: str) -> dict[str, str]:
     """name -> version of every package a lock file pins (`name==version` lines; names normalised)."""
-    return {re.sub(r"[-_.]+", "-", m[1]).lower(): m[2] for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.M)}
+    return {package_name(m[1]): m[2] for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.M)}
 
 
 def record_lock(lock: str | os.PathLike) -> Path:
@@ -223,8 +228,9 @@ def record_lock(lock: str | os.PathLike) -> Path:
         data = path.read_bytes()
     except OSError as e:
         raise UserError(f"lock file {path}: {e.strerror}") from None
-    pins = lock_pins(data.decode(errors="replace"))
-    if not pins or "--hash=" not in data.decode(errors="replace"):
+    text = data.decode(errors="replace")
+    pins = lock_pins(text)
+    if not pins or "--hash=" not in text:
         raise UserError(f"{path}: not a hashed lock file (no `name==version` lines with --hash)")
     wrong = []
     for name, version in sorted(pins.items()):
@@ -264,10 +270,16 @@ def shown_argument(arg: str) -> str:
     return f"{key}{sep}{shown_path(value)}" if value.startswith("/") else arg
 
 
+def environment_fingerprint() -> dict:
+    """The machine and the installed environment: hardware, package versions, the lock."""
+    return {"hardware": hardware(), "packages": package_versions(), "lock": environment_lock()}
+
+
 def fingerprint() -> dict:
-    """Everything a bug report or a result needs to say which machine and environment made it."""
-    return {"hardware": hardware(), "packages": package_versions(), "lock": environment_lock(),
-            "git": dict(zip(("commit", "dirty"), git_state())), "command": command_line()}
+    """Everything a bug report or a result needs to say which machine and environment made it:
+    `environment_fingerprint` plus the checkout's git state and this process's command."""
+    return {**environment_fingerprint(), "git": dict(zip(("commit", "dirty"), git_state())),
+            "command": command_line()}
 
 
 def derive_seed(seed: int, stream: str) -> int:

@@ -23,7 +23,7 @@ from dare.models.api import checkpoint_fingerprint
 from dare.train import preference, rl, sft
 from dare.train.common import Collapsed, Preempted, check_sinks, save_final
 from dare.train.hooks import bind
-from dare.utils import UserError, atomic_write_json, fingerprint, git_state, now
+from dare.utils import UserError, atomic_write_json, environment_fingerprint, git_state, now
 
 RECIPES = {"sft": sft.run, "preference": preference.run, "rl": rl.run}
 """The loop of each recipe a baseline can name in `RECIPE` (hooks: `dare.train.hooks.HOOKS`)."""
@@ -119,7 +119,7 @@ def fit(algorithm: ModuleType, cfg, run_dir: str | Path, *, name: str, force: bo
             "wall_time_s": round(outcome["elapsed_s"], 2), "git_commit": commit, "git_dirty": dirty,
             "created_at": now(), "config_path": config_path, "recipe_hash": recipe_hash(cfg),
             "config": to_dict(cfg, hashed_only=True), "command": command or None,
-            "fingerprint": fingerprint(),  # hardware, torch's ISA, threads, BLAS, GPU stack, packages, lock
+            "fingerprint": environment_fingerprint(),  # hardware, torch's ISA, threads, BLAS, GPU stack, packages, lock
         }
         totals = outcome.get("totals") or {}
         if "rollout_forwards" in totals:  # what an RL run spent (`dare.results.Compute`)
