@@ -1,6 +1,8 @@
 """The rollout engine across samplers and families: determinism, no MASK left, block-locality,
 parallel decoding progress, exact block caching, prefix-cache agreement, batching, replay."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,6 +11,8 @@ from dare.models import facts, new_model
 from dare.models.tokenizer import char_tokenizer
 from dare.rollout import generate, left_pad, replay
 from dare.rollout.core import commit_factor, commit_quota, commit_threshold
+
+REPO = Path(__file__).resolve().parent.parent
 
 PROMPTS = [[5, 6, 7], [5, 6, 7, 8, 9, 10, 11], [9, 8], [4, 5, 6, 7, 8]]
 
@@ -276,6 +280,25 @@ def test_the_accuracy_tolerance_is_one_point():
 
     assert keeps_accuracy(0.90, 0.90) and keeps_accuracy(0.89, 0.90) and keeps_accuracy(0.95, 0.90)
     assert not keeps_accuracy(0.885, 0.90) and not keeps_accuracy(0.0, 0.02)
+
+
+def test_committed_rollout_rows_are_of_the_checkpoints_the_bench_trains_now():
+    """Every committed `dare bench rollout` row on a bench checkpoint was decoded by the model that
+    `reproductions/bench/sft.yaml` (with `bench_overrides`) trains today: a change of the recipe makes
+    this fail until the rows are measured again."""
+    from dare.app.bench import BENCH_FAMILIES, bench_overrides
+    from dare.app.runs import resolve
+    from dare.config import config_hash
+    from dare.results import load_results
+
+    valid, _ = load_results(REPO / "leaderboard" / "results", pattern="bench-rollout-*/**/result_*.json")
+    rows = [r for _, r in valid if r.training.config_path == "reproductions/bench/sft.yaml"]
+    assert {r.model.family for r in rows} == set(BENCH_FAMILIES)
+    expected = {f: config_hash(resolve("sft", REPO / "reproductions/bench/sft.yaml", bench_overrides(f))[1])
+                for f in BENCH_FAMILIES}
+    stale = sorted({(r.model.family, r.training.config_hash[:12]) for r in rows
+                    if r.training.config_hash != expected[r.model.family]})
+    assert not stale, f"measured on an older bench checkpoint recipe: {stale}"
 
 
 @pytest.mark.parametrize("family, small", [

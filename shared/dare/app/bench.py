@@ -77,10 +77,13 @@ def bench_checkpoint(family: str) -> Path:
     answers (`reproductions/bench/sft.yaml`), trained on first use, then reused by run key."""
     from dare.app.runs import train
 
-    overrides = [f"model.family={family}", f"model.name=tiny-{family}-chain"]
-    if ATTENTION[family] == "block_causal":
-        overrides.append(f"train.steps={BLOCK_SFT_STEPS}")
-    return Path(train("sft", BENCH / "sft.yaml", overrides)) / "final"
+    return Path(train("sft", BENCH / "sft.yaml", bench_overrides(family))) / "final"
+
+
+def bench_overrides(family: str) -> list[str]:
+    """The overrides of `reproductions/bench/sft.yaml` that make `family`'s bench checkpoint."""
+    steps = [f"train.steps={BLOCK_SFT_STEPS}"] if ATTENTION[family] == "block_causal" else []
+    return [f"model.family={family}", f"model.name=tiny-{family}-chain", *steps]
 
 
 def checkpoint_task(ckpt: Path, task: str | None) -> str:
