@@ -431,16 +431,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("checkpoint", nargs="?")
     s.set_defaults(func=cmd_models)
 
-    s = sub.add_parser("bench", help="benchmarks (rollout, rewards)", description=(
+    s = sub.add_parser("bench", help="benchmarks (rollout, rewards, train, estimators)", description=(
         "dare bench rollout: every decoding strategy (vanilla, Fast-dLLM caches, parallel decoding, both) side by "
-        "side on the demo's trained tiny LLaDA and a tiny SDAR (trained on first use), or on --checkpoint: "
+        "side on each family's bench checkpoint (a tiny model trained on the long-answer task chain on first use, "
+        "then reused; --family picks families), or on --checkpoint: "
         "tokens/s, speedup, NFE, tokens per forward, accuracy; result JSONs under runs/bench/; key=value "
         "overrides set the decoding (default gen_length=256 block_length=32). "
         "dare bench rewards: rewards per second for --n completions per task, serial vs --workers processes "
         "(sandboxes for code), written as a JSON report (--out, default runs/bench/). "
         "dare bench train: packing vs padding tokens/s on a length-skewed batch, the loss's peak memory with "
         "chunked vs full logits at a 126k vocabulary, and the end-to-end d1 RL step (accelerated vs naive "
-        "pipeline, on the demo's SFT checkpoint or --checkpoint) (JSON report)."))
+        "pipeline, on the LLaDA bench checkpoint or --checkpoint) (JSON report)."))
     s.add_argument("what", choices=["rollout", "rewards", "train", "estimators"])
     s.add_argument("args", nargs="*", metavar="key=value")
     s.add_argument("--checkpoint")
@@ -460,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n", type=int, default=1000, help="rewards: completions per task")
     s.add_argument("--draws", type=int, default=64, help="estimators: independent draws per estimator")
     s.add_argument("--workers", type=int, default=None, help="rewards: parallel workers (default: CPU count)")
-    s.add_argument("--out", help="rewards: where to write the JSON report")
+    s.add_argument("--out", help="where to write the report (rollout: a folder of result JSONs; default under runs/bench/)")
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("results", help="publish result JSONs to the leaderboard", description=(
