@@ -60,7 +60,7 @@ MIN_TIMED_S, MAX_REPEATS = 20.0, 5
 BENCH = REPO_ROOT / "reproductions" / "bench"
 BENCH_FAMILIES = ("llada", "dream", "sdar", "llada2")
 # the block families learn `chain` within a few hundred SFT steps (LLaDA2.x: loss 6e-4 at step 400); the masked
-# ones need the YAML's 4,500 (LLaDA's loss drops from 0.05 to 0.004 between steps 1,300 and 1,900)
+# ones need the YAML's 4,500 (LLaDA's masked CE: 0.036 over steps 1,100-1,500, 0.0044 over 2,100-2,500)
 BLOCK_SFT_STEPS = 1500
 
 
