@@ -286,7 +286,7 @@ def test_committed_rollout_rows_are_of_the_checkpoints_the_bench_trains_now():
     """Every committed `dare bench rollout` row on a bench checkpoint was decoded by the model that
     `reproductions/bench/sft.yaml` (with `bench_overrides`) trains today: a change of the recipe makes
     this fail until the rows are measured again."""
-    from dare.app.bench import BENCH_FAMILIES, bench_overrides
+    from dare.app.bench import BENCH, BENCH_FAMILIES, bench_overrides
     from dare.app.runs import resolve
     from dare.config import config_hash
     from dare.results import load_results
@@ -294,7 +294,7 @@ def test_committed_rollout_rows_are_of_the_checkpoints_the_bench_trains_now():
     valid, _ = load_results(REPO / "leaderboard" / "results", pattern="bench-rollout-*/**/result_*.json")
     rows = [r for _, r in valid if r.training.config_path == "reproductions/bench/sft.yaml"]
     assert {r.model.family for r in rows} == set(BENCH_FAMILIES)
-    expected = {f: config_hash(resolve("sft", REPO / "reproductions/bench/sft.yaml", bench_overrides(f))[1])
+    expected = {f: config_hash(resolve("sft", BENCH / "sft.yaml", bench_overrides(f))[1])
                 for f in BENCH_FAMILIES}
     stale = sorted({(r.model.family, r.training.config_hash[:12]) for r in rows
                     if r.training.config_hash != expected[r.model.family]})
