@@ -408,6 +408,10 @@ def training_speed_rows(reports) -> list[dict]:
             out.append({"comparison": "end-to-end RL step, s", "baseline": (s.get("naive") or {}).get("step_s"),
                         "accelerated": (s.get("accelerated") or {}).get("step_s"), "gain": s.get("speedup"),
                         "hardware": hw, "report": path.name})
+            naive, fast = ((s.get(k) or {}).get("reward_mean") for k in ("naive", "accelerated"))
+            if naive is not None and fast is not None:  # what the speed cost: the rollouts' quality, side by side
+                out.append({"comparison": "end-to-end RL step, mean reward", "baseline": naive, "accelerated": fast,
+                            "gain": fast / naive if naive else None, "hardware": hw, "report": path.name})
     return [{**row, **{k: _round(row[k], 2) for k in ("baseline", "accelerated", "gain")
                        if isinstance(row[k], (int, float))}} for row in out]
 

@@ -107,7 +107,8 @@ def runs(tmp_path, monkeypatch):
     (tmp_path / "bench" / "train-1.json").write_text(json.dumps({"kind": "bench.train", "schema_version": 1,
         "hardware": {"cpu": "test cpu"}, "results": {
             "packing": {"padded_tokens_per_s": 100.0, "packed_tokens_per_s": 205.0, "speedup": 2.05},
-            "rl_step": {"naive": {"step_s": 93.4}, "accelerated": {"step_s": 21.8}, "speedup": 4.29}}}))
+            "rl_step": {"naive": {"step_s": 93.4, "reward_mean": 0.8}, "accelerated": {"step_s": 21.8, "reward_mean": 0.6},
+                        "speedup": 4.29}}}))
     bad = tmp_path / "broken"
     bad.mkdir()
     (bad / "result_truncated.json").write_text('{"schema_version": "1", "run_id": ')
@@ -284,7 +285,8 @@ def test_speed_view_shows_rollout_and_training_results(runs):
     assert any('"tokens/s"' in spec and '"log"' in spec for spec in specs)  # accuracy against speed
     training = next(f for f in frames if "comparison" in f.columns)
     assert dict(zip(training["comparison"], training["gain"])) == {"packing vs padding (tokens/s)": 2.05,
-                                                                   "end-to-end RL step, s": 4.29}
+                                                                   "end-to-end RL step, s": 4.29,
+                                                                   "end-to-end RL step, mean reward": 0.75}
 
 
 def test_run_detail_shows_config_provenance_samples_and_curves(runs):
