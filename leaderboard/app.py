@@ -254,6 +254,8 @@ with speed:
     training = pd.DataFrame(load.training_speed_rows(bench))
     if len(training):
         st.dataframe(training, hide_index=True, key="train_speed")
+        st.caption("gain: how many times better the accelerated pipeline is (faster, less memory); on the mean-reward "
+                   "row, its reward over the naive one's: below 1, the speed cost rollout quality.")
     if not len(rollout) and not len(training):
         st.info("No throughput results yet: run `dare bench rollout` or `dare bench train`.")
 
