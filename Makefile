@@ -14,9 +14,10 @@ EVAL   := $(VENV)/eval
 PIP_TOOLS := pip-tools==7.6.2
 # pip-compile's options (the same for every lock; the header of each lock repeats them)
 COMPILE := --quiet --generate-hashes --no-emit-index-url --no-emit-find-links --strip-extras --allow-unsafe
-# the GPU locks' resolver and options (PyPI only, the GPU machines' platform)
+# the GPU locks' resolver and options (uv's default index, PyPI, with this machine's configuration
+# ignored by --no-config; the GPU machines' platform)
 UV := uv==0.13.9
-GPU_COMPILE := --quiet --generate-hashes --no-config --index-url https://pypi.org/simple --python-version 3.11 --python-platform x86_64-manylinux_2_28
+GPU_COMPILE := --quiet --generate-hashes --no-config --python-version 3.11 --python-platform x86_64-manylinux_2_28
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
@@ -57,7 +58,7 @@ $(TRAIN)/.installed: locks/train.txt
 # Regenerate the locks from pyproject.toml's pins (network). The CPU locks (locks/train.txt,
 # locks/eval.txt: about 10 minutes each) resolve through this machine's pip configuration, so its
 # local CPU torch build is the one locked. The GPU locks (locks/gpu-*.txt, installed by
-# environment-*.yml) resolve against PyPI alone, whose Linux torch is the CUDA build, for CPython
+# environment-*.yml) resolve against uv's default index alone (PyPI), whose Linux torch is the CUDA build, for CPython
 # 3.11 on x86_64 manylinux_2_28; uv resolves them in seconds (pip-compile was still backtracking
 # through the CUDA wheels after 40 minutes).
 lock: lock-gpu ## regenerate every lock (locks/*.txt) from pyproject.toml's pins (then commit them)

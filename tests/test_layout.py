@@ -85,8 +85,12 @@ def test_the_venvs_lock_the_local_cpu_torch_and_the_conda_files_pypis_cuda_build
     for lock in CONDA_LOCKS.values():
         pins = lock_pins((REPO / lock).read_text())
         assert pins["torch"] == "2.13.0" and "nvidia-cublas" in pins and "triton" in pins, lock
-        assert "uv pip compile" in (REPO / lock).read_text()[:300] and "https://pypi.org/simple" in (
-            REPO / "Makefile").read_text()  # PyPI only: never this machine's local CPU wheels
+        header = (REPO / lock).read_text()[:300]
+        # uv's default index only (`--no-config` ignores this machine's pip configuration and its local CPU
+        # wheels); no index is named, in the lock's header or in the Makefile
+        assert "uv pip compile" in header and "--no-config" in header and "index-url" not in header, lock
+    gpu_compile = next(line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("GPU_COMPILE"))
+    assert "--no-config" in gpu_compile and "index" not in gpu_compile and "://" not in gpu_compile
 
 
 def test_environment_files_install_exactly_their_gpu_lock():

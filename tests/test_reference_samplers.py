@@ -12,6 +12,8 @@ outside this repository, never committed) on the same tiny weights as `sharp()` 
   - LLaDA: `ML-GSAI/LLaDA@b7e6c35:generate.py::generate` with its hard-coded EOS/EoT ids
     (126081/126348) replaced by the tiny tokenizer's, batched with left padding and the
     attention mask, as the original supports.
+  - LLaDA with a parallel rule and no cache: `NVlabs/Fast-dLLM@f6b35ec:llada/generate.py::generate`
+    (threshold and factor), one row at a time and batched (details at `FAST_DLLM_CASES`).
 Our sampler runs the whole batch at once (mixed prompt lengths, none a block multiple, so the
 last block is partial), with and without the cache; each row must equal the original alone.
 LLaDA2 returns the response cut after its first EOS; we compare that prefix.
@@ -164,6 +166,94 @@ def test_block_length_is_validated_only_for_the_masked_sampler():
     with pytest.raises(ConfigError, match=r"rl\.decoding\.gen_length: gen_length \(10\) must be a multiple of "
                                           r"block_length \(32\).*from command line"):
         load(Run, overrides=["model.family=llada", "rl.decoding.gen_length=10"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Fast-dLLM's no-cache `generate` with a parallel rule (threshold, factor): every block decoded until it is
+# clean, however many forwards that takes.
+#
+# The ORIGINAL, NVlabs/Fast-dLLM @f6b35ec `llada/generate.py::generate` (with `get_transfer_index` and
+# `get_transfer_index_dynamic`), run in a scratch folder on the `sharp` LLaDA models (seeds 0 and 3), T = 0:
+#   - one row at a time for PROMPTS (its `generate` takes no attention mask, so a left-padded batch would
+#     attend the padding): the four responses and each row's forward count;
+#   - batched, on EQUAL (four prompts of one length, no padding): the responses and the batch's forwards.
+#     The original's factor rule raises an IndexError on a row whose block is already clean while another
+#     row's is not (`threshs[0] = -1` on an empty list); the cases marked "patched" ran with that row skipped
+#     (`continue` when the row has no mask: the guard later forks add), everything else as released.
+# Tokens are written one character each (0-9, a-z = ids 0-35).
+
+EQUAL = [[5, 6, 7, 8, 9], [9, 8, 7, 6, 5], [4, 4, 5, 5, 6], [10, 11, 5, 6, 7]]
+FAST_DLLM_CASES = {  # (seed, block, steps, rule) -> (PROMPTS one by one, their forwards, EQUAL batched, forwards)
+    (0, 4, 4, "threshold=0.5"): ("iiiiiiii44449999 iiii4i4499999999 iiiiiiii44449999 iiiiiiii44449999", [4, 9, 4, 4],
+        "iiiiiiii44449999 iiiiiiii44449999 iiiiiiii94449999 iiiiiiii44449999", 7),
+    (0, 4, 4, "threshold=0.9"): ("iiii4ii444999999 iiii4i4499999999 iiiiiii444999999 iiiiiii494499999", [16, 15, 16, 16],
+        "iiii4ii494999999 iiii44ii94999999 iiii4iii94499999 iiii44i494999999", 16),
+    (0, 4, 4, "factor=1.0"): ("iiii4ii444999999 iiii4i4499999999 iiiiiiii44449999 iiiiiiii44449999", [9, 8, 9, 9],
+        "iiii4ii494999999 iiii44ii94999999 iiiiiiii44449999 iiii44i494999999", 9),
+    (0, 4, 4, "factor=2.0"): ("iiiiiiii44449999 iiiiii4444999999 iiiiiiii44449999 iiiiiiii44449999", [4, 6, 4, 4],
+        "iiiiiiii44449999 iiiiiiii44449999 iiiiiiii44449999 iiiiiiii44449999", 5),  # patched
+    (0, 8, 2, "threshold=0.5"): ("iiiiiiii44444444 iiiiiiii44444444 iiiiiiii44444444 iiiiiiii44444444", [2, 2, 2, 2],
+        "iiiiiiii44444444 iiiiiiii44444444 iiiiiiii94449999 iiiiiiii44444444", 6),
+    (0, 8, 2, "threshold=0.9"): ("44iiiiii44999999 444iiiii99999999 i4iiiiii44999999 4iiiiiii94499999", [16, 15, 16, 16],
+        "44iiiiii94999999 4iii4iii94999999 4iiiiiii94499999 44i4iiii94999999", 16),
+    (0, 8, 2, "factor=1.0"): ("44iiiiii44999999 44iii4ii99999999 iiiiiiii44499999 iiiiiiii44499999", [10, 10, 10, 10],
+        "44iiiiii94999999 4iii4iii94999999 iiiiiiii94449999 44i4iiii94999999", 11),  # patched
+    (0, 8, 2, "factor=2.0"): ("iiiiiiii44449999 iiiiiiii44499999 iiiiiiii44499999 iiiiiiii44499999", [3, 4, 4, 4],
+        "iiiiiiii44499999 iiiiiiii44499999 iiiiiiii44449999 iiiiiiii44449999", 4),  # patched
+    (0, 16, 1, "threshold=0.5"): ("iiiiiiiiiiiiiiii iiiiiiiiiiiiiiii iiiiiiiiiiiiiiii iiiiiiiiiiiiiiii", [1, 1, 1, 1],
+        "iiiiiiiiiiiiiiii iiiiiiiiiiiiiiii iiiiiiiiiiiiiiii iiiiiiiiiiiiiiii", 1),
+    (0, 16, 1, "threshold=0.9"): ("9944499994iiiiii 4449999999iii9ii 9944i99994iiiiii 994449999iiiiiii", [16, 15, 16, 16],
+        "9944999994iiiiii 499449999i9iiiii 99944999i4iiiiii 99444999994iiiii", 16),
+    (0, 16, 1, "factor=1.0"): ("9944499994iiiiii 444999999ii9ii9i 9944ii99949iiiii 994449999iiiiiii", [11, 11, 11, 11],
+        "994499i994iiii9i 49944999i99iiiii 99944999i4iiiiii 99444999994iiiii", 12),  # patched
+    (0, 16, 1, "factor=2.0"): ("4944499iiiiiiiii 444ii9999iii99ii 444iiii94iiii999 99444999iiiiiiii", [3, 4, 3, 4],
+        "99944iii94iiiiii 4ii9944iii99iiii 9999444iiii4iiii 994449ii999iiiii", 4),  # patched
+    (3, 4, 4, "threshold=0.5"): ("hhhhggggg3ggg333 gghhggggg33ggg33 hhhhgggggg33333g hhggggggggg6666g", [13, 16, 13, 16],
+        "hhhhgggggg3g3gg3 hhhhgggggg3g3gg3 ggggg66gg66666g6 hhhhgggg33ggg333", 16),
+    (3, 4, 4, "threshold=0.9"): ("hghhggggg3ggg333 gghhggggg33ggg33 hhhggggg3gg3333g hhggggggggg6666g", [16, 16, 16, 16],
+        "gghhgggggg3g3g63 gghhggggg3ggg633 ggggg66gg66666g6 hhghgggg33ggg333", 16),
+    (3, 4, 4, "factor=1.0"): ("hhhhgggg33ggggg3 gghhgggggg3g3333 hhhhggggg333333g hhgggggggggg6666", [12, 12, 12, 12],
+        "gghhgggggggg3333 gghhgggggggg3333 gggggg6g6666666g hhhhgggg333gggg3", 12),
+    (3, 4, 4, "factor=2.0"): ("hhhhgggg33gggg33 gghhgggg33gggg33 hhhhggggg33g3333 hhgggggggggg6666", [7, 8, 7, 8],
+        "hhhhgggggggg3333 hhhhgggggggg3333 gggggg6g666666gg hhhhgggg33gggg33", 9),  # patched
+    (3, 8, 2, "threshold=0.5"): ("hhhhhhhhgg33333g gghhgggg333gggg3 hhhhhhhh3g33333g ggggghhgg6666ggg", [9, 16, 9, 16],
+        "hhhhhhhhgg3333gg hhhhhhhhgg3333gg ggggg66g666666gg hhhhhhhh3gg33333", 16),
+    (3, 8, 2, "threshold=0.9"): ("ggghhhggg3333ggg gghhgggg333gggg3 hgggghhggg33333g ggggghhgg6666ggg", [16, 16, 16, 16],
+        "ggghhgggg333ggg6 gghhgggg6333gggg ggggg66g666666gg gggghhhgg33333gg", 16),
+    (3, 8, 2, "factor=1.0"): ("ggghhhgggg333ggg gghhgggg333ggg33 hgggghhgggg3333g ggggghhgg6666ggg", [14, 14, 14, 14],
+        "ggghhgggg333ggg3 gghhgggg3333gggg gggggg6g6666666g gggghhhggg3333gg", 14),
+    (3, 8, 2, "factor=2.0"): ("ggghhhhgg3333ggg gghhgggg333gggg3 hgggghhh3g33333g ggggghhgg666gggg", [7, 8, 7, 9],
+        "ggghhhggg3333ggg gghhhgggg333ggg3 gggggg6g6g66666g gggghhhggg3333gg", 9),  # patched
+    (3, 16, 1, "threshold=0.5"): ("hhhhhhhhhhhhhhhh ggh3ggggh3gggg33 hhhhhhhhhhhhhhhh gggg6hhggg666ggg", [1, 16, 1, 16],
+        "hhhhhhhhhhhhhhhh hhhhhhhhhhhhhhhh 666g66666ggggggg hhhhhhhhhhhhhhhh", 15),
+    (3, 16, 1, "threshold=0.9"): ("ggg3hh3gggh33ggg ggh3ggggh3gggg33 33ggghh3ggg3h3gg gggg6hhggg666ggg", [16, 16, 16, 16],
+        "ggghh3ggg633gggg gggh33gggh63gggg 666g66666ggggggg 3gg3hh3ggg3h3ggg", 16),
+    (3, 16, 1, "factor=1.0"): ("gggghh3gggh33ggg g3h3ggggh3gggg33 33ggghh3ggg3h3gg gggg6hhggg666ggg", [15, 15, 15, 15],
+        "ggghh3ggg333gggg gggh33gggh33gggg 666g66666ggggggg 3ggghh3ggg3h3ggg", 15),
+    (3, 16, 1, "factor=2.0"): ("3ggghhhggg3h33gg gghhgggg333gggg3 h3gg3hh3ggg3h33g gggg6hhggg66gggg", [7, 8, 7, 9],
+        "ggghhhggggg33ggg gghhgggggh33gggg g666g6666ggggggg 3ggghhhggg3333gg", 9),  # patched
+}
+_ID = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _tokens(text: str) -> list[list[int]]:
+    return [[_ID.index(c) for c in row] for row in text.split()]
+
+
+@pytest.mark.parametrize("case", list(FAST_DLLM_CASES), ids=[" ".join(map(str, c)) for c in FAST_DLLM_CASES])
+def test_parallel_decoding_without_a_cache_matches_fast_dllm(case):
+    """Our masked sampler, cache none, batched with left padding: each row the original's alone (and its
+    forward count when decoded alone); the equal-length batch the original's batch, forwards included."""
+    seed, BL, steps, rule = case
+    name, value = rule.split("=")
+    rows, nfe, batched, batched_nfe = FAST_DLLM_CASES[case]
+    model = sharp("llada", seed)
+    decoding = DecodingConfig(gen_length=16, block_length=BL, steps=steps, cache="none", **{name: float(value)})
+    assert decode(model, decoding) == _tokens(rows)
+    assert [generate(model, *left_pad([p], 0), decoding).nfe for p in PROMPTS] == nfe
+    ids, mask = left_pad(EQUAL, facts(model).pad_token_id)
+    out = generate(model, ids, mask, decoding)
+    assert out.responses.tolist() == _tokens(batched) and out.nfe == batched_nfe
 
 
 # ------------------------------------------------------------------------------------------------

@@ -155,14 +155,17 @@ def predict(logits, masked, decoding, generator, eos_id=None, eot_id=None,
     confidence 0 (the others renormalised without them); at T > 0 only EoT is removed, so an EoT
     prediction gets 0 and EOS is unaffected (a quirk of the original, kept for fidelity).
     `forbid` (the mask id) is never predicted: loops that run until a block is clean would
-    otherwise never end on a model that predicts MASK (trained checkpoints do not)."""
-    if forbid is not None:
-        logits = logits.clone()
-        logits[..., forbid] = -torch.inf
+    otherwise never end on a model that predicts MASK (trained checkpoints do not). It is removed from
+    the choice of x0 only; the confidence is the probability of x0 among all tokens, as in the
+    references, so a model that never predicts MASK decodes exactly as they do."""
     if decoding.logits_eos_inf and eos_id is not None:
         logits = logits.clone()
         logits[..., eos_id] = -torch.inf
-    x0 = gumbel_argmax(logits, decoding.temperature, generator)
+    choice = logits
+    if forbid is not None:
+        choice = logits.clone()
+        choice[..., forbid] = -torch.inf
+    x0 = gumbel_argmax(choice, decoding.temperature, generator)
     if decoding.remasking == "low_confidence":
         if decoding.confidence_eos_eot_inf:
             removed = [t for t in ([eot_id] + ([eos_id] if decoding.temperature == 0 else [])) if t is not None]

@@ -45,10 +45,14 @@ Differences from the references, none of which change their greedy outputs:
    position gets its real (shifted) logit; Fast-dLLM's Dream instead commits that position from
    the block's full forward.
 6. With a cache or parallel decoding (loops that run until the block is clean) the mask token is
-   never predicted, as in dInfer; the reference path (no cache, fixed quota) is untouched.
+   never chosen as x0, as in dInfer (its confidence stays the probability among all tokens, as in
+   the references); the reference path (no cache, fixed quota) is untouched. A model that never
+   predicts MASK (trained checkpoints) decodes as the references do.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -101,7 +105,9 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
     """Decode [prompt | MASK * gen_length]; or, with `start` (a partial output of this sampler with the
     same decoding settings, `steps_done` steps in), continue its canvas from the next step: the
     rollout engine's branching (`dare.rollout.tree`). `until` stops after that many steps in all
-    (the output's `steps_done`). Continuing follows the fixed schedule: no cache, no parallel rule."""
+    (the output's `steps_done`); None: no cap, every block is decoded until it is clean (with a parallel
+    rule the step count is not `decoding.steps`). Continuing follows the fixed schedule: no cache, no
+    parallel rule."""
     f = facts(model)
     if (start is not None or until is not None) and (decoding.cache in ("prefix", "dual") or decoding.threshold > 0
                                                      or decoding.factor > 0):
@@ -136,7 +142,7 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         (B, P), device = (x.shape[0], start.prompt_length), x.device
         trajectory = list(start.trajectory.unbind(0)) if start.trajectory is not None else []
         nfe, step = start.nfe, start.steps_done
-    first, until = step, decoding.steps if until is None else until
+    first, until = step, math.inf if until is None else until
     prompt_positions = torch.zeros_like(x, dtype=torch.bool)
     prompt_positions[:, :P] = True
 
