@@ -94,7 +94,69 @@ def test_cj_grpo_transition_weights_by_hand():
     rounds = noise.rollout_rounds(batch)
     assert rounds[:, 1:].tolist() == [[0, 0, 1, 2], [1, 0, 1, noise.NEVER]]
     w = cj.transition_weights(batch, rounds)
-    assert torch.allclose(w, torch.tensor([[1 / 6, 1 / 6, 1 / 3, 1 / 3], [1 / 4, 1 / 2, 1 / 4, 0.0]]))
+    assert w.dtype == torch.float64
+    assert torch.equal(w, torch.tensor([[1 / 6, 1 / 6, 1 / 3, 1 / 3], [1 / 4, 1 / 2, 1 / 4, 0.0]], dtype=torch.float64))
+
+
+def block_231_batch(rows: int = 1):
+    """DARE's `make_231_case` (yjyddq/DARE @83ae8a3, tests/test_cj_grpo_paper_exact.py) as an RL batch: a block
+    model (block 4), a prompt of 4 (block 0), three completion blocks decoded in 2, 3 and 1 steps (local steps
+    0 0 1 1 | 0 1 2 2 | 0 0 0 0; here as global steps, each block's after the previous block's)."""
+    steps = torch.tensor([[0, 0, 1, 1, 2, 3, 4, 4, 5, 5, 5, 5]]).repeat(rows, 1)
+    return SimpleNamespace(prompt_length=4, step_map=steps, block_size=4, sequences=torch.zeros(rows, 16, dtype=torch.long),
+                           attention_mask=torch.ones(rows, 16, dtype=torch.long), num_sequences=rows)
+
+
+def paper_exact(values: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """DARE's `paper_exact_cj_loss` re-stated: per row, the token mean of each (block, step) transition, their
+    mean, then the mean over rows; `steps` (B, 12) the global step of each token (-1: not in the loss)."""
+    rows = []
+    for b in range(values.shape[0]):
+        means = [values[b][steps[b] == s].mean() for s in steps[b].unique().tolist() if s >= 0]
+        rows.append(torch.stack(means).mean())
+    return torch.stack(rows).mean()
+
+
+def test_cj_grpo_reduction_does_not_merge_distinct_block_transitions():
+    """DARE's check, float64: one value per transition (block, local step); the loss is the mean of the six
+    transitions, not of the three local steps (which pools the blocks that share a local step)."""
+    batch = block_231_batch()
+    rounds = noise.rollout_rounds(batch)
+    assert rounds[0, 4:].tolist() == [0, 0, 1, 1, 0, 1, 2, 2, 0, 0, 0, 0]  # each block's own steps
+    value = {0: 1.0, 1: 2.0, 2: 10.0, 3: 20.0, 4: 30.0, 5: 100.0}  # global step -> its transition's value
+    values = torch.tensor([[value[s] for s in batch.step_map[0].tolist()]], dtype=torch.float64)
+    got = (values * cj.transition_weights(batch, rounds)).sum()
+    expected = torch.tensor(sum(value.values()) / 6, dtype=torch.float64)
+    merged = torch.stack([values[0][rounds[0, 4:] == s].mean() for s in range(3)]).mean()
+    torch.testing.assert_close(got, expected, rtol=0.0, atol=1e-12)
+    assert not torch.isclose(got, merged)
+
+
+def test_cj_grpo_loss_is_exact_and_micro_batch_partition_invariant_in_float64():
+    """DARE's check, through our loss in float64: four rows of the 2-3-1 case, two of them ending early (the
+    positions after EOS committed by no step, as DARE's test removes them), PPO token losses from injected
+    log-probs; the loss of the whole batch equals the paper's reduction, and the sum of the losses of micro-batches
+    (1, 2, 1) equals it, both to 1e-12 (losses are normalized by the step's totals, never the micro-batch's)."""
+    batch = block_231_batch(4)
+    batch.step_map[1, 9:] = -1
+    batch.step_map[3, 6:] = -1
+    batch.advantages = torch.tensor([0.9, -0.4, 0.3, -0.8], dtype=torch.float64)
+    rounds = noise.rollout_rounds(batch)
+    cfg = run_config("cj_grpo", epsilon=0.2, beta=0.0)
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(4, 12, generator=g, dtype=torch.float64) * 3
+    logps = old + torch.linspace(-0.35, 0.35, 12, dtype=torch.float64)
+    full, _ = cj.loss(logps, old, None, batch, rounds, cfg)
+    ratio = torch.exp(logps - old)
+    per_token = -torch.min(ratio * batch.advantages[:, None], ratio.clamp(0.8, 1.2) * batch.advantages[:, None])
+    assert full.dtype == torch.float64
+    torch.testing.assert_close(full, paper_exact(per_token, batch.step_map), rtol=0.0, atol=1e-12)
+    split = torch.zeros((), dtype=torch.float64)
+    for lo, hi in ((0, 1), (1, 3), (3, 4)):
+        part = SimpleNamespace(**{**vars(batch), "step_map": batch.step_map[lo:hi], "sequences": batch.sequences[lo:hi],
+                                  "attention_mask": batch.attention_mask[lo:hi], "advantages": batch.advantages[lo:hi]})
+        split = split + cj.loss(logps[lo:hi], old[lo:hi], None, part, rounds[lo:hi], cfg)[0]
+    torch.testing.assert_close(split, full, rtol=0.0, atol=1e-12)
 
 
 def test_cj_grpo_loss_hand_computed_and_ratio_one_at_the_old_policy():

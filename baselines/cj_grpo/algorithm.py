@@ -72,15 +72,17 @@ def token_logps(model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
 
 
 def transition_weights(batch, rounds: torch.Tensor) -> torch.Tensor:
-    """(B, G) 1 / (|U_s,i| S_i) on every committed completion token, 0 elsewhere: the per-transition
-    mean, then the mean over the sequence's transitions (a transition: (block, step))."""
+    """(B, G) float64 1 / (|U_s,i| S_i) on every committed completion token, 0 elsewhere: the
+    per-transition mean, then the mean over the sequence's transitions (a transition: (block, step)).
+    In float64, so that the reduction is exact to the reference's tolerance (DARE's tests: 1e-12)."""
     r = rounds[:, batch.prompt_length:]
     on = r < noise.NEVER
     key = torch.where(on, noise.rollout_segments(batch) * (int(r[on].max()) + 1 if on.any() else 1) + r, 0)
-    counts = torch.zeros(key.shape[0], int(key.max()) + 1, device=key.device).scatter_add_(1, key, on.float())
+    counts = torch.zeros(key.shape[0], int(key.max()) + 1, dtype=torch.float64, device=key.device)
+    counts.scatter_add_(1, key, on.double())
     per_transition = counts.gather(1, key).clamp(min=1)
     transitions = (counts > 0).sum(dim=1, keepdim=True).clamp(min=1)
-    return on.float() / per_transition / transitions
+    return on.double() / per_transition / transitions
 
 
 def loss(logps, old_logps, ref_logps, batch, rounds, cfg):
@@ -95,6 +97,6 @@ def loss(logps, old_logps, ref_logps, batch, rounds, cfg):
         kl = torch.exp(delta) - delta - 1
     else:
         kl = torch.zeros_like(logps)
-    loss = ((-policy + beta * kl) * weight).sum()
+    loss = ((-policy + beta * kl) * weight).sum().to(logps.dtype)  # reduced in float64, returned in the loss's dtype
     return loss, {"loss/policy": (-(policy * weight).sum()).item(), "loss/kl": (kl * weight).sum().item(),
-                  "stats/clip_ratio": ((((ratio - clipped).abs() > 0).float()) * weight).sum().item()}
+                  "stats/clip_ratio": ((((ratio - clipped).abs() > 0).double()) * weight).sum().item()}
