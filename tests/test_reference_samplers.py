@@ -14,6 +14,8 @@ outside this repository, never committed) on the same tiny weights as `sharp()` 
     attention mask, as the original supports.
   - LLaDA with a parallel rule and no cache: `NVlabs/Fast-dLLM@f6b35ec:llada/generate.py::generate`
     (threshold and factor), one row at a time and batched (details at `FAST_DLLM_CASES`).
+  - LLaDA's TraceRL rollout: `Gen-Verse/dLLM-RL@10b4fd1:sample/llada_rl_rollout.py` (the prefix cache's
+    window `further_horizon`, margin confidence; details at `FURTHER_HORIZON_CASES`).
 Our sampler runs the whole batch at once (mixed prompt lengths, none a block multiple, so the
 last block is partial), with and without the cache; each row must equal the original alone.
 LLaDA2 returns the response cut after its first EOS; we compare that prefix.
@@ -25,6 +27,7 @@ agreed with ours on the quota-2 cases too (checked in the same scratch run).
 """
 
 import math
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -147,8 +150,6 @@ def test_block_sampler_decodes_the_whole_last_block():
 def test_block_length_is_validated_only_for_the_masked_sampler():
     """The block sampler uses the model's block and Dream's sampler has none; sampler=auto is the
     masked sampler for bidirectional families, checked when the config names the family."""
-    from dataclasses import dataclass, field
-
     from dare.config import ConfigError, Invalid, ModelConfig, RLConfig, load
 
     DecodingConfig(sampler="block", gen_length=10, block_length=32).validate()  # block_length unused there
@@ -254,6 +255,126 @@ def test_parallel_decoding_without_a_cache_matches_fast_dllm(case):
     ids, mask = left_pad(EQUAL, facts(model).pad_token_id)
     out = generate(model, ids, mask, decoding)
     assert out.responses.tolist() == _tokens(batched) and out.nfe == batched_nfe
+
+
+# ------------------------------------------------------------------------------------------------
+# TraceRL's LLaDA rollout: the prefix cache with a window after the block (`further_horizon`) and the margin
+# confidence (`target: margin_confidence`), static (the quota) and dynamic (a threshold).
+#
+# The ORIGINAL, Gen-Verse/dLLM-RL @10b4fd1 `sample/llada_rl_rollout.py::generate_with_prefix_cache` (with its
+# `get_transfer_index` and `denoise_step_map`), run in a scratch folder with `use_cache=True` on `never_mask`
+# LLaDA models (seeds 0 and 3), gen 16, block 4, T = 0: one row at a time for PROMPTS and batched on EQUAL
+# (its rollout passes no attention mask). Its model calls (a full forward that fills the cache, then the window
+# on the cache chopped to the prefix) ran on our model and our KV cache, so this pins the sampler's logic: the
+# window, the ranking over it, the schedule, both commit rules and the margin. The original evaluates the
+# quota `num_transfer[:, i]` even in dynamic mode, so it raises an IndexError when a block needs more forwards
+# than its steps: the dynamic cases give a block as many steps as tokens (steps 16), as rl_llada.yaml does.
+# Step maps: the original runs one more forward for a block whose first forward already committed it whole
+# (it checks for a clean block after the window's forward) and numbers its steps by forward, so its step
+# values can skip; ours commit in the same order, and TraceRL reads only that order (its trace steps rank the
+# distinct values): the test compares the ranks. Tokens (and ranks) one character each.
+
+FURTHER_HORIZON_CASES = {  # (seed, steps, horizon, remasking, threshold) -> PROMPTS (tokens, step maps), EQUAL
+    (0, 8, 4, "low_confidence", 0.0): (
+        "iiii4ii444449999 iiiiii4444999999 iiii4ii444999999 iiii4ii444999999", "1100322344556677 1100223344556677 0110322344556677 1100322344556677",
+        "iiii4ii444999999 iiii44ii44999999 iiiiiiii44449999 iiii44ii94499999", "0011322344556677 1001332244556677 1001332254457667 0011332254456677"),
+    (0, 16, 4, "low_confidence", 0.5): (
+        "iiiiiiii44449999 iiii9i4499999999 iiiiiiii44449999 iiiiiiii44449999", "0000222244446666 0000523488769999 0000222244446666 0000222244446666",
+        "iiiiiiii44449999 iiiiiiii44449999 iiiiiiii94449999 iiiiiiii44449999", "0000222244448888 0000222244448888 0000222275468888 0000222244448888"),
+    (0, 16, 4, "low_confidence", 0.9): (
+        "iiii44i4944i9999 iiii9i4499999999 iiiiii4444999999 iiii4ii494499999", "13025647b9a8fcde 23107456ba98cdee 1320546789bacdef 21306547b89adcef",
+        "iiii4ii444999999 iiii44ii94499999 iiiiiii494499999 ii4i44ii94499999", "0321654798bacdef 21036754b89acdef 13026547b98afcde 02316745b89acdef"),
+    (0, 16, 4, "margin", 0.0): (
+        "iiii44i4494i9999 iiii4i4999999999 iiii4ii444999999 iiii4ii444999999", "213057469ba8fcde 23106457ab98cdef 1320745689bacdef 2130754689badcef",
+        "iiii4ii444999999 iiii44ii44999999 iiii4iii49499999 ii4i44ii44999999", "0231654789bacdef 2103675489bacdef 130275468b9afcde 0231675489bacdef"),
+    (0, 16, 4, "margin", 0.5): (
+        "iiii44i4494i9999 iiii4i4999999999 iiii4ii444999999 iiii4ii444999999", "000035247986babb 000042358976aaaa 000052346798aaaa 000053246798babb",
+        "iiii4ii444999999 iiii44ii44999999 iiii4iii49499999 iiii44i494499999", "000043256798aaaa 000045326798aaaa 000053246978babb 000034259678aaaa"),
+    (0, 16, 128, "low_confidence", 0.5): (
+        "iiiiiiii44449999 iiiiii4449999999 iiiiiiii44449999 iiiiiiii44449999", "0000222244446666 0000324568879999 0000222244446666 0000222244446666",
+        "iiiiiiii44449999 iiiiiiii44449999 iiiiiiii94449999 iiiiiiii44449999", "0000222244448888 0000222244448888 0000222275468888 0000222244448888"),
+    (3, 8, 4, "low_confidence", 0.0): (
+        "hgghhhgggg3333gg gghh3gg3gggggg33 hhgg3hh3gggg3333 hhgggggggggg6666", "0110223344557766 1100322355446677 0011322344556677 0011233244556677",
+        "gghhggggg33ggg33 gghhggggg33ggg33 gggg66gg6gg66666 hggh33gggggg6gg6", "1100332245546677 1100332245546677 0011332245546677 0110332244556776"),
+    (3, 16, 4, "low_confidence", 0.5): (
+        "hhhh3gggg3ggg333 gghg3gg33gggg66g hhhhgg33gggg3333 hgggg6gggg6666g6", "000054327986adcb 12036457ba98dcef 000023546666b98a 011135429678adcb",
+        "hhhhggggg33g3g33 hhhhgggggg3333g3 ggggg66gg66666g6 hhhhgg333gggg333", "000022226987dacb 000022226798bcad 011154328976adbc 000023549867adbc"),
+    (3, 16, 4, "low_confidence", 0.9): (
+        "gghhh3gggg3g3g33 gghg3gg33gggg66g hgggg3h3ggg3333g hgggg6gggg6666g6", "2310476589badcfe 12036457ba98dcef 0312574698abfdec 03125764b89acfed",
+        "gggh3gggg6gg6g66 gggh3gggg6gg6g66 ggggg66gg66666g6 hggg3h3gggg36gg6", "123076548ab9fedc 123076459ab8fecd 01237654ab98cfde 0312746589abefdc"),
+    (3, 16, 4, "margin", 0.0): (
+        "gghhh3gggg3g3g33 gghg3gg3g3ggg66g hgggg3h3ggg3333g hgggg6gggg6666g6", "2310476589baecfd 12036457ab98decf 03125746a89bfdec 031247658ba9cdef",
+        "gggh3gggg6ggg666 gggh3gggg6ggg666 ggggg66gg66666g6 hggggh333ggg66gg", "12307654ba98efdc 12307645ba98efdc 02137654ab98cfde 03125467b89acedf"),
+    (3, 16, 4, "margin", 0.5): (
+        "gghhh3gggg3g3g33 gghg3gg3g3ggg66g hgggg3h3ggg3333g hgggg6gggg6666g6", "2310476589baecfd 12036457ab98decf 03125746a89bfdec 031247658ba9cdef",
+        "gggh3gggg6ggg666 gggh3gggg6ggg666 ggggg66gg66666g6 hggggh333ggg66gg", "12307654ba98efdc 12307645ba98efdc 02137654ab98cfde 03125467b89acedf"),
+    (3, 16, 128, "low_confidence", 0.5): (
+        "hhhhgggg33ggg333 gghhgggg333gg333 hhhhgggg3333g33g hhggggggggg6666g", "000054329876adcb 23017546ba98cfed 000023459768bdca 0132467598abcefd",
+        "hhhhggggg33g3g33 hhhhgggggg3333g3 ggggg66gg66666g6 hhhhgggg333gg333", "000044448ba9fced 0000444489badecf 01236754ab98cfde 000045679ab8cfed"),
+}
+
+
+def never_mask(model):
+    """A model whose MASK logit is -1e4 at every position (its probability 0 in float64): a no-cache rule that
+    never forbids MASK (the original's) then decodes as ours, which never commits it."""
+    mask_id = facts(model).mask_token_id
+
+    def hook(head, inputs, logits):
+        logits[..., mask_id] = -1e4
+        return logits
+
+    model.get_output_embeddings().register_forward_hook(hook)
+    return model
+
+
+def _ranks(step_maps) -> list[list[int]]:
+    return [torch.unique(torch.tensor(row), return_inverse=True)[1].tolist() for row in step_maps]
+
+
+@pytest.mark.parametrize("case", list(FURTHER_HORIZON_CASES), ids=[" ".join(map(str, c)) for c in FURTHER_HORIZON_CASES])
+def test_prefix_window_and_margin_match_tracerls_llada_rollout(case):
+    seed, steps, horizon, remasking, threshold = case
+    rows, maps, batched, batched_maps = FURTHER_HORIZON_CASES[case]
+    model = never_mask(sharp("llada", seed))
+    decoding = DecodingConfig(gen_length=16, block_length=4, steps=steps, cache="prefix", further_horizon=horizon,
+                              remasking=remasking, threshold=threshold)
+    decoding.validate()
+    out = generate(model, *left_pad(PROMPTS, facts(model).pad_token_id), decoding)
+    assert out.responses.tolist() == _tokens(rows)
+    assert _ranks(out.step_map.tolist()) == _ranks(_tokens(maps))
+    out = generate(model, *left_pad(EQUAL, facts(model).pad_token_id), decoding)
+    assert out.responses.tolist() == _tokens(batched)
+    assert _ranks(out.step_map.tolist()) == _ranks(_tokens(batched_maps))
+
+
+def test_the_window_changes_what_the_sampler_decodes():
+    """The horizon is not a no-op: on seed 3 with a threshold of 0.5 a window of 4 decodes other steps than the
+    whole suffix (as the original does: the pins above), and past the canvas's end it is the whole suffix."""
+    model = never_mask(sharp("llada", 3))
+    ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
+    maps = {h: generate(model, ids, mask, DecodingConfig(gen_length=16, block_length=4, steps=16, cache="prefix",
+                                                         further_horizon=h, threshold=0.5)).step_map
+            for h in (0, 4, 128)}
+    assert not torch.equal(maps[4], maps[0]) and torch.equal(maps[128], maps[0])
+
+
+def test_further_horizon_and_margin_are_checked_before_decoding():
+    from dare.config import ConfigError, Invalid, RLConfig, load
+
+    with pytest.raises(Invalid, match="window on the masked sampler's prefix cache"):
+        DecodingConfig(further_horizon=8, cache="dual").validate()
+    with pytest.raises(Invalid, match="must be >= 0"):
+        DecodingConfig(further_horizon=-1, cache="prefix").validate()
+    with pytest.raises(Invalid, match="margin remasking is an option of the masked sampler"):
+        DecodingConfig(remasking="margin", sampler="block").validate()
+
+    @dataclass
+    class Run:
+        rl: RLConfig = field(default_factory=RLConfig)
+
+    with pytest.raises(ConfigError, match=r"rl\.decoding\.further_horizon.*set cache=prefix"):
+        load(Run, overrides=["rl.decoding.further_horizon=128"])
+    load(Run, overrides=["rl.decoding.further_horizon=128", "rl.decoding.cache=prefix", "rl.decoding.remasking=margin"])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -38,6 +38,11 @@ def _cases():
     for cache in ("none", "prefix", "dual"):
         cases.append(("llada", dict(sampler="masked", block_length=4, steps=4, cache=cache, eos_gamma_min=0.01), False))
         cases.append(("llada", dict(sampler="masked", steps=3, schedule="ass", ass_blocks=2, cache=cache), False))
+    for family, steps, horizon, remasking in itertools.product(("llada", "dream"), (2, 8, 16), (1, 4),
+                                                               ("low_confidence", "margin")):
+        for rule in ("quota", "threshold"):
+            cases.append((family, dict(sampler="masked", block_length=4, steps=steps, cache="prefix",
+                                       further_horizon=horizon, remasking=remasking, **RULES[rule]), False))
     cases.append(("llada", dict(sampler="masked", block_length=8, steps=8, cfg_scale=1.0), False))
     cases.append(("llada", dict(sampler="masked", block_length=8, steps=4, tree=(2, 2)), False))
     # block: the model's block of 4 (plus the prompt tail); steps per block below, at and above its 4 masks

@@ -202,10 +202,11 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
     """Semi-AR block (masked sampler). The block sampler uses the model's own block size."""
     steps: int = 128
     """Masked: total steps over all blocks. Block: denoising steps per block. Dream: total steps."""
-    remasking: Literal["low_confidence", "random", "entropy", "left_to_right"] = "low_confidence"
+    remasking: Literal["low_confidence", "random", "entropy", "left_to_right", "margin"] = "low_confidence"
     """Which masked positions a step commits: the most confident, random ones, (truncated sampler) the
-    lowest-entropy ones, or (masked and block samplers) the leftmost ones: with one token per step that is
-    autoregressive order (JustGRPO's rollouts)."""
+    lowest-entropy ones, (masked and block samplers) the leftmost ones: with one token per step that is
+    autoregressive order (JustGRPO's rollouts), or (masked sampler) those with the largest margin between
+    their two most probable tokens (TraceRL's `margin_confidence` target, `llada_rl_rollout.py`)."""
     temperature: float = 0.0
     cfg_scale: float = 0.0
     cache: Literal["auto", "none", "prefix", "dual"] = "auto"
@@ -257,6 +258,11 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
     level's steps, so siblings share the parent's state exactly. Rows come in groups of prod(tree)
     identical prompts, one tree per group, whose leaves fill the group's rows in path order
     (`dare.rollout.tree`); () = independent rollouts."""
+    further_horizon: int = field(default=0, metadata=ADDED)
+    """Masked sampler with the prefix cache: every step after a block's first forward runs the block and only
+    this many positions after it on the cache (the rest of the canvas is not seen: TraceRL's LLaDA rollout,
+    `llada_rl_rollout.py`, `further_horizon`, 128 in `rl_llada.yaml`); 0 = everything after the block
+    (Fast-dLLM)."""
     whole_last_block: bool = field(default=True, metadata=ADDED)
     """Block sampler: decode the last block whole, past `gen_length` (both originals do); False ends
     the canvas at `gen_length`, so a trainer that scores the `gen_length` tokens sees exactly the
@@ -276,6 +282,12 @@ evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's 
         check(self.remasking != "left_to_right" or (self.eos_gamma_min, self.eos_gamma_max) == (1.0, 1.0),
               "left-to-right order ranks positions, not confidences: EOSER (eos_gamma_min/max) would reorder it",
               "remasking", "eos_gamma_min")
+        check(self.remasking != "margin" or self.sampler in ("auto", "masked"), "margin remasking is an option of "
+              "the masked sampler", "remasking", "sampler")
+        check(self.further_horizon >= 0, "must be >= 0 (0: everything after the block)", "further_horizon")
+        check(not self.further_horizon or (self.cache == "prefix" and self.sampler in ("auto", "masked")),
+              "the horizon is a window on the masked sampler's prefix cache: set cache=prefix", "further_horizon",
+              "cache")
         check(self.steps > 0, "must be positive", "steps")
         check(self.temperature >= 0, "must be >= 0", "temperature")
         check(self.cfg_scale >= 0, "must be >= 0", "cfg_scale")

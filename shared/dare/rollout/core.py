@@ -145,8 +145,9 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Gen
 def predict(logits, masked, decoding, generator, eos_id=None, eot_id=None,
             forbid: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """LLaDA's prediction and confidence on a span: x0 (Gumbel-max sample) and the untempered
-    probability of x0 ("low_confidence"), U(0,1) ("random") or minus the position in the span
-    ("left_to_right"); -inf where not masked.
+    probability of x0 ("low_confidence"), the top-1 minus the top-2 probability ("margin", TraceRL's
+    `margin_confidence`), U(0,1) ("random") or minus the position in the span ("left_to_right"); -inf
+    where not masked.
 
     `logits_eos_inf` sets the EOS logit to -inf before sampling. `confidence_eos_eot_inf` does
     what the reference does (`logits_with_noise[..., EOS] = logits[..., EoT] = -inf` after x0 is
@@ -173,6 +174,9 @@ def predict(logits, masked, decoding, generator, eos_id=None, eot_id=None,
             logits[..., removed] = -torch.inf
         probs = F.softmax(logits.to(torch.float64), dim=-1)
         conf = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1)
+    elif decoding.remasking == "margin":
+        top2 = F.softmax(logits.to(torch.float64), dim=-1).topk(2, dim=-1).values
+        conf = top2[..., 0] - top2[..., 1]
     elif decoding.remasking == "left_to_right":  # the leftmost masked positions first
         conf = -torch.arange(x0.shape[-1], dtype=torch.float64, device=logits.device).expand(x0.shape)
     else:

@@ -14,6 +14,9 @@ Fast-dLLM options:
   commit); the cache is cut to the prefix and every later step runs the block and everything
   after it on top of it. `cache="dual"`: the full cache is kept and each step runs only the
   block, replacing its keys in the cache (the masked suffix's keys are reused, stale).
+  `further_horizon=h` (prefix cache only; TraceRL's LLaDA rollout, `Gen-Verse/dLLM-RL @10b4fd1,
+  sample/llada_rl_rollout.py`): those later steps run only the block and the h positions after it,
+  so the rest of the canvas is not seen; their commit ranks over that window.
 - `threshold=t`: commit every masked token with confidence >= t, at least the most confident
   one, until the block is clean (steps become nominal). `factor=f`: the factor rule.
   Both apply with or without a cache.
@@ -195,15 +198,16 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         cache = out.past_key_values
         if decoding.cache == "prefix":
             cache.truncate(start)
+        end = min(hi + decoding.further_horizon, P + G) if decoding.further_horizon else P + G  # the prefix window
         while any_rank((x[:, lo:hi] == mask_id).any(), device, collective):
             if decoding.cache == "prefix":
-                raw = model(x[:, start:], attention_mask[:, start:], past_key_values=cache).logits
+                raw = model(x[:, start:end], attention_mask[:, start:end], past_key_values=cache).logits
             else:
                 raw = model(x[:, start:hi], attention_mask[:, start:hi], past_key_values=cache,
                             replace_position=start).logits
             nfe += 1
             commit(lo, hi, raw[:, :size], quota[:, min(i, n - 1)],
-                   (lo, P + G) if decoding.cache == "prefix" else (lo, hi), gamma[min(i, n - 1)])
+                   (lo, end) if decoding.cache == "prefix" else (lo, hi), gamma[min(i, n - 1)])
             i += 1
         lo = hi
 

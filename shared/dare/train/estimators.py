@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from dare.models import facts, output_head, token_hidden, token_logits
+from dare.rollout.core import max_rank, sharded
 from dare.train import noise
 
 
@@ -111,13 +112,26 @@ def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: to
     head = output_head(model)
     out = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
     rows, cols = where.nonzero(as_tuple=True)
-    for s in range(0, len(rows), chunk):
-        r, c = rows[s:s + chunk], cols[s:s + chunk]
+    for span in head_chunks(model, len(rows), chunk, where.device):
+        r, c = rows[span], cols[span]
         logits = head(hidden[r, c]).float() / temperature  # (chunk, V)
         if support is not None:
-            logits = logits.masked_fill(~support[s:s + chunk], -torch.inf)
+            logits = logits.masked_fill(~support[span], -torch.inf)
         out[r, c] = -F.cross_entropy(logits, targets[r, c], reduction="none")
     return out
+
+
+def head_chunks(model, n: int, chunk: int, device) -> list[slice]:
+    """The slices of a chunked output-head pass over n scored positions, `chunk` at a time (0: all at once).
+    Under FSDP (a sharded model) every process makes as many head calls as the process with the most (one
+    all-reduce), at least one, the extra calls over no position: the head's all-gathers and reduce-scatters
+    then pair up across processes, and a process that scores nothing still has a loss whose graph runs
+    through the whole model (a zero gradient), so it backpropagates with the others."""
+    step = chunk if chunk > 0 else max(1, n)
+    count = -(-n // step)
+    if sharded(model):
+        count = max(1, max_rank(count, device, True))
+    return [slice(i * step, (i + 1) * step) for i in range(count)]
 
 
 def diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, where: torch.Tensor,
@@ -161,31 +175,41 @@ def completion_logps(model, batch, masked: torch.Tensor) -> torch.Tensor:
     return logps[:, batch.prompt_length:]
 
 
-def per_round(score, batch, rounds: torch.Tensor, n_rounds: int | None = None) -> torch.Tensor:
-    """(B, G) `score(where, masked)` at every completion token, one call per round r: `masked` the
-    positions of round >= r (the trajectory state before round r: earlier rounds clean), `where`
-    those of round r. `rounds` (B, P + G): -1 on the prompt, `noise.NEVER` where nothing was committed.
-    `n_rounds` fixes the number of calls (a bound known from shapes, so every process of a sharded model
-    runs the same number of forwards); default: the batch's last round."""
+def per_round(score, batch, rounds: torch.Tensor, n_rounds: int | None = None, targets: torch.Tensor | None = None,
+              collective: bool = False) -> torch.Tensor:
+    """(B, G) `score(where, masked)` at the scored completion tokens (0 elsewhere), one call per round r:
+    `masked` the positions of round >= r (the trajectory state before round r: earlier rounds clean),
+    `where` the scored positions of round r. `rounds` (B, P + G): -1 on the prompt, `noise.NEVER` where
+    nothing was committed. `targets` (B, G) bool: the positions scored (default: every committed one); a
+    round with none is not run. `n_rounds` fixes the rounds to 0 .. n_rounds - 1 (a bound known from
+    shapes). `collective` (a sharded model's forwards): every process makes as many calls as the process
+    with the most (one all-reduce), the extra ones scoring nothing, so the forwards pair up under FSDP."""
     P = batch.prompt_length
     scored = rounds[:, P:]
+    on = scored < noise.NEVER
+    if targets is not None:
+        on = on & targets
     out = torch.zeros(scored.shape, dtype=torch.float32, device=scored.device)
-    if n_rounds is None:
-        n_rounds = int(torch.where(scored < noise.NEVER, scored, -1).max()) + 1
-    for r in range(n_rounds):
-        out = out + score(rounds == r, rounds >= r)[:, P:]
+    order = list(range(n_rounds)) if n_rounds is not None else torch.unique(scored[on]).tolist()
+    for i in range(max_rank(len(order), scored.device, collective)):
+        r = order[i] if i < len(order) else noise.NEVER + 1  # past a process's own rounds: nothing scored
+        where = rounds == r
+        if targets is not None:
+            where[:, P:] &= targets
+        out = out + score(where, rounds >= r)[:, P:]
     return out
 
 
 def trajectory_logps(model, batch, rounds: torch.Tensor, temperature: float = 1.0,
-                     n_rounds: int | None = None) -> torch.Tensor:
+                     n_rounds: int | None = None, targets: torch.Tensor | None = None) -> torch.Tensor:
     """(B, G) log pi(o_k | the trajectory state before o_k's round): the rollout's own denoising
     transitions, replayed from its step map (each token is committed once, so the state before round
-    r is the final completion with every token of round >= r masked)."""
+    r is the final completion with every token of round >= r masked), at `targets` (default: every
+    committed token; `per_round`), 0 elsewhere. Collective under FSDP (`per_round`)."""
     mask_id = facts(model).mask_token_id
     return per_round(lambda where, masked: diffusion_logps(
         model, torch.where(masked, mask_id, batch.sequences), batch.sequences, where, batch.attention_mask,
-        compute=batch.compute, temperature=temperature), batch, rounds, n_rounds)
+        compute=batch.compute, temperature=temperature), batch, rounds, n_rounds, targets, sharded(model))
 
 
 def ar_prefix_logps(model, batch, temperature: float = 1.0) -> torch.Tensor:
@@ -261,9 +285,8 @@ def block_diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, whe
     head = output_head(model)
     out = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
     rows, cols = where.nonzero(as_tuple=True)
-    step = chunk if chunk > 0 else max(1, len(rows))  # 0: every position in one call
-    for s in range(0, len(rows), step):
-        r, c = rows[s:s + step], cols[s:s + step]
+    for span in head_chunks(model, len(rows), chunk, where.device):
+        r, c = rows[span], cols[span]
         out[r, c] = -F.cross_entropy(head(hidden[r, c]).float(), clean[r, c], reduction="none")
     return out
 

@@ -68,7 +68,7 @@ from dare.train import diagnostics as diag
 from dare.train.critic import build_critic
 from dare.train.estimators import spread, trajectory_logps
 from dare.train.hooks import RLHooks, missing_value_hooks
-from dare.train.noise import NEVER, rollout_rounds
+from dare.train.noise import rollout_rounds
 from dare.utils import UserError, derive_seed, make_generator
 
 @dataclass
@@ -379,9 +379,8 @@ def replay_agreement(policy, trainer, batch: RLBatch, rows: int) -> dict:
     n = batch.sequences.shape[0]
     sub = take(batch, slice(0, min(rows, n)), n)
     rounds = rollout_rounds(sub)
-    n_rounds = int(trainer.dist.max({"r": float(torch.where(rounds < NEVER, rounds, -1).max()) + 1})["r"])
     with torch.no_grad(), trainer.autocast():
-        replayed = trajectory_logps(policy, sub, rounds, n_rounds=n_rounds)
+        replayed = trajectory_logps(policy, sub, rounds)  # collective under FSDP
     sums = diag.agreement_sums(sub.commit_logps, replayed, sub.response_mask & (sub.step_map >= 0), "replay/")
     worst = {"replay/max_abs": sums.pop("replay/max_abs")}
     return {**trainer.dist.sum(sums), **trainer.dist.max(worst)}
@@ -456,7 +455,7 @@ def updates(trainer, batch: RLBatch, noises: list, micro: int, loss_key: str, no
         for j, rows_ in enumerate(micro_slices(n, micro)):
             with trainer.autocast():
                 loss, metrics = loss_of(take(batch, rows_, n), take(z_all, rows_, n), it, j)
-            if loss.requires_grad:  # a replayed loss (`replayed_loss`) is already backpropagated
+            if every_rank_backward(trainer.dist, loss.requires_grad, j):
                 trainer.backward(loss)
             for k, v in {loss_key: loss.item(), **metrics}.items():
                 step_sums[k] = step_sums.get(k, 0.0) + v
@@ -465,6 +464,20 @@ def updates(trainer, batch: RLBatch, noises: list, micro: int, loss_key: str, no
         for k, v in step_sums.items():
             sums[k] = sums.get(k, 0.0) + v / mu
     return sums
+
+
+def every_rank_backward(dist, graph: bool, micro_index: int) -> bool:
+    """Whether this micro-batch's loss is backpropagated: when it has a graph. A loss without one is a replayed
+    loss (`replayed_loss`, already backpropagated) or one whose forwards scored nothing. Under FSDP every process
+    must run every backward (the reduce-scatters pair up), and the estimators see to it: their forwards are
+    collective (`estimators.per_round`, `head_chunks`), so a process that scores nothing still gets a zero loss
+    with a graph through the model. The processes check that they agree (one all-reduce per micro-batch) and
+    stop with an error, instead of waiting forever, when a loss hook breaks that."""
+    if dist.processes > 1 and dist.any(graph) != graph:
+        raise RuntimeError(f"micro-batch {micro_index}: the loss on process {dist.process} has no graph while other "
+                           "processes backpropagate theirs; under FSDP every process must run the same forwards and "
+                           "backwards (compute the loss from the estimators' outputs, even when nothing is scored)")
+    return graph
 
 
 def validation_rows(cfg, task, world: int) -> list[dict]:
