@@ -66,9 +66,11 @@ def test_tracerl_scores_the_probability_the_sampler_drew_each_token_with(family,
     decoding = DecodingConfig(gen_length=9, steps=4, temperature=1.0, threshold=threshold, whole_last_block=False)
     out = rollout(model, decoding, seed=3)
     batch = rl_batch(model, out)
-    rounds = tracerl.sample_noise(batch, None, run_config("tracerl"))
+    z = tracerl.sample_noise(batch, None, run_config("tracerl"))
+    rounds, targets = z["rounds"], z["targets"]
+    assert torch.equal(targets, batch.response_mask)  # block models: the completion up to its first EOS
     with torch.no_grad():
-        trainer = tracerl.token_logps(model, batch, rounds, run_config("tracerl"))
+        trainer = tracerl.token_logps(model, batch, z, run_config("tracerl"))
         P, mask_id = batch.prompt_length, facts(model).mask_token_id
         p_mask = torch.zeros_like(trainer)
         for r in range(int(rounds[:, P:].max()) + 1):
@@ -77,8 +79,8 @@ def test_tracerl_scores_the_probability_the_sampler_drew_each_token_with(family,
                            block_diffusion=True).logits  # the noisy half
             p_mask += torch.softmax(logits.float(), -1)[:, P:, mask_id] * (rounds[:, P:] == r)
     expected = trainer - torch.log1p(-p_mask)
-    assert (out.step_map >= 0).all()
-    assert torch.allclose(out.logps, expected, atol=2e-5), (out.logps - expected).abs().max()
+    assert (out.step_map >= 0).all() and (trainer[~targets] == 0).all()
+    assert torch.allclose(out.logps[targets], expected[targets], atol=2e-5), (out.logps - expected)[targets].abs().max()
 
 
 def test_trace_rounds_replay_the_sampler_states_and_commit_every_token_once():
@@ -90,7 +92,7 @@ def test_trace_rounds_replay_the_sampler_states_and_commit_every_token_once():
                               record_trajectory=True)
     out = rollout(model, decoding, seed=5)
     batch = rl_batch(model, out)
-    rounds = tracerl.sample_noise(batch, None, run_config("tracerl"))[:, batch.prompt_length:]
+    rounds = tracerl.sample_noise(batch, None, run_config("tracerl"))["rounds"][:, batch.prompt_length:]
     block = noise.blocks(batch.attention_mask, bs)[:, batch.prompt_length:]
     mask_id, states = facts(model).mask_token_id, out.trajectory  # (steps, B, G)
     scored = torch.zeros_like(rounds)
@@ -135,10 +137,10 @@ def test_tracerl_loss_hand_computed_and_ratio_one_at_the_old_policy():
     adv = torch.tensor([1.0, -2.0])
     mask = torch.tensor([[True, True, False], [True, False, False]])
     batch = SimpleNamespace(advantages=adv, token_advantages=None, response_mask=mask, num_tokens=3.0, num_sequences=2,
-                            responses=torch.zeros(2, 3))
+                            responses=torch.zeros(2, 3), block_size=4)
     old = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.0, -1.0]])
     new = old + torch.tensor([[0.5, -0.1, 9.0], [0.1, 0.0, 0.0]])
-    loss, metrics = tracerl.loss(new, old, None, batch, None, cfg)
+    loss, metrics = tracerl.loss(new, old, None, batch, {"targets": mask}, cfg)
     rho = torch.exp(torch.tensor([0.5, -0.1, 0.1]))
     a = torch.tensor([1.0, 1.0, -2.0])
     surrogate = torch.min(rho * a, rho.clamp(0.8, 1.2) * a)
@@ -146,7 +148,7 @@ def test_tracerl_loss_hand_computed_and_ratio_one_at_the_old_policy():
     expected = ((-surrogate + 0.5 * k3).sum() / (3 * 2)).item()
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     assert metrics["stats/clip_ratio"] == pytest.approx(1 / 3)
-    at_old, _ = tracerl.loss(old, old, None, batch, None, cfg)
+    at_old, _ = tracerl.loss(old, old, None, batch, {"targets": mask}, cfg)
     assert at_old.item() == pytest.approx(-(1.0 * 2 - 2.0) / 6, abs=1e-7)  # ratio 1, KL 0: -sum(A) / (L1 B)
 
 

@@ -57,7 +57,7 @@ def _batch():
                             response_mask=mask, rewards=rewards, group_size=2, num_sequences=4,
                             num_tokens=float(mask.sum()), responses=torch.zeros(4, 4))
     batch.advantages = tracerl.advantages(rewards.view(2, 2), run_config("tracerl")).reshape(-1)
-    return batch, rounds
+    return batch, {"rounds": rounds, "targets": tracerl.targets(batch, rounds, run_config("tracerl"))}
 
 
 VALUES = torch.tensor([[0.2, 0.4, 0.1, 0.3], [0.5, -0.5, 0.25, 9.0], [1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
@@ -77,8 +77,8 @@ REFERENCE = {
 
 @pytest.mark.parametrize("gamma,lam", list(REFERENCE))
 def test_step_level_gae_equals_the_reference_code(gamma, lam):
-    batch, rounds = _batch()
-    adv, ret, _ = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl", gamma=gamma, lam=lam))
+    batch, z = _batch()
+    adv, ret, _ = tracerl.value_advantages(VALUES, batch, z, run_config("tracerl", gamma=gamma, lam=lam))
     ref_adv, ref_ret = REFERENCE[(gamma, lam)]
     assert torch.allclose(adv[:2], torch.tensor(ref_adv), atol=1e-6)
     assert torch.allclose(ret[:2], torch.tensor(ref_ret), atol=1e-6)
@@ -88,9 +88,9 @@ def test_step_level_gae_hand_computed():
     """gamma = lambda = 0.5, worked by hand: row 0 (z = +1): r* = (0, 0, 1), V* = (0.2, 0.4, 0.2),
     R* = (0.25, 0.5, 1), A* = (-0.025, -0.1, 0.8); row 1 (z = -1, steps b, a, c): r* = (0, 0, -1),
     V* = (-0.5, 0.5, 0.25), R* = (-0.25, -0.5, -1), A* = (0.578125, -0.6875, -1.25)."""
-    batch, rounds = _batch()
+    batch, z = _batch()
     assert batch.advantages.tolist() == [1.0, -1.0, 0.0, 0.0]
-    adv, ret, _ = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl", gamma=0.5, lam=0.5))
+    adv, ret, _ = tracerl.value_advantages(VALUES, batch, z, run_config("tracerl", gamma=0.5, lam=0.5))
     assert torch.allclose(ret[0], torch.tensor([0.25, 0.5, 1.0, 1.0]))
     assert torch.allclose(adv[0], torch.tensor([-0.025, -0.1, 0.9, 0.7]))
     assert torch.allclose(ret[1], torch.tensor([-0.5, -0.25, -1.0, 0.0]))
@@ -99,16 +99,16 @@ def test_step_level_gae_hand_computed():
 
 
 def test_gae_identities_of_the_reference():
-    batch, rounds = _batch()
+    batch, noise = _batch()
     loss_tokens = batch.response_mask[:2]
-    adv, ret, _ = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl"))  # gamma = lambda = 1
+    adv, ret, _ = tracerl.value_advantages(VALUES, batch, noise, run_config("tracerl"))  # gamma = lambda = 1
     z = batch.advantages[:2, None].expand(-1, 4)
     assert torch.allclose(ret[:2][loss_tokens], z[loss_tokens])
     assert torch.allclose(adv[:2][loss_tokens], (z - VALUES[:2])[loss_tokens])
-    adv0, _, _ = tracerl.value_advantages(VALUES, batch, rounds, run_config("tracerl", lam=0.0))  # A = r - V + V*_next
+    adv0, _, _ = tracerl.value_advantages(VALUES, batch, noise, run_config("tracerl", lam=0.0))  # A = r - V + V*_next
     assert torch.allclose(adv0[0], torch.tensor([-0.2 + 0.4, -0.4 + 0.2, 1 - 0.1, 1 - 0.3]))
     assert torch.allclose(adv0[1], torch.tensor([-0.5 + 0.25, 0.5 + 0.5, -1 - 0.25, 0.0]))
-    fresh, _, mask = tracerl.value_advantages(torch.zeros(4, 4), batch, rounds, run_config("tracerl"))
+    fresh, _, mask = tracerl.value_advantages(torch.zeros(4, 4), batch, noise, run_config("tracerl"))
     assert torch.allclose(fresh[:2][loss_tokens], z[loss_tokens])  # a zero head: the group z-scores
     assert mask.tolist() == [[True] * 4, [True] * 3 + [False], [False] * 4, [False] * 4]  # kept groups' loss tokens
 
@@ -174,10 +174,10 @@ def test_the_policy_loss_takes_the_token_advantages_when_there_are_some():
     mask = torch.tensor([[True, True, False]])
     token_adv = torch.tensor([[2.0, -1.0, 5.0]])
     batch = SimpleNamespace(advantages=torch.tensor([9.0]), token_advantages=token_adv, response_mask=mask,
-                            num_tokens=2.0, num_sequences=1, responses=torch.zeros(1, 3))
+                            num_tokens=2.0, num_sequences=1, responses=torch.zeros(1, 3), block_size=4)
     old = torch.tensor([[-1.0, -2.0, -3.0]])
     new = old + torch.tensor([[0.5, 0.1, 0.0]])
-    loss, _ = tracerl.loss(new, old, None, batch, None, cfg)
+    loss, _ = tracerl.loss(new, old, None, batch, {"targets": mask}, cfg)
     rho = torch.exp(torch.tensor([0.5, 0.1]))
     a = torch.tensor([2.0, -1.0])
     expected = -torch.min(rho * a, rho.clamp(0.8, 1.2) * a).sum() / 3

@@ -13,10 +13,17 @@ Block models score trace step t of every block in one forward through the `[x_t 
     A_i   = (r_i - mean(r_group)) / std(r_group)   (population std; 0 when std = 0)
     rho_k = exp(clamp(logp_k - logp_old_k, -10, 10))          (logp_k at o_k's own trace step)
     KL_k  = exp(clamp(old_k - logp_k, -10, 10)) - 1 - (old_k - logp_k)   (k3, against pi_old)
-    L     = 1/B sum_i 1/L1 sum_{k <= EOS} [ -min(rho A_i, clip(rho, 1 - eps, 1 + eps) A_i) + beta KL_k ]
+    C_k   = min(rho_k A_i, clip(rho_k, 1 - eps, 1 + eps) A_i)
 
+Block-causal models (rl_sdar.py), the targets k: the completion up to its first EOS:
+    L = 1/B sum_i 1/L1 sum_k [ -C_k + beta KL_k ]
 L1 = `gen_length` (rl_sdar.py divides by the rollout's longest response). Groups whose accuracy
 is above `filter_high` or below `filter_low` (rl_reward.py: 0.8, 0.2) get zero advantages.
+
+Masked models (rl_llada.py, rl_dream.py): a trace row j is one trace step of one completion of a kept
+group; its targets T_j are that step's tokens except EOS (the padding token, `post_num: 0`), every
+other token of the completion after it too; a row without a target is no row. With N the step's rows:
+    L = 1/N sum_j [ -1/|T_j| sum_{k in T_j} C_k + beta sum_{k in T_j} KL_k ]
 
 With the diffusion value model (`algo.value_model`, configs/rl_sdar_with_value.yaml;
 train_sdar_value.py), V_k is a value head on the hidden state that predicts o_k at o_k's own trace
@@ -38,14 +45,16 @@ One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dar
     -> [value model: token_values -> value_advantages -> mu x value_loss updates]
     -> old token_logps (one forward per round) -> mu x [token_logps -> loss -> optimizer step]
 
-Deviations (README.md): one optimizer step per rollout batch (the value model: mu); rows of
-filtered groups stay in the batch with zero advantage; the trainer's blocks are the rollout's
-(rl_sdar.py aligns them at the padded prompt end).
+Deviations (README.md): one optimizer step per rollout batch (the value model: mu); on block models
+rows of filtered groups stay in the batch with zero advantage; the trainer's blocks are the rollout's
+(rl_sdar.py aligns them at the padded prompt end); left padding is hidden from attention (rl_llada.py
+attends it); the log-ratio is clamped to +-10 on every family.
 """
 
 import torch
 
 from dare.models import facts
+from dare.rollout.core import sharded
 from dare.train import noise
 from dare.train.critic import diffusion_values
 from dare.train.estimators import per_round, trajectory_logps
@@ -91,31 +100,58 @@ def random_noise(cfg) -> bool:
     return False  # sample_noise reads the rollout, draws nothing: one draw serves the mu updates
 
 
-def sample_noise(batch, generator: torch.Generator, cfg) -> torch.Tensor:
-    """No randomness: the trace round of every position (B, P + G); -1 on the prompt (never
-    masked), `noise.NEVER` for completion positions no step committed (masked in every round)."""
-    return noise.rollout_rounds(batch, cfg.algo.shrink)
+def sample_noise(batch, generator: torch.Generator, cfg) -> dict:
+    """No randomness: {"rounds": the trace round of every position (B, P + G), -1 on the prompt (never
+    masked), `noise.NEVER` for completion positions no step committed (masked in every round);
+    "targets": (B, G) bool, the tokens the loss scores (`targets`)}."""
+    rounds = noise.rollout_rounds(batch, cfg.algo.shrink)
+    return {"rounds": rounds, "targets": targets(batch, rounds, cfg)}
 
 
-def token_logps(model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
-    """(B, G) log pi(o_k | the trajectory state before o_k's trace step)."""
-    return trajectory_logps(model, batch, rounds)
+def targets(batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
+    """(B, G) bool, the committed tokens the loss scores. Block models (rl_sdar.py): the completion up to and
+    including its first EOS. Masked models (rl_llada.py, rl_dream.py, `post_num: 0`): every token but the
+    padding token (EOS in both released models), after the first EOS too, of the groups `kept_groups` keeps
+    (the reference drops the others before training). `batch` holds whole groups (a process's rows)."""
+    committed = rounds[:, batch.prompt_length:] < noise.NEVER
+    if batch.block_size is not None:
+        return batch.response_mask & committed
+    kept = kept_groups(batch.rewards.view(-1, batch.group_size), cfg).expand(-1, batch.group_size).reshape(-1, 1)
+    return committed & (batch.responses != batch.eos_token_id) & kept
 
 
-def token_values(value_model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
+def trace_rows(z: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked models' trace rows: ((B, G) the number of targets of each target's row, 1 elsewhere;
+    (B,) the number of rows of each completion), a row being a (completion, trace round) with targets."""
+    r = torch.where(z["targets"], z["rounds"][:, -z["targets"].shape[1]:], 0)
+    width = int(r.max()) + 1 if r.numel() else 1
+    counts = torch.zeros(r.shape[0], width, device=r.device).scatter_add_(1, r, z["targets"].float())
+    return counts.gather(1, r).clamp(min=1), (counts > 0).sum(dim=1)
+
+
+def loss_units(batch, z: dict, cfg) -> float:
+    """This process's trace rows (masked models: the loss averages over the step's rows); 0 for block models."""
+    return float(trace_rows(z)[1].sum()) if batch.block_size is None else 0.0
+
+
+def token_logps(model, batch, z: dict, cfg) -> torch.Tensor:
+    """(B, G) log pi(o_k | the trajectory state before o_k's trace step) at the targets, 0 elsewhere."""
+    return trajectory_logps(model, batch, z["rounds"], targets=z["targets"])
+
+
+def token_values(value_model, batch, z: dict, cfg) -> torch.Tensor:
     """(B, G) V(o_k | the same state): the value head where the policy scores o_k."""
     mask_id = facts(value_model).mask_token_id
     return per_round(lambda where, masked: diffusion_values(
         value_model, torch.where(masked, mask_id, batch.sequences), batch.sequences, where, batch.attention_mask),
-        batch, rounds)
+        batch, z["rounds"], targets=z["targets"], collective=sharded(value_model))
 
 
-def trace_steps(batch, rounds: torch.Tensor) -> torch.Tensor:
-    """(B, G) each loss token's trace step over the whole completion, in decoding order (blocks in
-    order, rounds within a block), ranked 0..S-1 per row; -1 outside the loss."""
-    P = batch.prompt_length
-    r = rounds[:, P:]
-    on = batch.response_mask & (r < noise.NEVER)
+def trace_steps(batch, z: dict) -> torch.Tensor:
+    """(B, G) each target's trace step over the whole completion, in decoding order (blocks in
+    order, rounds within a block), ranked 0..S-1 per row; -1 elsewhere."""
+    r = z["rounds"][:, batch.prompt_length:]
+    on = z["targets"]
     segment = noise.rollout_segments(batch)
     key = torch.where(on, segment * (int(r[on].max()) + 1 if on.any() else 1) + r, -1)
     steps = torch.full_like(key, -1)
@@ -124,12 +160,12 @@ def trace_steps(batch, rounds: torch.Tensor) -> torch.Tensor:
     return steps
 
 
-def value_advantages(values: torch.Tensor, batch, rounds: torch.Tensor, cfg):
+def value_advantages(values: torch.Tensor, batch, z: dict, cfg):
     """(token advantages, returns, value mask), all (B, G): step-level GAE over the trace steps
     (module docstring; train_sdar_value.py `compute_returns_and_advantages_from_fragments`), 0
-    outside the loss and on the rows of dropped groups; the mask: the kept groups' loss tokens."""
+    outside the loss and on the rows of dropped groups; the mask: the kept groups' targets."""
     gamma, lam = cfg.algo.gamma, cfg.algo.lam
-    steps = trace_steps(batch, rounds)
+    steps = trace_steps(batch, z)
     kept = kept_groups(batch.rewards.view(-1, batch.group_size), cfg).expand(-1, batch.group_size).reshape(-1)
     adv, ret = torch.zeros_like(values), torch.zeros_like(values)
     for i in range(values.shape[0]):
@@ -149,10 +185,10 @@ def value_advantages(values: torch.Tensor, batch, rounds: torch.Tensor, cfg):
             A_star[t] = r_star[t] - v_star[t] + gamma * v_star[t + 1] + gamma * lam * A_star[t + 1]
         ret[i, on] = r + gamma * R_star[s + 1]
         adv[i, on] = r - v + gamma * v_star[s + 1] + gamma * lam * A_star[s + 1]
-    return adv, ret, batch.response_mask & kept[:, None]
+    return adv, ret, z["targets"] & kept[:, None]
 
 
-def value_loss(values, batch, rounds, cfg):
+def value_loss(values, batch, z, cfg):
     """TraceRL's clipped value loss on the kept groups' loss tokens, normalized like the policy's."""
     c = cfg.algo.value_clip
     mask = batch.value_mask.float()
@@ -166,17 +202,23 @@ def value_loss(values, batch, rounds, cfg):
         "clip_ratio": ((((values - old).abs() > c).float()) * mask).sum().item() / n}
 
 
-def loss(logps, old_logps, ref_logps, batch, rounds, cfg):
+def loss(logps, old_logps, ref_logps, batch, z, cfg):
     eps, beta = cfg.algo.epsilon, cfg.algo.beta
-    mask = batch.response_mask.float()
+    mask = z["targets"].float()
     adv = batch.token_advantages if batch.token_advantages is not None else batch.advantages[:, None]
     log_ratio = (logps - old_logps).clamp(-10.0, 10.0)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - eps, 1 + eps)
     policy = torch.min(ratio * adv, clipped * adv)
     kl = torch.exp(-log_ratio) - 1 + log_ratio  # k3 of pi_old against pi_theta
-    norm = batch.responses.shape[1] * max(batch.num_sequences, 1)  # L1 per response, mean over responses
+    bites = ((ratio - clipped).abs() > 0).float()
+    if batch.block_size is None:  # rl_llada.py: each trace row's policy term over its targets, the KL summed
+        row_targets, _ = trace_rows(z)
+        policy, share = policy / row_targets, bites / row_targets
+        norm = clip_norm = max(batch.num_units, 1.0)  # means over the step's trace rows
+    else:
+        norm = batch.responses.shape[1] * max(batch.num_sequences, 1)  # L1 per response, mean over responses
+        share, clip_norm = bites, max(batch.num_tokens, 1.0)
     loss = ((-policy + beta * kl) * mask).sum() / norm
-    n = max(batch.num_tokens, 1.0)
     return loss, {"loss/policy": (-(policy * mask).sum() / norm).item(), "loss/kl": ((kl * mask).sum() / norm).item(),
-                  "stats/clip_ratio": (((ratio - clipped).abs() > 0).float() * mask).sum().item() / n}
+                  "stats/clip_ratio": (share * mask).sum().item() / clip_norm}

@@ -46,6 +46,11 @@ Three rules hold for every hook:
                                                                       `dare.train.rl.replayed_loss`), token_logps of a
                                                                       part returning its columns (dim 1) of the whole
                                                                       draw's log-probs
+                 loss_units(batch, noise, cfg)           optional     0.0; this process's count of the units a loss
+                                                                      averages over when they are neither tokens nor
+                                                                      completions (TraceRL's trace rows on masked
+                                                                      models), on the update's draw: the loop sums it
+                                                                      over processes into `batch.num_units`
                  rewards_per_step(cfg)                   optional     False; True: the loop also scores the sampler's
                                                                       prediction after every step (`batch.step_rewards`)
                  value_model(cfg)                        optional     None; {"lr": ..., "path": ...} trains a value
@@ -59,7 +64,7 @@ Three rules hold for every hook:
                                                                       .value_mask (a micro-batch's rows)
 
 Losses and metrics are normalized by the step's totals carried in the batch (`num_tokens`,
-`num_sequences`, `num_pairs`), so they add up over micro-batches and processes.
+`num_sequences`, `num_pairs`, `num_units`), so they add up over micro-batches and processes.
 """
 
 from __future__ import annotations
@@ -102,6 +107,10 @@ def _final_rewards_only(cfg) -> bool:
     return False
 
 
+def _no_units(batch, noise, cfg) -> float:
+    return 0.0
+
+
 def _no_value_model(cfg) -> None:
     return None
 
@@ -140,6 +149,7 @@ class RLHooks:
     rollout_options: Callable[[Any], dict] = _no_rollout_options
     kept_groups: Callable[..., Any] = _all_groups
     draw_parts: Callable[..., Any] = _whole_draw
+    loss_units: Callable[..., Any] = _no_units
     rewards_per_step: Callable[[Any], bool] = _final_rewards_only
     value_model: Callable[[Any], dict | None] = _no_value_model
     token_values: Callable[..., Any] = _needs_value_hooks

@@ -102,6 +102,9 @@ class RLBatch:
     compute: Compute = Compute()
     num_active: int = 0
     """Completions with a nonzero advantage in the whole step, over all processes (JustGRPO's normalizer)."""
+    num_units: float = 0.0
+    """The algorithm's own loss units in the whole step, over all processes (`loss_units`: TraceRL's trace rows
+    on masked models); 0 when it defines none."""
     token_advantages: torch.Tensor | None = None
     """(B, G) per-token advantages from a value model (`value_advantages`); None without one."""
     returns: torch.Tensor | None = None
@@ -263,6 +266,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                 draws = mu if hooks.random_noise(cfg) else 1  # a deterministic draw is made (and scored) once
                 unique = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(draws)]
                 noises = unique * (mu // draws)  # one per update, of the policy and of a value model
+                batch = replace(batch, num_units=dist.sum({"u": float(hooks.loss_units(batch, unique[0], cfg))})["u"])
 
                 # --- the value model: token advantages from its values before the update, then its mu updates
                 tic = time.perf_counter()

@@ -1,0 +1,63 @@
+"""One process of `tests/test_every_rank_backward.py`: one TraceRL update of a tiny LLaDA on the masked path, under
+FSDP2 (torchrun over gloo: each process its contiguous rows) or in one plain process (the whole batch). The rows of
+the second group answer with EOS only, so they hold no trained token: on two processes, every micro-batch of the
+second one scores nothing. Writes the update's gradient norm and, from the first process, the weights after it."""
+
+import json
+import sys
+from dataclasses import replace
+
+import torch
+
+from baselines.tracerl import algorithm as tracerl
+from dare.config import ModelConfig, TrainConfig
+from dare.models import facts, load_pretrained
+from dare.rollout import left_pad
+from dare.rollout.core import response_mask
+from dare.train.common import take
+from dare.train.estimators import Compute
+from dare.train.rl import RLBatch, updates
+from dare.train.trainer import Trainer, setup_dist
+
+checkpoint, spec_file, out = sys.argv[1:4]
+spec = json.loads(open(spec_file).read())
+torch.set_num_threads(1)
+dist = setup_dist()
+model = load_pretrained(checkpoint)
+f = facts(model)
+prompt_ids, prompt_mask = left_pad(spec["prompts"], f.pad_token_id)
+responses = torch.tensor(spec["responses"])
+n = responses.shape[0]
+batch = RLBatch(torch.cat([prompt_ids, responses], 1), torch.cat([prompt_mask, torch.ones_like(responses)], 1),
+                prompt_ids.shape[1], response_mask(responses, f.stop_ids), torch.tensor(spec["steps"]),
+                torch.tensor(spec["rewards"]), torch.tensor(spec["advantages"]), spec["group_size"], None, None, None,
+                0.0, n, Compute(pack=False, chunk=spec["chunk"]), eos_token_id=f.eos_token_id)
+old_logps = torch.tensor(spec["old_logps"])
+mine = dist.shard(n)
+batch, old_logps = take(batch, mine, n), old_logps[mine]
+cfg = spec["cfg"]
+from conftest import run_config  # noqa: E402 (tests/ is on the path: the test launches from there)
+
+cfg = run_config("tracerl", **cfg)
+z = tracerl.sample_noise(batch, None, cfg)
+batch = replace(batch, num_units=dist.sum({"u": tracerl.loss_units(batch, z, cfg)})["u"])
+trainer = Trainer(model, ModelConfig(family=f.family), TrainConfig(lr=1.0, max_grad_norm=0.0), dist, total_steps=1)
+# plain SGD at lr 1 (weights - gradient): Adam's first step, lr g / (|g| + eps), would turn float rounding in
+# gradients near eps into differences of up to lr
+trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
+micro = spec["micro_batch_size"]
+rows = batch.sequences.shape[0]
+
+
+def loss_of(mb, mz, it, j):
+    part = old_logps[j * micro:(j + 1) * micro] if micro else old_logps
+    return tracerl.loss(tracerl.token_logps(trainer.model, mb, mz, cfg), part, None, mb, mz, cfg)
+
+
+sums = updates(trainer, batch, [z], micro, "loss/total", "optim/grad_norm", loss_of)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
+
+weights = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+if dist.main:
+    torch.save({"sums": sums, "weights": weights, "targets": int(z["targets"].sum())}, f"{out}/result.pt")
+torch.save({"targets": int(z["targets"].sum())}, f"{out}/rank{dist.process}.pt")

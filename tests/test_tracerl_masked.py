@@ -1,0 +1,192 @@
+"""TraceRL on masked models (LLaDA, Dream) as `rl_llada.py` / `rl_dream.py` do it: each trace row's policy term
+divided by its number of targets, the KL term summed, the mean over the step's trace rows; EOS (the padding token,
+`post_num: 0`) never a target, every other token of the completion is, after the first EOS too; the groups the
+accuracy filter drops are not in the loss; a row with no target is no row.
+
+The pins: the ORIGINAL, Gen-Verse/dLLM-RL @10b4fd1 `train/rl_llada.py` and `train/rl_dream.py` (the TraceRL branch
+of `prepare_inputs_and_labels_for_text`, `collapse_k_unique` and `forward_process`, copied out of their nested
+functions in a scratch folder, never committed), run on the tiny models built here with the injected batch of
+`injected()`: token ids given directly (the originals tokenize text), shrink 2, eps 0.2, beta 0.5, k3, the
+advantages as its `reward`, the old log-probs injected, one micro-batch holding every trace row. Its loss and,
+after `backward`, each parameter's gradient norm and its projection on a fixed random direction. Prompts of one
+length: `rl_llada.py` passes no attention mask, so it attends a batch's left padding where ours hides it (the
+README's deviations give the size)."""
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from baselines.tracerl import algorithm as tracerl
+from conftest import run_config
+from dare.config import ScratchModelConfig
+from dare.models import facts, new_model
+from dare.models.tokenizer import char_tokenizer
+from dare.rollout import left_pad
+from dare.rollout.core import response_mask
+from dare.train.common import take
+from dare.train.estimators import Compute
+from dare.train.rl import RLBatch
+
+ADVANTAGES = [0.9, -0.4, 1.3, -0.8]
+STEPS = [[3, 0, 1, 1, 2, 5, 4, 4, 6, 7, 7, 6], [0, 2, 1, 5, 3, 3, 4, 6, 7, 8, 9, 9], list(range(11, -1, -1)),
+         [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]]
+
+# family -> (loss, trace rows, {parameter: (gradient norm, gradient . v)}), v ~ N(0, I) float64 drawn from
+# torch.Generator().manual_seed(i) for the i-th parameter of `named_parameters()`
+PINNED = {
+    "llada": (-0.833258330821991, 12, {
+        "model.transformer.wte.weight": (0.772666403, -0.230310053),
+        "model.transformer.blocks.0.attn_norm.weight": (0.0108807182, 0.00486990574),
+        "model.transformer.blocks.0.ff_norm.weight": (0.00140527984, -0.000939487445),
+        "model.transformer.blocks.0.q_proj.weight": (0.00405188963, -0.00638021712),
+        "model.transformer.blocks.0.k_proj.weight": (0.00200716056, -0.0047253767),
+        "model.transformer.blocks.0.v_proj.weight": (0.355289364, -0.13830293),
+        "model.transformer.blocks.0.attn_out.weight": (0.332274171, -0.677997),
+        "model.transformer.blocks.0.ff_proj.weight": (0.0427798365, -0.0118057922),
+        "model.transformer.blocks.0.up_proj.weight": (0.0452213663, -0.0172925481),
+        "model.transformer.blocks.0.ff_out.weight": (0.034332011, 0.0646759479),
+        "model.transformer.blocks.1.attn_norm.weight": (0.00679241131, -0.00217499215),
+        "model.transformer.blocks.1.ff_norm.weight": (0.000929600166, 0.00010699901),
+        "model.transformer.blocks.1.q_proj.weight": (0.00175339356, 0.000987622666),
+        "model.transformer.blocks.1.k_proj.weight": (0.00184345649, -0.00158487633),
+        "model.transformer.blocks.1.v_proj.weight": (0.301780389, -0.084846452),
+        "model.transformer.blocks.1.attn_out.weight": (0.318423165, -0.355678109),
+        "model.transformer.blocks.1.ff_proj.weight": (0.0341596791, -0.00656323039),
+        "model.transformer.blocks.1.up_proj.weight": (0.0353903526, 0.0218438767),
+        "model.transformer.blocks.1.ff_out.weight": (0.044342965, -0.0589542502),
+        "model.transformer.ln_f.weight": (0.0226812974, -0.0197159392),
+        "model.transformer.ff_out.weight": (0.905854998, -0.69128031),
+    }),
+    "dream": (-0.7510285973548889, 12, {
+        "model.embed_tokens.weight": (1.93860694, 1.63435955),
+        "model.layers.0.self_attn.q_proj.weight": (0.0048083809, 0.000232507298),
+        "model.layers.0.self_attn.q_proj.bias": (0.000860599016, -0.000982497016),
+        "model.layers.0.self_attn.k_proj.weight": (0.00456691605, 0.00080095845),
+        "model.layers.0.self_attn.k_proj.bias": (0.000251634136, 0.000133294728),
+        "model.layers.0.self_attn.v_proj.weight": (0.594649612, -1.33979685),
+        "model.layers.0.self_attn.v_proj.bias": (0.196091861, -0.00520696357),
+        "model.layers.0.self_attn.o_proj.weight": (0.530909477, -0.885155626),
+        "model.layers.0.mlp.gate_proj.weight": (0.0810222318, -0.0670364436),
+        "model.layers.0.mlp.up_proj.weight": (0.0734446887, 0.100182218),
+        "model.layers.0.mlp.down_proj.weight": (0.0791415807, -0.0908218333),
+        "model.layers.0.input_layernorm.weight": (0.0132470266, 0.0202759632),
+        "model.layers.0.post_attention_layernorm.weight": (0.00309477238, 0.000604501494),
+        "model.layers.1.self_attn.q_proj.weight": (0.0042592957, 0.000287721686),
+        "model.layers.1.self_attn.q_proj.bias": (0.000694809248, 0.000880917662),
+        "model.layers.1.self_attn.k_proj.weight": (0.00350586524, -0.00508278835),
+        "model.layers.1.self_attn.k_proj.bias": (0.000254198439, 0.000267657402),
+        "model.layers.1.self_attn.v_proj.weight": (0.615400348, 0.471177354),
+        "model.layers.1.self_attn.v_proj.bias": (0.183873413, 0.0259018714),
+        "model.layers.1.self_attn.o_proj.weight": (0.600347472, 0.299029631),
+        "model.layers.1.mlp.gate_proj.weight": (0.079433852, 0.0244480825),
+        "model.layers.1.mlp.up_proj.weight": (0.103133588, 0.115513001),
+        "model.layers.1.mlp.down_proj.weight": (0.0858917344, 0.105585703),
+        "model.layers.1.input_layernorm.weight": (0.00946578718, -0.000340860813),
+        "model.layers.1.post_attention_layernorm.weight": (0.00256234446, -0.00206529704),
+        "model.norm.weight": (0.033900432, 0.0500580232),
+        "lm_head.weight": (1.58806073, -0.595003164),
+    }),
+}
+
+
+def injected(family: str):
+    """A tiny model and an RL batch of two groups of two: an answer then EOS; EOS in the middle with tokens
+    after it; no EOS; only EOS (no target: no trace row). Old log-probs -3 + offsets in [-0.35, 0.35]."""
+    tok = char_tokenizer("0123456789+=", family)
+    model = new_model(family, tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64), 0)
+    f = facts(model)
+    ids = lambda text: [tok.convert_tokens_to_ids(c) for c in text]
+    E = f.eos_token_id
+    prompts = [ids("12+34"), ids("5+678"), ids("9+9=1"), ids("40+41")]
+    responses = torch.tensor([ids("46=46=46") + [E] * 4, ids("683") + [E] + ids("12") + [E, E] + ids("7") + [E] * 3,
+                              ids("18=18=18=181"), [E] * 12])
+    prompt_ids, prompt_mask = left_pad(prompts, f.pad_token_id)
+    batch = RLBatch(torch.cat([prompt_ids, responses], 1), torch.cat([prompt_mask, torch.ones_like(responses)], 1),
+                    prompt_ids.shape[1], response_mask(responses, f.stop_ids), torch.tensor(STEPS),
+                    torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor(ADVANTAGES), 2, None, None, None, 0.0, 4,
+                    Compute(pack=False), eos_token_id=E)
+    offsets = torch.stack([torch.linspace(-0.35, 0.35, 12) * (1 if b % 2 == 0 else -1) for b in range(4)])
+    return model, batch, -3.0 + offsets
+
+
+def _loss(model, batch, old, cfg):
+    z = tracerl.sample_noise(batch, None, cfg)
+    batch = replace(batch, num_units=tracerl.loss_units(batch, z, cfg))
+    return tracerl.loss(tracerl.token_logps(model, batch, z, cfg), old, None, batch, z, cfg), batch
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_masked_tracerl_loss_and_gradients_match_the_reference(family):
+    model, batch, old = injected(family)
+    (loss, _), batch = _loss(model, batch, old, run_config("tracerl", shrink=2, beta=0.5, epsilon=0.2))
+    want_loss, rows, grads = PINNED[family]
+    assert batch.num_units == rows
+    assert loss.item() == pytest.approx(want_loss, rel=1e-5)
+    loss.backward()
+    for i, (name, p) in enumerate(model.named_parameters()):
+        g = p.grad.flatten().double()
+        v = torch.randn(g.numel(), generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+        norm, projection = grads[name]
+        assert float(g.norm()) == pytest.approx(norm, rel=1e-4), name
+        assert float(g @ v) == pytest.approx(projection, abs=1e-4 * norm), name
+
+
+def test_masked_trace_rows_by_hand():
+    """shrink 2 over each completion's distinct steps; targets: not EOS, kept groups; a row: (completion, trace
+    round) with a target. Row 0: steps 0..7 -> rounds 0-3, its EOS run (steps 6, 7, 7, 6) alone in round 3: 3 rows.
+    Row 1: steps 0..9 -> rounds 0-4; round 2 holds only EOS (steps 4, 5) and so does round 4: 3 rows (round 3 keeps
+    the '7' after two EOS). Row 2: 12 steps -> 6 rounds of 2 tokens. Row 3: only EOS: none. 12 rows, as the
+    reference builds them (`PINNED`)."""
+    model, batch, _ = injected("llada")
+    z = tracerl.sample_noise(batch, None, run_config("tracerl", shrink=2))
+    rounds = z["rounds"][:, batch.prompt_length:]
+    assert rounds[0].tolist() == [1, 0, 0, 0, 1, 2, 2, 2, 3, 3, 3, 3]
+    assert z["targets"][0].tolist() == [True] * 8 + [False] * 4 and not z["targets"][3].any()
+    assert z["targets"][1].tolist() == [True] * 3 + [False] + [True] * 2 + [False] * 2 + [True] + [False] * 3
+    per_token, rows = tracerl.trace_rows(z)
+    assert rows.tolist() == [3, 3, 6, 0] and tracerl.loss_units(batch, z, None) == 12.0
+    assert per_token[0, :8].tolist() == [2, 3, 3, 3, 2, 3, 3, 3]  # round 0: 3 targets, round 1: 2, round 2: 3
+    assert rounds[1].tolist() == [0, 1, 0, 2, 1, 1, 2, 3, 3, 4, 4, 4]
+
+
+def test_masked_loss_hand_computed():
+    """L = 1/N sum_rows [ -1/|T_j| sum C_k + beta sum KL_k ] on two rows of one completion, 3 + 1 targets."""
+    cfg = run_config("tracerl", epsilon=0.2, beta=0.5)
+    targets = torch.tensor([[True, True, True, True, False]])
+    rounds = torch.tensor([[-1, 0, 0, 1, 0, 1]])
+    batch = type("B", (), dict(block_size=None, advantages=torch.tensor([2.0]), token_advantages=None,
+                               num_units=2.0, responses=torch.zeros(1, 5)))()
+    z = {"rounds": rounds, "targets": targets}
+    old = torch.tensor([[-1.0, -2.0, -1.5, -0.5, -9.0]])
+    delta = torch.tensor([[0.5, -0.1, 0.05, 0.3, 4.0]])
+    loss, metrics = tracerl.loss(old + delta, old, None, batch, z, cfg)
+    rho = [math.exp(d) for d in delta[0, :4].tolist()]
+    c = [min(r * 2, min(max(r, 0.8), 1.2) * 2) for r in rho]
+    k3 = [math.exp(-d) - 1 + d for d in delta[0, :4].tolist()]
+    expected = ((-(c[0] + c[1] + c[3]) / 3 + 0.5 * (k3[0] + k3[1] + k3[3])) + (-c[2] + 0.5 * k3[2])) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert metrics["stats/clip_ratio"] == pytest.approx((2 / 3 + 0) / 2)  # 0.5 and 0.3 clip, both in row 0
+
+
+def test_masked_loss_adds_up_over_micro_batches():
+    """The whole step's trace rows normalize every micro-batch: the micro-batches' losses sum to the whole's."""
+    model, batch, old = injected("llada")
+    cfg = run_config("tracerl", shrink=2, beta=0.5)
+    (whole, _), full = _loss(model, batch, old, cfg)
+    z = tracerl.sample_noise(full, None, cfg)
+    parts = 0.0
+    for rows in (slice(0, 1), slice(1, 3), slice(3, 4)):
+        mb, mz = take(full, rows, 4), take(z, rows, 4)
+        parts += tracerl.loss(tracerl.token_logps(model, mb, mz, cfg), old[rows], None, mb, mz, cfg)[0].item()
+    assert parts == pytest.approx(whole.item(), rel=1e-6)
+
+
+def test_dropped_groups_are_not_in_the_masked_loss():
+    """A group whose accuracy the filter drops (here 1.0) has no target: no trace row, no KL."""
+    model, batch, old = injected("llada")
+    batch = replace(batch, rewards=torch.tensor([1.0, 1.0, 1.0, 0.0]))
+    z = tracerl.sample_noise(batch, None, run_config("tracerl", shrink=2))
+    assert not z["targets"][:2].any() and z["targets"][2].all()
+    assert tracerl.trace_rows(z)[1].tolist() == [0, 0, 6, 0]
