@@ -18,6 +18,7 @@ from dare.rollout import generate, left_pad
 from dare.train import noise
 from dare.train.estimators import Compute
 from dare.train.rl import RLBatch
+from test_reference_samplers import never_mask
 
 PROMPTS = [[5, 9, 7], [5, 11, 6, 8, 9, 10], [6]]
 
@@ -26,15 +27,8 @@ def tiny_llada():
     """A tiny random LLaDA that, like trained checkpoints, never predicts MASK (its logit is pushed
     to -1e4), so every step commits a real token."""
     tok = char_tokenizer("0123456789+=", "llada")
-    model = new_model("llada", tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64), 0).eval()
-    mask_id = facts(model).mask_token_id
-
-    def never_mask(head, inputs, logits):
-        logits[..., mask_id] = -1e4
-        return logits
-
-    model.get_output_embeddings().register_forward_hook(never_mask)
-    return model
+    return never_mask(new_model("llada", tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2,
+                                                                 mlp_hidden_size=64), 0).eval())
 
 
 def rollout_batch(model, decoding, seed=0):
