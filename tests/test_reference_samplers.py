@@ -375,6 +375,10 @@ def test_further_horizon_and_margin_are_checked_before_decoding():
     with pytest.raises(ConfigError, match=r"rl\.decoding\.further_horizon.*set cache=prefix"):
         load(Run, overrides=["rl.decoding.further_horizon=128"])
     load(Run, overrides=["rl.decoding.further_horizon=128", "rl.decoding.cache=prefix", "rl.decoding.remasking=margin"])
+    model = sharp("sdar", 0)  # sampler=auto picks the block sampler, which has neither option
+    for settings in (dict(cache="prefix", further_horizon=4), dict(remasking="margin")):
+        with pytest.raises(UserError, match="options of the masked sampler.*block sampler"):
+            decode(model, DecodingConfig(gen_length=8, **settings))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -77,12 +77,8 @@ def transition_weights(batch, rounds: torch.Tensor) -> torch.Tensor:
     In float64, so that the reduction is exact to the reference's tolerance (DARE's tests: 1e-12)."""
     r = rounds[:, batch.prompt_length:]
     on = r < noise.NEVER
-    key = torch.where(on, noise.rollout_segments(batch) * (int(r[on].max()) + 1 if on.any() else 1) + r, 0)
-    counts = torch.zeros(key.shape[0], int(key.max()) + 1, dtype=torch.float64, device=key.device)
-    counts.scatter_add_(1, key, on.double())
-    per_transition = counts.gather(1, key).clamp(min=1)
-    transitions = (counts > 0).sum(dim=1, keepdim=True).clamp(min=1)
-    return on.double() / per_transition / transitions
+    per_transition, transitions = noise.transition_sizes(r, on, noise.rollout_segments(batch), torch.float64)
+    return on.double() / per_transition / transitions.clamp(min=1)
 
 
 def loss(logps, old_logps, ref_logps, batch, rounds, cfg):

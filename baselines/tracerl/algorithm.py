@@ -123,10 +123,8 @@ def targets(batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
 def trace_rows(z: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked models' trace rows: ((B, G) the number of targets of each target's row, 1 elsewhere;
     (B,) the number of rows of each completion), a row being a (completion, trace round) with targets."""
-    r = torch.where(z["targets"], z["rounds"][:, -z["targets"].shape[1]:], 0)
-    width = int(r.max()) + 1 if r.numel() else 1
-    counts = torch.zeros(r.shape[0], width, device=r.device).scatter_add_(1, r, z["targets"].float())
-    return counts.gather(1, r).clamp(min=1), (counts > 0).sum(dim=1)
+    per_token, rows = noise.transition_sizes(z["rounds"][:, -z["targets"].shape[1]:], z["targets"])
+    return per_token, rows[:, 0]
 
 
 def loss_units(batch, z: dict, cfg) -> float:

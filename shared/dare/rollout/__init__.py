@@ -79,6 +79,9 @@ def generate(model, prompt_ids, prompt_mask, decoding, generator=None) -> Rollou
         raise UserError(f"decoding: the ascending schedule (schedule=ass) and EOSER (eos_gamma_min/max) are options "
                         f"of the masked sampler (LLaDA-style, as CJ-GRPO defines them); this model decodes with the "
                         f"{name} sampler")
+    if name != "masked" and (decoding.further_horizon or decoding.remasking == "margin"):
+        raise UserError(f"decoding: further_horizon and remasking=margin are options of the masked sampler (TraceRL's "
+                        f"LLaDA rollout); this model decodes with the {name} sampler")
     if decoding.tree and name != "masked":
         raise UserError(f"decoding.tree: tree rollouts branch the masked sampler's canvas (LLaDA-style); this model "
                         f"decodes with the {name} sampler")

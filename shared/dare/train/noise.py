@@ -276,6 +276,20 @@ def trace_rounds(step_map: torch.Tensor, segment: torch.Tensor, shrink: int = 1)
     return torch.where(committed, rounds, NEVER)
 
 
+def transition_sizes(rounds: torch.Tensor, on: torch.Tensor, segment: torch.Tensor | None = None,
+                     dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The transitions of a trajectory replay, a transition being one round of one segment of a row (a block of a
+    block-causal model; the whole completion without `segment`), counted over the `on` tokens: ((B, G) the size of
+    each token's transition, 1 where the token is not on; (B, 1) the number of a row's transitions with an on
+    token). `rounds` (B, G): the completion's rounds (`trace_rounds`). CJ-GRPO's per-transition means, TraceRL's
+    trace rows."""
+    r = torch.where(on, rounds, 0)
+    key = r if segment is None else torch.where(on, segment * ((int(r.max()) + 1) if r.numel() else 1) + r, 0)
+    width = int(key.max()) + 1 if key.numel() else 1
+    counts = torch.zeros(key.shape[0], width, dtype=dtype, device=key.device).scatter_add_(1, key, on.to(dtype))
+    return counts.gather(1, key).clamp(min=1), (counts > 0).sum(dim=1, keepdim=True)
+
+
 def rollout_segments(batch) -> torch.Tensor:
     """(B, G) the segment of each completion position of an RL batch: its block for a block-causal
     model (counted as the sampler counts them, `blocks`), 0 everywhere for a masked model."""
