@@ -1,9 +1,12 @@
 """Hostile programs for the code sandbox, shared by `tests/test_sandbox.py` (as root, in the test process)
 and this file's driver (as an unprivileged user the test creates: `python3 sandbox_hostile.py <marker>`
-prints {name: outcome} as JSON). Each program exits 0 only if its attack verifiably worked, so a program
-that fails means the attack failed; the host-side checks in the tests confirm it independently.
+prints {name: outcome} as JSON). A program passes only when it runs to its end with status 0 (the sandbox
+checks its end token), and each program here reaches its end only if its attack verifiably worked (it
+exits 1 or never ends otherwise), so a program that fails means the attack failed; the host-side checks
+in the tests confirm it independently.
 
-`marker` names files the attacks try to create on the host (the tests look for them afterwards)."""
+`marker` names files the attacks try to create on the host (the tests look for them afterwards) and, cut
+to 15 characters, the process name (`comm`) of the programs that try to outlive their call."""
 
 import json
 import os
@@ -11,26 +14,33 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRITABLE = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock"]  # world-writable host folders
+# prctl: clear the parent-death signal (bwrap's --die-with-parent), name the process for the host's checks
+_STAY = ("import ctypes\nlibc = ctypes.CDLL(None)\nlibc.prctl(1, 0)\nlibc.prctl(15, %r)\n")
+
+
+def comm(marker: str) -> str:
+    return marker[-15:]
 
 
 def programs(marker: str) -> dict[str, str]:
     reads = [os.path.join(REPO, "README.md"), os.path.join(REPO, "pyproject.toml"), "/etc/passwd", "/etc/hostname",
              "/work", "/home", "/var", "/run"]
+    stay = _STAY % comm(marker).encode()
     return {
         # any host file or folder read at all (the repo, other repositories, /etc, /var, /run)
         "read_host_files": (
             "import os, sys\nhits = []\nfor p in %r:\n    try:\n        if os.path.isdir(p):\n"
             "            hits.append((p, os.listdir(p)))\n        else:\n            hits.append((p, open(p, 'rb').read(64)))\n"
-            "    except OSError:\n        pass\nprint(hits)\nsys.exit(0 if hits else 1)\n") % (reads,),
+            "    except OSError:\n        pass\nprint(hits)\nif not hits:\n    sys.exit(1)\n") % (reads,),
         # the environment of any host process (the test puts the marker in its own)
         "host_environment": (
             "import glob, os, sys\nfound = %r in str(os.environ)\nfor p in glob.glob('/proc/*/environ'):\n    try:\n"
             "        found |= %r in open(p, 'rb').read()\n    except OSError:\n        pass\n"
-            "sys.exit(0 if found else 1)\n") % (marker, marker.encode()),
+            "if not found:\n    sys.exit(1)\n") % (marker, marker.encode()),
         # a file in every world-writable host folder
         "write_host_folders": (
             "import os, sys\nok = 0\nfor d in %r:\n    try:\n        open(os.path.join(d, %r), 'w').write('x')\n"
-            "        ok += 1\n    except OSError:\n        pass\nsys.exit(0 if ok == %d else 1)\n") % (
+            "        ok += 1\n    except OSError:\n        pass\nif ok != %d:\n    sys.exit(1)\n") % (
             WRITABLE, marker, len(WRITABLE)),
         # a daemon that double-forks and writes after the parent's timeout
         "daemon_after_timeout": (
@@ -48,7 +58,7 @@ def programs(marker: str) -> dict[str, str]:
             "    except OSError:\n        pass\n"
             "if libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 0, None) == 0:\n    worked.append('mount')\n"
             "if libc.mount(b'/usr', b'/tmp', None, 4096 | 32, None) == 0:  # a writable remount of a bind\n"
-            "    worked.append('remount')\nprint(worked)\nsys.exit(0 if worked else 1)\n"),
+            "    worked.append('remount')\nprint(worked)\nif not worked:\n    sys.exit(1)\n"),
         # a flood of output: the parent keeps a bounded tail
         "output_flood": "import sys\nline = 'x' * 1023 + '\\n'\nfor _ in range(200_000):\n    sys.stdout.write(line)\n"
                         "sys.exit(3)\n",
@@ -57,9 +67,26 @@ def programs(marker: str) -> dict[str, str]:
         # a fork bomb
         "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
         # the network, even the host's loopback
-        "network": "import socket, sys\nfor host, port in (('1.1.1.1', 80), ('127.0.0.1', 22)):\n    try:\n"
-                   "        socket.create_connection((host, port), timeout=2)\n        sys.exit(0)\n    except OSError:\n"
-                   "        pass\nsys.exit(1)\n",
+        "network": "import socket, sys\nreached = False\nfor host, port in (('1.1.1.1', 80), ('127.0.0.1', 22)):\n"
+                   "    try:\n        socket.create_connection((host, port), timeout=2)\n        reached = True\n"
+                   "    except OSError:\n        pass\nif not reached:\n    sys.exit(1)\n",
+        # reward hacking: a wrong answer that ends the program with status 0 before (or after) its tests fail
+        "exit_zero_before_tests": "import sys\ndef add(a, b):\n    return a - b\nsys.exit(0)\nassert add(1, 2) == 3\n",
+        "os_exit_zero_before_tests": "import os\ndef add(a, b):\n    return a - b\nos._exit(0)\nassert add(1, 2) == 3\n",
+        "raise_system_exit": "def add(a, b):\n    raise SystemExit(0)\nassert add(1, 2) == 3\n",
+        "atexit_status_zero": "import atexit, os\natexit.register(lambda: os._exit(0))\ndef add(a, b):\n    return a - b\n"
+                              "assert add(1, 2) == 3\n",
+        # a program that clears its parent-death signal and sleeps past its call
+        "outlive_the_call": stay + "import time\ntime.sleep(30)\n",
+        # children that clear it, leave the session, hold the output pipe and take every process slot they can,
+        # while their parent returns at once
+        "hold_the_slots": stay + "import os, time\nfor _ in range(64):\n    try:\n        if os.fork() == 0:\n"
+                                 "            libc.prctl(1, 0)\n            os.setsid()\n            time.sleep(30)\n"
+                                 "            os._exit(0)\n    except OSError:\n        break\nimport sys\nsys.exit(1)\n",
+        # write to the root, /dev, /dev/shm (read-only inside: no tmpfs but /tmp)
+        "write_root_and_dev": "import sys\nfor p in ('/x', '/dev/x', '/dev/shm/x', '/usr/x'):\n    open(p, 'wb').write(b'x' * 4096)\n",
+        # run a shell or any program outside the interpreter
+        "run_a_shell": "import subprocess\nsubprocess.run(['sh', '-c', 'true'], check=True)\n",
     }
 
 
@@ -68,15 +95,31 @@ def host_files(marker: str) -> list[str]:
     return [os.path.join(d, marker + suffix) for d in WRITABLE for suffix in ("", ".daemon")]
 
 
+def survivors(marker: str) -> list[str]:
+    """Live processes named as the staying programs name themselves."""
+    name, found = comm(marker), []
+    for path in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{path}/comm") as f:
+                if f.read().strip() == name:
+                    with open(f"/proc/{path}/stat") as f:
+                        if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            found.append(path)
+        except (OSError, IndexError):
+            pass
+    return found
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.join(REPO, "shared"))
-    from dare.rewards.sandbox import Limits, isolation, run_program
+    from dare.rewards.sandbox import Limits, cgroups, isolation, run_program
 
     limits = Limits(wall_s=3, cpu_s=2)
     os.environ["DARE_HOSTILE_SECRET"] = sys.argv[1]
-    out = {"isolation": isolation(), "uid": os.getuid()}
+    out = {"isolation": isolation(), "uid": os.getuid(), "cgroups": cgroups()}
     for name, program in programs(sys.argv[1]).items():
         o = run_program(program, limits)
         out[name] = {"passed": o.passed, "status": o.status, "output_bytes": len(o.output)}
+    out["survivors"] = survivors(sys.argv[1])
     out["canonical"] = run_program("import math\nassert math.comb(5, 2) == 10\n", limits).passed
     print(json.dumps(out))

