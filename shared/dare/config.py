@@ -23,6 +23,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from dare.utils import UserError
+from dare.utils import UserError, YAMLAliasError, load_yaml, shown_value
 from dare.data import TASKS
 from dare.models import ATTENTION
 from dare.models.registry import FAMILIES
@@ -507,7 +508,9 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text(), str(path))
+    except YAMLAliasError as e:
+        raise ConfigError(str(e)) from None
     except yaml.YAMLError as e:
         raise _yaml_error(path, e) from None
     if data is None:
@@ -555,9 +558,11 @@ def _override(cfg, item: str, origins: dict, problems: list[str]) -> None:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ConfigError(f"command line: override {item!r} is not of the form key=value")
+        raise ConfigError(f"command line: override {shown_value(item)} is not of the form key=value")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = load_yaml(raw, f"command line: {key}") if raw.strip() else None
+    except YAMLAliasError as e:
+        raise ConfigError(f"{e} (quote the value to mean the text)") from None
     except yaml.YAMLError:
         value = raw
     try:
@@ -628,7 +633,7 @@ def _merge_one(obj, key, value, prefix: str, source: str, origins: dict, problem
     if dataclasses.is_dataclass(current):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{source}: {prefix}{key}: expected a mapping of "
-                              f"{type(current).__name__} fields, got {value!r}")
+                              f"{type(current).__name__} fields, got {shown_value(value)}")
         _merge(current, value, f"{prefix}{key}.", source, origins, problems)
     else:
         setattr(obj, key, _coerce(value, _hints(obj)[key], prefix + key, source))
@@ -666,26 +671,29 @@ def _coerce(value, tp, key: str, source: str):
     """Check `value` against the annotation `tp`; ints widen to floats, lists to tuples."""
 
     def fail():
-        return ConfigError(f"{source}: {key}: expected {_type_name(tp)}, got {value!r}")
+        return ConfigError(f"{source}: {key}: expected {_type_name(tp)}, got {shown_value(value)}")
 
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
+        if not _all_finite(value):
+            raise ConfigError(f"{source}: {key}: {NON_FINITE}, got {shown_value(value)}")
         return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        non_finite = None
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _coerce(value, arg, key, source)
-            except ConfigError:
-                pass
-        raise fail()
+            except ConfigError as e:
+                non_finite = non_finite or (e if NON_FINITE in str(e) else None)
+        raise non_finite or fail()
     if origin is Literal:
         if value in args:
             return value
-        raise ConfigError(f"{source}: {key}: must be one of {list(args)}, got {value!r}")
+        raise ConfigError(f"{source}: {key}: must be one of {list(args)}, got {shown_value(value)}")
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -695,14 +703,19 @@ def _coerce(value, tp, key: str, source: str):
             return value
         raise fail()
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `1e-5` (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads `1e-5` (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise fail()
+        if number is None:
+            raise fail()
+        if not math.isfinite(number):  # .inf, nan, 1e999: no setting means that
+            raise ConfigError(f"{source}: {key}: {NON_FINITE}, got {shown_value(value)}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -712,7 +725,7 @@ def _coerce(value, tp, key: str, source: str):
             raise fail()
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
-                raise ConfigError(f"{source}: {key}: expected {len(args)} values, got {value!r}")
+                raise ConfigError(f"{source}: {key}: expected {len(args)} values, got {shown_value(value)}")
             return tuple(_coerce(v, a, key, source) for v, a in zip(value, args))
         item = args[0] if args else Any
         items = [_coerce(v, item, key, source) for v in value]
@@ -723,6 +736,20 @@ def _coerce(value, tp, key: str, source: str):
         vt = args[1] if args else Any
         return {str(k): _coerce(v, vt, f"{key}.{k}", source) for k, v in value.items()}
     raise ConfigError(f"{key}: unsupported annotation {tp!r} in the config class")
+
+
+NON_FINITE = "must be a finite number (inf and nan are not allowed)"
+
+
+def _all_finite(value) -> bool:
+    """Whether no float in `value` (nested lists and mappings included) is inf or nan."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, Mapping):
+        return all(_all_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_all_finite(v) for v in value)
+    return True
 
 
 def _validate_tree(obj, prefix: str, origins: dict, problems: list[str]) -> None:
@@ -755,7 +782,7 @@ def _run_check(fn, obj, prefix: str, origins: dict) -> list[str]:
 
 def _invalid_message(e: Invalid, obj, prefix: str, origins: dict) -> str:
     """`invalid config: <key>: <rule> [<key>=<value> (from <file | command line | defaults>), ...]`."""
-    where = ", ".join(f"{prefix}{k}={getattr(obj, k, '?')!r} (from {origins.get(prefix + k, 'defaults')})"
+    where = ", ".join(f"{prefix}{k}={shown_value(getattr(obj, k, '?'))} (from {origins.get(prefix + k, 'defaults')})"
                       for k in e.keys if "." not in k)
     keys = [prefix + k for k in e.keys]
     return (f"invalid config: {keys[0] if keys else prefix.rstrip('.')}: {e.message}"
@@ -837,8 +864,15 @@ def recipe_hash(cfg) -> str:
     return hashlib.sha256(json.dumps(hashed, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a value shared by two fields twice, never as an anchor and alias (which `read_yaml` refuses)."""
+
+    def ignore_aliases(self, data):
+        return True
+
+
 def to_yaml(cfg) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    return yaml.dump(to_dict(cfg), Dumper=_PlainDumper, sort_keys=False)
 
 
 def save(cfg, run_dir: str | Path, header: str = "") -> str:

@@ -27,6 +27,61 @@ class UserError(Exception):
     """Bad input (config, data, paths, names): reported as one clear line, before compute starts."""
 
 
+SHOWN_VALUE_CHARS = 200
+"""The most characters of a value an error message echoes (a value can be megabytes long)."""
+
+
+def shown_value(value, limit: int = SHOWN_VALUE_CHARS) -> str:
+    """`repr(value)` for an error message, cut to `limit` characters (with how long it was)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+class YAMLAliasError(UserError, ValueError):
+    """A user YAML with an anchor or alias (`&name`, `*name`): refused, so a small file cannot expand
+    into gigabytes (the "billion laughs" of nested aliases)."""
+
+
+YAML_ALIASES_REFUSED = "YAML anchors and aliases (&name, *name) are not allowed; write the values out"
+
+
+class _Alias(Exception):
+    def __init__(self, mark):
+        self.mark = mark
+
+
+def _strict_yaml_loader():
+    """yaml.SafeLoader that refuses any node with an anchor and any alias, before composing it."""
+    global _STRICT_LOADER
+    if _STRICT_LOADER is None:
+        import yaml
+
+        class StrictLoader(yaml.SafeLoader):
+            def compose_node(self, parent, index):
+                event = self.peek_event()
+                if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+                    raise _Alias(event.start_mark)
+                return super().compose_node(parent, index)
+
+        _STRICT_LOADER = StrictLoader
+    return _STRICT_LOADER
+
+
+_STRICT_LOADER = None
+
+
+def load_yaml(text: str, source: str = "YAML"):
+    """`yaml.safe_load(text)` for user input (config files, overrides, sweep and targets files): an anchor
+    or alias raises `YAMLAliasError` naming `source` and the line; other YAML errors raise as yaml's own."""
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_strict_yaml_loader())
+    except _Alias as e:
+        where = f", line {e.mark.line + 1}, column {e.mark.column + 1}" if e.mark is not None else ""
+        raise YAMLAliasError(f"{source}{where}: {YAML_ALIASES_REFUSED}") from None
+
+
 PACKAGE_ROOT = Path(__file__).resolve().parent
 # The monorepo checkout: shared/dare/utils.py -> shared/dare -> shared -> <repo>.
 REPO_ROOT = PACKAGE_ROOT.parent.parent

@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-import yaml
-
-from dare.utils import UserError
+from dare.utils import UserError, load_yaml
 from dare.models import FAMILIES
 from dare.results import load_results
 
@@ -43,7 +41,7 @@ def front_matter(name: str) -> dict:
     end = text.find("\n---", 4)
     if end < 0:
         raise UserError(f"baselines/{name}/README.md: front matter is not closed by '---'")
-    meta = yaml.safe_load(text[4:end]) or {}
+    meta = load_yaml(text[4:end], f"baselines/{name}/README.md front matter") or {}
     if not isinstance(meta, dict):
         raise UserError(f"baselines/{name}/README.md: front matter must be a mapping")
     return meta

@@ -27,12 +27,12 @@ from pathlib import Path
 from dare.utils import UserError
 from dare import config as config_mod
 from dare.app.demo import main as demo_main
-from dare.app.sweep import collect, launch, load_sweep, matches, state
+from dare.app.sweep import MAX_RUNS as SWEEP_MAX_RUNS, collect, launch, load_sweep, matches, state
 from dare.data import TASKS, build, recorded_hashes, split_path
 from dare.eval import evaluate_checkpoint
 from dare.models import ATTENTION, FAMILIES, facts, family_module, load_pretrained
 from dare.models.api import count_parameters, meta_model
-from dare.results import publish, read_result
+from dare.results import publish, publish_destination, read_result
 from dare.utils import REPO_ROOT, sha256_file
 
 
@@ -264,6 +264,11 @@ def cmd_results(ns) -> int:
     bad = [p for p in ns.files if not Path(p).is_file()]
     if bad:
         raise UserError(f"no such result file: {', '.join(bad)}")
+    for p in ns.files:  # every file's paths are checked before the first one is copied
+        try:
+            publish_destination(Path(p), read_result(p), ns.to)
+        except ValueError as e:
+            raise UserError(f"{p}: not a valid result: {e}") from None
     for p in ns.files:
         try:
             print(publish(p, ns.to))
@@ -281,7 +286,9 @@ def cmd_results(ns) -> int:
 def cmd_sweep(ns) -> int:
     action, path = (ns.args[0], ns.args[1]) if ns.args[0] in ("status", "collect") and len(ns.args) > 1 \
         else ("launch", ns.args[0])
-    sweep = load_sweep(path)
+    if ns.max_runs < 1:
+        raise UserError(f"--max-runs {ns.max_runs}: must be at least 1")
+    sweep = load_sweep(path, max_runs=ns.max_runs)
     only = {}
     for item in ns.only or []:
         key, eq, value = item.partition("=")
@@ -486,6 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--to", help="collect: destination folder")
     s.add_argument("--only", action="append", metavar="KEY=VALUE",
                    help="only the runs with this baseline or grid value (repeatable), e.g. --only baseline=d1")
+    s.add_argument("--max-runs", type=int, default=SWEEP_MAX_RUNS, metavar="N",
+                   help=f"refuse a sweep of more than N runs, before expanding its grid (default {SWEEP_MAX_RUNS:,})")
     s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("checklist", help="what a baseline folder still lacks before it can be merged", description=(
@@ -505,6 +514,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+ERROR_LINE_CHARS, ERROR_LINES = 1000, 100
+"""The most an error message prints: characters per line, lines (a hostile input can make either huge)."""
+
+
+def _clipped(message: str) -> str:
+    """`message` with each line cut to `ERROR_LINE_CHARS` and at most `ERROR_LINES` lines."""
+    lines = message.splitlines() or [""]
+    if len(lines) > ERROR_LINES:
+        lines = lines[:ERROR_LINES] + [f"... and {len(lines) - ERROR_LINES} more lines"]
+    return "\n".join(line if len(line) <= ERROR_LINE_CHARS else f"{line[:ERROR_LINE_CHARS]}... ({len(line)} characters)"
+                     for line in lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns, extra = parser.parse_known_args(argv)
@@ -516,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return ns.func(ns)
     except UserError as e:  # bad input: one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_clipped(str(e))}", file=sys.stderr)
         return 2
     except RuntimeError as e:
         if type(e).__name__ != "OpenCompassError":

@@ -47,6 +47,7 @@ import difflib
 import hashlib
 import itertools
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -62,9 +63,13 @@ from dare.app import targets
 from dare.config import ConfigError, read_yaml
 from dare.eval import evaluate_checkpoint, load_eval_config
 from dare.results import publish, read_result, write_result
-from dare.utils import UserError, atomic_write_json, runs_dir
+from dare.utils import UserError, YAMLAliasError, atomic_write_json, load_yaml, runs_dir, shown_value
 
 KEYS = {"baseline", "config", "methods", "init", "overrides", "grid", "eval", "slurm", "out_dir"}
+MAX_RUNS = 10_000
+"""The most runs one sweep may hold (methods x the product of the grid's list lengths), checked before the
+grid is expanded: a typo of a grid (or a hostile file) never hangs `dare sweep` building 10^8 runs.
+`dare sweep --max-runs N` raises it."""
 SLURM_DEFAULTS = {"nodes": 1, "cpus_per_task": 2, "mem": "8GB", "time": 60, "signal_delay_s": 120,
                   "array_parallelism": 64}
 """What a job gets unless the sweep's slurm: section says otherwise (submitit's SlurmExecutor names)."""
@@ -109,8 +114,9 @@ def _fail(path, msg):
     raise UserError(f"{path}: {msg}")
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Parse and validate a sweep file, and every run's config (before anything is submitted)."""
+def load_sweep(path: str | Path, max_runs: int = MAX_RUNS) -> Sweep:
+    """Parse and validate a sweep file, and every run's config (before anything is submitted); a sweep of
+    more than `max_runs` runs is refused before its grid is expanded."""
     from dare.app import baselines
     from dare.app.runs import resolve
 
@@ -118,7 +124,9 @@ def load_sweep(path: str | Path) -> Sweep:
     if not path.is_file():
         raise UserError(f"{path}: sweep file not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text(), str(path)) or {}
+    except YAMLAliasError:
+        raise
     except yaml.YAMLError as e:
         _fail(path, f"not valid YAML: {e}")
     if not isinstance(data, dict):
@@ -136,7 +144,8 @@ def load_sweep(path: str | Path) -> Sweep:
         _fail(path, "methods: a mapping of baseline name -> config file (or null)")
     for baseline, config in list(methods.items()):
         if baseline not in baselines.names():
-            _fail(path, f"baseline: unknown baseline {baseline!r}; available: {', '.join(baselines.names())}")
+            _fail(path, f"baseline: unknown baseline {shown_value(baseline)}; "
+                        f"available: {', '.join(baselines.names())}")
         methods[baseline] = (path.parent / config).resolve() if config else None
         if methods[baseline] and not methods[baseline].is_file():
             _fail(path, f"config: {methods[baseline]} not found")
@@ -146,6 +155,12 @@ def load_sweep(path: str | Path) -> Sweep:
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             _fail(path, f"grid.{key}: must be a non-empty list")
+    count = len(methods) * math.prod(len(values) for values in grid.values())
+    if count > max_runs:
+        sizes = " x ".join(str(len(v)) for v in grid.values())
+        _fail(path, f"{count:,} runs ({len(methods)} method(s) x grid {sizes}) "
+                    f"exceed the cap of {max_runs:,} runs per sweep; shrink the grid or split the sweep "
+                    f"(or raise the cap: dare sweep --max-runs N)")
     overrides = data.get("overrides") or {}
     if not isinstance(overrides, dict):
         _fail(path, "overrides: must be a mapping of dotted keys to values")
@@ -164,7 +179,7 @@ def load_sweep(path: str | Path) -> Sweep:
             _fail(path, f"init.config: {init_config} not found")
         init_baseline = read_yaml(init_config).get("baseline")
         if init_baseline not in baselines.names():
-            _fail(path, f"init.config: {init_config} names no known baseline (baseline: {init_baseline!r})")
+            _fail(path, f"init.config: {init_config} names no known baseline (baseline: {shown_value(init_baseline)})")
         try:
             resolve(init_baseline, init_config)
         except ConfigError as e:
@@ -237,7 +252,7 @@ def slurm_parameters(path: Path, section) -> dict:
         if value is None:
             continue
         if not _admits(hint, value):
-            _fail(path, f"slurm.{key}: expected {_type_name(hint)}, got {type(value).__name__} {value!r}")
+            _fail(path, f"slurm.{key}: expected {_type_name(hint)}, got {type(value).__name__} {shown_value(value)}")
         if name in given:
             _fail(path, f"slurm: {given[name]} and {key} both set submitit's {name}; give one")
         given[name] = key
@@ -313,7 +328,7 @@ def execute(sweep_path: str, run_id: str) -> list[str]:
     Exit code 128+signal after a preemption, after asking SLURM to requeue the job."""
     from dare.app.runs import train
 
-    sweep = load_sweep(sweep_path)
+    sweep = load_sweep(sweep_path, max_runs=sys.maxsize)  # the launch that submitted it checked the run count
     if run_id == "init":
         return execute_init(sweep)
     run = next(r for r in sweep.runs if r.id == run_id)

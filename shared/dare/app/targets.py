@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from dare.config import DecodingConfig
-from dare.utils import UserError
+from dare.utils import UserError, load_yaml, shown_value
 
 KEYS = {"paper", "base_model", "eval", "tolerance", "targets"}
 EVAL_KEYS = {"split", "block_length", "steps_per_token", "temperature", "n_shot", "decoding"}
@@ -74,7 +74,7 @@ def load_targets(path: str | Path) -> Targets:
     """Parse and check a targets.yaml; the error names the file and the entry."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text(), str(path)) or {}
     except (OSError, yaml.YAMLError) as e:
         raise UserError(f"{path}: cannot read targets ({e})") from None
     missing = KEYS - set(data)
@@ -90,11 +90,11 @@ def load_targets(path: str | Path) -> Targets:
         raise UserError(f"{path}: eval.decoding: unknown decoding fields {sorted(unknown)}")
     for i, row in enumerate(data["targets"] or []):
         if not isinstance(row, dict) or set(row) != TARGET_KEYS:
-            raise UserError(f"{path}: targets[{i}]: needs exactly {sorted(TARGET_KEYS)}; got {row!r}")
+            raise UserError(f"{path}: targets[{i}]: needs exactly {sorted(TARGET_KEYS)}; got {shown_value(row)}")
         if not isinstance(row["value"], (int, float)) or not 0 <= row["value"] <= 100:
-            raise UserError(f"{path}: targets[{i}].value={row['value']!r}: a percentage in [0, 100]")
+            raise UserError(f"{path}: targets[{i}].value={shown_value(row['value'])}: a percentage in [0, 100]")
         if not (path.parent / row["config"]).is_file():
-            raise UserError(f"{path}: targets[{i}].config={row['config']!r}: no such file beside it")
+            raise UserError(f"{path}: targets[{i}].config={shown_value(row['config'])}: no such file beside it")
     return Targets(path, data["paper"], data["base_model"], data["eval"], float(data["tolerance"]),
                    list(data["targets"] or []))
 

@@ -298,12 +298,14 @@ def publish(result_path: str | Path, dest_root: str | Path) -> Path:
     commands and config written as `runs/...` (`portable`); the training run's metrics.jsonl
     (`training_curves`) comes along for the leaderboard's training curves. A result already there (same
     run id: the same training run and the same evaluation) is left as it is, so publishing twice adds
-    nothing but the curves an older copy lacks."""
+    nothing but the curves an older copy lacks. Every path it would write is checked first: the run id
+    must be a plain folder name and each artifact a file inside the result's folder, and every destination
+    must stay under `dest_root` (a `UserError` naming the file, the field and the value otherwise)."""
     from dare.utils import sha256_file
 
     result_path = Path(result_path)
     result = read_result(result_path)
-    dest = Path(dest_root) / result.run_id
+    dest = publish_destination(result_path, result, dest_root)
     existing = dest / result_path.name
     curves = training_curves(result_path)
     if existing.is_file() and existing.resolve() != result_path.resolve():
@@ -333,6 +335,39 @@ def publish(result_path: str | Path, dest_root: str | Path) -> Path:
     write_result(result, dest / result_path.name)
     atomic_write(dest / result_path.name, portable((dest / result_path.name).read_text()))  # its commands
     return dest / result_path.name
+
+
+def publish_destination(result_path: Path, result: Result, dest_root: str | Path) -> Path:
+    """`dest_root/<run_id>`, once every path `publish` reads or writes is known to stay where it belongs:
+    the run id is a plain name (no separator, not '.'/'..'), each artifact resolves (symlinks followed)
+    to a file inside the result's folder, and each destination resolves inside `dest_root`."""
+    from dare.utils import UserError, shown_value
+
+    def refuse(field: str, value, why: str):
+        raise UserError(f"{result_path}: {field}={shown_value(value)}: {why}; nothing was published")
+
+    run_id = result.run_id
+    if (not run_id or run_id in (".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id
+            or Path(run_id).is_absolute()):
+        refuse("run_id", run_id, "not a plain folder name (no '/', '\\', '.' or '..')")
+    root = Path(dest_root).resolve()
+    dest = root / run_id
+    if not dest.resolve().is_relative_to(root):
+        refuse("run_id", run_id, f"its folder {dest} resolves outside --to {root}")
+    source = result_path.parent.resolve()
+    for field in ("config", "samples"):
+        name = getattr(result.artifacts, field)
+        if not name:
+            continue
+        if "\0" in name or Path(name).is_absolute() or not (source / name).resolve().is_relative_to(source):
+            refuse(f"artifacts.{field}", name, f"not a file inside the result's folder {source}")
+        target = (dest / name).resolve()
+        if not target.is_relative_to(dest.resolve()) or target == dest.resolve():
+            refuse(f"artifacts.{field}", name, f"its copy {dest / name} resolves outside {dest}")
+    for name in (result_path.name, "metrics.jsonl"):
+        if not (dest / name).resolve().is_relative_to(root):
+            refuse("destination", str(dest / name), f"resolves outside --to {root}")
+    return Path(dest_root) / run_id
 
 
 def training_curves(result_path: Path) -> Path | None:

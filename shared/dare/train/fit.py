@@ -63,6 +63,7 @@ def fit(algorithm: ModuleType, cfg, run_dir: str | Path, *, name: str, force: bo
     digest, init, key = run_key(cfg)
     run_dir = Path(run_dir)
     main = int(os.environ.get("RANK", "0")) == 0  # under torchrun/Ray only rank 0 writes run files
+    created = _missing_folders(run_dir)  # removed again when the run fails before it has trained
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = hold_run_folder(run_dir, name) if main else None  # before anything in the folder is read or removed
     try:
@@ -134,9 +135,43 @@ def fit(algorithm: ModuleType, cfg, run_dir: str | Path, *, name: str, force: bo
             atomic_write_json(status_path, status)
             print(f"[{name}] done in {meta['wall_time_s']:.0f}s -> {run_dir / 'final'}", flush=True)
         return run_dir
+    except BaseException:
+        if main and created and not _trained(run_dir):  # a bad model path, data, ...: leave no empty run behind
+            if lock is not None:
+                lock.close()
+                lock = None
+            _remove_folders(created)
+        raise
     finally:
         if lock is not None:
             lock.close()
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first ([] when it exists)."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _trained(run_dir: Path) -> bool:
+    """Whether a run has anything a rerun resumes from or a person reads: a logged step, a checkpoint, a
+    final model. A run that failed before that (while loading its model or data) has none."""
+    return ((run_dir / "metrics.jsonl").exists() or (run_dir / "final").exists()
+            or any((run_dir / "checkpoints").glob("step_*")))
+
+
+def _remove_folders(created: list[Path]) -> None:
+    """Remove the run folder this call created, then each parent it created if that is empty now (another
+    run may have started in one meanwhile)."""
+    shutil.rmtree(created[0], ignore_errors=True)
+    for parent in created[1:]:
+        try:
+            parent.rmdir()
+        except OSError:
+            break
 
 
 def _current(path: Path, status: dict) -> dict:

@@ -1,0 +1,281 @@
+"""Hostile input to the command line (issue 45, items 9-10): each is refused quickly, with one clear line
+(exit 2), before anything is written: paths that leave `dare results publish --to`, YAML alias bombs,
+sweep grids of millions of runs, inf/nan settings, and a failed `dare train` leaves no empty run folder."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, dare_cli
+from dare.app.cli import main
+from dare.results import write_result
+from test_results import make_result
+
+FAST_S = 20.0
+"""A refusal's wall time bound (a subprocess imports torch first; the bombs took 77 s and 6 GB before)."""
+
+
+def files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")}
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err[:2000]
+    assert lines[0].startswith("error: ") and len(lines[0]) < 1200, lines[0][:2000]
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. dare results publish: every path stays under --to
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run_id", ["../../x", "..", ".", "a/b", "ABSOLUTE"])
+def test_publish_refuses_a_run_id_that_is_not_a_plain_name(tmp_path, capsys, run_id):
+    if run_id == "ABSOLUTE":
+        run_id = str(tmp_path / "elsewhere")
+    src = tmp_path / "work" / "run" / "result_addition.json"
+    write_result(make_result(run_id=run_id), src)
+    board = tmp_path / "work" / "board"
+    before = files_under(tmp_path)
+    t0 = time.perf_counter()
+    assert main(["results", "publish", str(src), "--to", str(board)]) == 2
+    assert time.perf_counter() - t0 < FAST_S
+    line = one_error_line(capsys.readouterr().err)
+    assert str(src) in line and "run_id=" in line and repr(run_id) in line and "nothing was published" in line
+    assert files_under(tmp_path) == before  # nothing written anywhere, --to included
+
+
+@pytest.mark.parametrize("field", ["config", "samples"])
+def test_publish_refuses_an_artifact_outside_the_results_folder(tmp_path, capsys, field):
+    """`artifacts.config: ../../X` (a file that exists there) was read from outside the result's folder and
+    written to `--to/<run_id>/../../X`, outside --to."""
+    work = tmp_path / "work"
+    (work / "X").parent.mkdir(parents=True)
+    (work / "X").write_text("x: 1\n")
+    src = work / "runs" / "a" / "result_addition.json"
+    write_result(make_result(artifacts={field: "../../X"}), src)
+    board = work / "board" / "name"
+    before = files_under(tmp_path)
+    assert main(["results", "publish", str(src), "--to", str(board)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert str(src) in line and f"artifacts.{field}='../../X'" in line and "inside the result's folder" in line
+    assert files_under(tmp_path) == before
+
+
+def test_publish_refuses_an_artifact_symlinked_out_of_the_results_folder(tmp_path, capsys):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not publish\n")
+    src = tmp_path / "run" / "result_addition.json"
+    src.parent.mkdir()
+    (src.parent / "config.yaml").symlink_to(secret)
+    write_result(make_result(artifacts={"config": "config.yaml"}), src)
+    board = tmp_path / "board"
+    assert main(["results", "publish", str(src), "--to", str(board)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "artifacts.config='config.yaml'" in line
+    assert not board.exists()
+
+
+def test_publish_refuses_a_destination_symlinked_out_of_to(tmp_path, capsys):
+    """A run folder under --to that is a symlink elsewhere would have the copies written through it."""
+    src = tmp_path / "run" / "result_addition.json"
+    write_result(make_result(), src)
+    board, elsewhere = tmp_path / "board", tmp_path / "elsewhere"
+    board.mkdir()
+    elsewhere.mkdir()
+    (board / make_result()["run_id"]).symlink_to(elsewhere)
+    assert main(["results", "publish", str(src), "--to", str(board)]) == 2
+    assert "resolves outside --to" in one_error_line(capsys.readouterr().err)
+    assert not any(elsewhere.iterdir())
+
+
+def test_publish_checks_every_file_before_copying_the_first(tmp_path, capsys):
+    good, bad = tmp_path / "good" / "result_addition.json", tmp_path / "bad" / "result_addition.json"
+    write_result(make_result(), good)
+    write_result(make_result(run_id="../escape"), bad)
+    board = tmp_path / "board"
+    assert main(["results", "publish", str(good), str(bad), "--to", str(board)]) == 2
+    assert "run_id='../escape'" in one_error_line(capsys.readouterr().err)
+    assert not board.exists()
+    # and a plain result still publishes, with its artifacts
+    (good.parent / "config.yaml").write_text("train: {lr: 0.001}\n")
+    write_result(make_result(artifacts={"config": "config.yaml"}), good)
+    assert main(["results", "publish", str(good), "--to", str(board)]) == 0
+    assert (board / make_result()["run_id"] / "config.yaml").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# 10a. YAML anchors and aliases (billion laughs), and huge values echoed in errors
+# ---------------------------------------------------------------------------------------------
+
+
+def alias_bomb(levels: int, width: int = 10) -> str:
+    """`[&l0 [x, x, ...], &l1 [*l0, *l0, ...], ...]`: width**levels leaves from a few hundred bytes."""
+    items = [f"&l0 [{', '.join(['x'] * width)}]"]
+    items += [f"&l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return f"[{', '.join(items)}]"
+
+
+def test_a_yaml_alias_bomb_in_a_config_file_is_refused_naming_the_file(tmp_path):
+    """Under a known key (train.lr), 10^6 leaves: before, the error printed the expanded value (megabytes;
+    at 10^9 leaves it took 77 s and a 6 GB MemoryError)."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(f"train:\n  lr: {alias_bomb(6)}\n")
+    t0 = time.perf_counter()
+    r = dare_cli("train", "sft", str(bomb), "--dry-run", timeout=120)
+    assert time.perf_counter() - t0 < FAST_S
+    assert r.returncode == 2
+    line = one_error_line(r.stderr)
+    assert str(bomb) in line and "aliases" in line and "not allowed" in line
+
+
+def test_yaml_aliases_are_refused_in_overrides_sweeps_and_targets(tmp_path, capsys):
+    assert main(["train", "sft", "--dry-run", "train.betas=[&a 0.9, *a]"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "command line: train.betas" in line and "aliases" in line
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"baseline: sft\ngrid:\n  run.seed: {alias_bomb(5)}\n")
+    assert main(["sweep", str(sweep), "--dry-run"]) == 2
+    assert "aliases" in one_error_line(capsys.readouterr().err)
+    sweep.write_text("baseline: sft\ngrid:\n  run.seed: &s [0, 1]\n  train.steps: *s\n")
+    assert main(["sweep", str(sweep), "--dry-run"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{sweep}, line 3" in line and "aliases" in line
+    targets = tmp_path / "targets.yaml"
+    targets.write_text("paper: &p {arxiv: '1', table: '1'}\nbase_model: *p\n")
+    from dare.app.targets import load_targets
+    from dare.utils import UserError
+
+    with pytest.raises(UserError, match="aliases"):
+        load_targets(targets)
+
+
+def test_no_committed_yaml_uses_anchors_or_aliases():
+    """The refusal breaks nothing in the repository: no committed YAML (or README front matter) has one."""
+    import yaml
+
+    files = subprocess.run(["git", "ls-files", "*.yaml", "*.yml", "baselines/*/README.md"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert files
+    for name in files:
+        text = (REPO / name).read_text()
+        if name.endswith(".md"):
+            if not text.startswith("---\n"):
+                continue
+            text = text[4:text.find("\n---", 4)]
+        for event in yaml.parse(text):
+            assert not isinstance(event, yaml.AliasEvent) and getattr(event, "anchor", None) is None, name
+
+
+def test_errors_echo_a_huge_value_cut_short(capsys, tmp_path):
+    huge = "9" * 50 + "x" * 100_000
+    assert main(["train", "sft", "--dry-run", f"train.lr={huge}"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "train.lr" in line and "characters)" in line and len(line) < 400
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"model": {"family": "f" * 100_000}}))
+    assert main(["train", "sft", str(cfg), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "model.family" in err and len(err) < 3000
+
+
+# ---------------------------------------------------------------------------------------------
+# 10b. a sweep's run count is capped before its grid is expanded
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_sweep_of_a_hundred_million_runs_is_refused_before_expanding(tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    tenths = [i / 10 for i in range(1, 11)]  # every run a valid one: before, each was resolved, 10^8 of them
+    grid = {"run.seed": list(range(10)), "run.log_every": list(range(1, 11)), "run.save_every": list(range(10)),
+            "train.logit_chunk": list(range(1, 11)), "train.lr": tenths, "train.weight_decay": tenths,
+            "train.min_lr_ratio": [t / 2 for t in tenths], "train.max_grad_norm": tenths}
+    sweep.write_text(json.dumps({"baseline": "sft", "grid": grid}))
+    t0 = time.perf_counter()
+    r = dare_cli("sweep", str(sweep), "--dry-run", timeout=60, env={"DARE_RUNS": str(tmp_path / "runs")})
+    assert time.perf_counter() - t0 < FAST_S
+    assert r.returncode == 2
+    line = one_error_line(r.stderr)
+    assert "100,000,000 runs" in line and "10,000" in line and "--max-runs" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_sweep_cap_counts_methods_and_can_be_raised(tmp_path, capsys):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("baseline: sft\ngrid:\n  run.seed: [0, 1, 2]\n")
+    assert main(["sweep", str(sweep), "--dry-run", "--max-runs", "2"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "3 runs" in line and "cap of 2" in line
+    assert main(["sweep", str(sweep), "--dry-run", "--max-runs", "3"]) == 0
+    assert capsys.readouterr().out.count("pending  run.seed=") == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# 10c. inf and nan are no setting
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override", ["train.lr=.inf", "train.lr=nan", "train.lr=-.inf", "train.lr=inf",
+                                      "train.lr=1.0e999", "rl.decoding.temperature=.nan", "rl.collapse_below=.inf"])
+def test_non_finite_floats_are_refused_on_the_command_line(capsys, override):
+    key = override.split("=")[0]
+    assert main(["train", "d1", "--dry-run", override]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"command line: {key}: must be a finite number" in line
+
+
+def test_non_finite_floats_are_refused_in_config_files(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  lr: .nan\n")
+    assert main(["train", "sft", str(cfg), "--dry-run"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{cfg}: train.lr: must be a finite number" in line
+    cfg.write_text("train:\n  lr: 0.001\n")  # a finite value as before
+    assert main(["train", "sft", str(cfg), "--dry-run"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# 10d. a dare train that fails before its first step leaves no run folder
+# ---------------------------------------------------------------------------------------------
+
+TINY = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=1",
+        "model.scratch.mlp_hidden_size=64", "train.batch_size=8", "train.warmup_steps=0",
+        "algo.response_length=4", "run.threads=1"]
+
+
+def test_a_train_failing_before_its_first_step_leaves_no_run_folder(tmp_path, capsys):
+    empty = tmp_path / "not_a_checkpoint"
+    empty.mkdir()
+    out = tmp_path / "runs" / "new" / "r1"
+    assert main(["train", "sft", f"model.path={empty}", f"run.out_dir={out}", "train.steps=1", *TINY]) == 2
+    assert "not a checkpoint folder" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # the run folder and the parents it made
+    # a folder that was there before (a run being resumed) is kept, whatever it holds
+    out.mkdir(parents=True)
+    (out / "notes.txt").write_text("mine\n")
+    assert main(["train", "sft", f"model.path={empty}", f"run.out_dir={out}", "train.steps=1", *TINY]) == 2
+    assert (out / "notes.txt").read_text() == "mine\n"
+
+
+def test_a_train_crashing_after_its_first_step_keeps_its_folder(tmp_path, monkeypatch):
+    from dare.train import common
+
+    original = common.Loop.end_step
+
+    def crash_at_step_2(self, done, *args, **kwargs):
+        original(self, done, *args, **kwargs)
+        if done == 2:
+            raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(common.Loop, "end_step", crash_at_step_2)
+    out = tmp_path / "runs" / "r1"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(["train", "sft", f"run.out_dir={out}", "train.steps=3", "run.save_every=1", "run.log_every=1", *TINY])
+    assert (out / "checkpoints").is_dir() and (out / "run.json").is_file() and (out / "metrics.jsonl").is_file()
