@@ -16,12 +16,15 @@ from different lock files is marked ⚠. Views (tabs):
 - Run detail: one run's config, provenance and samples, and the training curves (reward, val
   accuracy, KL, diagnostics, ...) of several runs and seeds overlaid, against steps or compute.
 
-Views say what is missing (older results have no compute record and no compute/* curves).
+Views say what is missing (older results have no compute record and no compute/* curves). Every
+name or path from a file is shown as plain text (`plain`): a Markdown image in a model's name is text,
+never an image the browser fetches.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -31,15 +34,37 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import load  # noqa: E402  (leaderboard/load.py)
+from dare.results import printable  # noqa: E402
 
 st.set_page_config(page_title="dLLM post-training leaderboard", layout="wide")
 st.title("dLLM post-training leaderboard")
 
 
+def plain(text) -> str:
+    """`text` as itself where Streamlit renders Markdown (captions, headers, st.table cells): every ASCII
+    punctuation character backslash-escaped, so `![x](http://evil/beacon.png)` in a name is text, not an
+    image the browser fetches."""
+    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", str(text))
+
+
+def static_table(df: pd.DataFrame) -> None:
+    """`st.table` (a static HTML table: readable, printable, its text in the page) with its cells, row and
+    column names as plain text."""
+    df = df.map(lambda v: plain(v) if isinstance(v, str) else v)
+    st.table(df.set_axis(df.index.map(plain)).set_axis(df.columns.map(plain), axis=1))
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:  # a dangling link (listed among the invalid files)
+        return 0
+
+
 def _stamp(roots: tuple[str, ...]) -> tuple:
     """Changes when a JSON file under the sources is added, removed or rewritten."""
     files = [p for root in roots if Path(root).is_dir() for p in Path(root).glob("**/*.json")]
-    return len(files), max((p.stat().st_mtime_ns for p in files), default=0)
+    return len(files), max((_mtime(p) for p in files), default=0)
 
 
 @st.cache_data(show_spinner="Loading results")
@@ -52,7 +77,8 @@ roots = (str(load.committed()), *map(str, load.run_dirs_from_env()))
 (items, invalid), bench = _load(roots, _stamp(roots))
 if invalid:
     with st.expander(f"⚠ {len(invalid)} invalid result file(s) skipped", expanded=True):
-        st.dataframe(pd.DataFrame([{"file": str(p), "reason": why} for p, why in invalid]), hide_index=True)
+        st.dataframe(pd.DataFrame([{"file": printable(str(p)), "reason": why} for p, why in invalid]),
+                     hide_index=True)
 if not items and not bench:
     st.info("No results yet. Run `make demo`, then `make leaderboard`.")
     st.stop()
@@ -95,14 +121,14 @@ def compute_view(columns: list[str]) -> None:
                           index=metrics.index(default)) if metrics else None
     budget, rows = load.compute_table(shown, pick, metric)
     if budget is None:
-        st.caption(f"{pick}: no run here logged compute curves ({load.FORWARDS}), so there is no comparison at "
-                   "equal forward passes; the scores at equal steps and the compute records are below.")
+        st.caption(f"{plain(pick)}: no run here logged compute curves ({load.FORWARDS}), so there is no comparison "
+                   "at equal forward passes; the scores at equal steps and the compute records are below.")
     else:
-        st.caption(f"{pick}: equal steps = the final score, % (mean ± sample std over seeds); compute = means over "
-                   f"seeds of rollout + training sequence forwards, update tokens, wall time; equal forwards = "
-                   f"{metric} at {budget:,.0f} forwards (the smallest last {load.FORWARDS} at which a run logged "
-                   "it), interpolated linearly between each run's logged points; mean ± std over seeds.")
-    st.table(pd.DataFrame(rows).set_index("method"))
+        st.caption(f"{plain(pick)}: equal steps = the final score, % (mean ± sample std over seeds); compute = means "
+                   f"over seeds of rollout + training sequence forwards, update tokens, wall time; equal forwards = "
+                   f"{plain(metric)} at {budget:,.0f} forwards (the smallest last {load.FORWARDS} at which a run "
+                   "logged it), interpolated linearly between each run's logged points; mean ± std over seeds.")
+    static_table(pd.DataFrame(rows).set_index("method"))
     download(pd.DataFrame(rows), "compute.csv", "csv_compute")
     if budget is not None:
         ids = [r.run_id for _, r in shown if load.benchmark_label(r) == pick]
@@ -131,7 +157,7 @@ def overlay_view(run_id: str) -> None:
     if rows:
         st.altair_chart(curve_chart(rows, x, y))
     if left_out:
-        st.caption("Left out: " + "; ".join(left_out))
+        st.caption("Left out: " + plain("; ".join(left_out)))
 
 
 main, families_tab, compute_tab, by_method, repro, speed, detail = st.tabs(
@@ -146,7 +172,7 @@ with main:
         models = sorted({r.model.name for _, r in shown if r.model.family == family})
         model = st.selectbox("Model", models, key="model")
         results = [r for _, r in shown if r.model.family == family and r.model.name == model]
-        st.subheader(f"{model} ({family})")
+        st.subheader(f"{plain(model)} ({plain(family)})")
         long = pd.DataFrame(load.long_rows(results))
         methods = list(dict.fromkeys(long["method"]))
         base_default = load.base_method(results)
@@ -160,15 +186,15 @@ with main:
             df = df.assign(_pin=df["method"] != base, _key=df["method"].map(means)).sort_values(
                 ["_pin", "_key"], ascending=[True, False], na_position="last").drop(columns=["_pin", "_key"])
         metric = load.main_metric(results[0])
-        st.caption(f"{metric}, %: mean ± sample std over seeds (n seeds); one row per training recipe (only seeds "
-                   "of one config are pooled). Columns are benchmark [gen length/block/steps, temperature]: "
+        st.caption(f"{plain(metric)}, %: mean ± sample std over seeds (n seeds); one row per training recipe (only "
+                   "seeds of one config are pooled). Columns are benchmark [gen length/block/steps, temperature]: "
                    "different decodings never share a column.")
-        st.table(df.set_index("method"))  # a static HTML table: readable, printable, its text is in the page
+        static_table(df.set_index("method"))
         download(long, f"leaderboard_{model}.csv", "csv_main")
         if deltas:
-            st.caption(f"Difference to {base}, in points:")
+            st.caption(f"Difference to {plain(base)}, in points:")
             order = [m for m in df["method"] if m != base]
-            st.table(pd.DataFrame(deltas).set_index("method").loc[order])
+            static_table(pd.DataFrame(deltas).set_index("method").loc[order])
         bars = alt.Chart().mark_bar().encode(
             x=alt.X("method:N", title=None, sort=list(df["method"]), axis=alt.Axis(labelAngle=-30, labelLimit=260)),
             y=alt.Y("mean:Q", title=f"{metric}, % (mean ± 1 std over seeds)"),
@@ -188,10 +214,10 @@ with families_tab:
     else:
         pick = st.selectbox("Task and decoding", columns, key="family_benchmark")
         fams, rows, family_runs = load.family_table(shown, pick)
-        st.caption(f"{pick}: every method on every model family, % (mean ± sample std over seeds, n seeds), and "
-                   "its difference in points to that family's own start (the model it was trained from: the "
+        st.caption(f"{plain(pick)}: every method on every model family, % (mean ± sample std over seeds, n seeds), "
+                   "and its difference in points to that family's own start (the model it was trained from: the "
                    "first row). Open a run from the table below it (the detail link) or in the Run detail tab.")
-        st.table(pd.DataFrame(rows).set_index("method"))
+        static_table(pd.DataFrame(rows).set_index("method"))
         st.dataframe(pd.DataFrame(family_runs), hide_index=True, key="family_runs",
                      column_config={"detail": st.column_config.LinkColumn("detail", display_text="open")})
         download(pd.DataFrame(rows), "families.csv", "csv_families")
@@ -211,7 +237,7 @@ with by_method:
         bench_names = sorted(heat["benchmark"].unique())
         bench_pick = st.selectbox("Benchmark (family x method)", bench_names, key="heat_benchmark")
         cells = heat[heat["benchmark"] == bench_pick]
-        st.caption(f"Mean {bench_pick} score of every method on every family, % (all models and recipes of a "
+        st.caption(f"Mean {plain(bench_pick)} score of every method on every family, % (all models and recipes of a "
                    "family averaged; the tables below separate them).")
         base = alt.Chart(cells).encode(x=alt.X("method:N", title="method"), y=alt.Y("family:N", title="family"))
         st.altair_chart(base.mark_rect().encode(color=alt.Color("mean:Q", title="%"), tooltip=["family", "method",
@@ -219,7 +245,7 @@ with by_method:
                         + base.mark_text().encode(text=alt.Text("mean:Q", format=".1f")))
         method = st.selectbox("Method", methods, key="method_view")
         df = pd.DataFrame(load.method_rows(shown, method))
-        st.caption(f"{method} on every model and family (mean ± std over seeds, in %).")
+        st.caption(f"{plain(method)} on every model and family (mean ± std over seeds, in %).")
         st.dataframe(df, hide_index=True, key="method_table")
         download(df, f"method_{method}.csv", "csv_method")
 
@@ -269,25 +295,31 @@ with detail:
                               on_change=_new_run)
         path, r = next((p, r) for p, r in shown if r.run_id == run_id)
         info = load.run_detail(path, r)
-        st.write(f"**{load.method_label(r)}** on **{r.model.name}** ({r.model.family}), {r.benchmark.name} "
-                 f"({r.benchmark.n_samples.effective} of {r.benchmark.n_samples.original} samples): "
-                 f"{r.metrics[0].name} = {100 * r.metrics[0].value:.1f}%")
-        st.write(f"Result file: `{os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path}`")
+        st.markdown(f"**{plain(load.method_label(r))}** on **{plain(r.model.name)}** ({plain(r.model.family)}), "
+                    f"{plain(r.benchmark.name)} ({r.benchmark.n_samples.effective} of "
+                    f"{r.benchmark.n_samples.original} samples): {plain(r.metrics[0].name)} = "
+                    f"{100 * r.metrics[0].value:.1f}%")
+        shown_path = os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path
+        st.markdown(f"Result file: {plain(printable(str(shown_path)))}")
         prov = info["provenance"]
         lock = prov.get("lock") or {}
-        st.write(f"Commit `{(prov['git_commit'] or '?')[:12]}`{' (dirty)' if prov['git_dirty'] else ''}; "
-                 f"hardware: {load.environment(r)[0]}; lock: "
-                 f"{lock.get('lock', 'none')} {lock.get('sha256', '')[:12]}")
+        st.markdown(f"Commit {plain((prov['git_commit'] or '?')[:12])}{' (dirty)' if prov['git_dirty'] else ''}; "
+                    f"hardware: {plain(load.environment(r)[0])}; lock: "
+                    f"{plain(lock.get('lock', 'none'))} {plain(lock.get('sha256', '')[:12])}")
         if prov.get("command"):
             st.code(prov["command"], language="bash")
         st.caption("Fingerprint (hardware, environment, packages):")
         st.json({"hardware": prov["hardware"], "lock": prov.get("lock"), "packages": prov["packages"]})
         st.json({"decoding": info["decoding"], "training": info["training"]}, expanded=False)
         if info["config"]:
-            st.caption(f"Resolved config: `{info['config_path']}`")
+            st.caption(f"Resolved config: {plain(printable(info['config_path']))}")
             st.code(info["config"], language="yaml")
+        elif info["config_note"]:
+            st.caption(f"Resolved config: {plain(info['config_note'])}")
         if info["samples"]:
-            st.caption(f"Samples (first {len(info['samples'])}): `{info['samples_path']}`")
+            st.caption(f"Samples (first {len(info['samples'])}): {plain(printable(info['samples_path']))}")
             st.dataframe(pd.DataFrame(info["samples"]), hide_index=True, key="samples")
+        elif info["samples_note"]:
+            st.caption(f"Samples: {plain(info['samples_note'])}")
         st.subheader("Training curves")
         overlay_view(run_id)

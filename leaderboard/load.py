@@ -5,17 +5,21 @@ stored metric values; nothing is scored here.
 Sources: every *.json under leaderboard/results/ (committed) plus result_*.json in the run folders
 given with `dare leaderboard --runs` or $DARE_LEADERBOARD_RUNS. Benchmark reports
 (`"kind": "bench.<what>"`, written by `dare bench`) are read separately for the speed view.
+Those folders may be shared or downloaded ones: every file is read through `dare.results`' guarded
+readers (regular files under a size cap, bounded nesting, finite numbers, no control characters), and
+a result's config and samples only from inside its own folder.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import defaultdict
 from pathlib import Path
+from urllib.parse import quote
 
-from dare.results import Hardware, Result, load_results
+from dare.results import (MAX_LOG_BYTES, MAX_NUMBER, Hardware, Result, load_json, load_results, parse_json, printable,
+                          read_bounded, unsafe_char)
 
 HERE = Path(__file__).resolve().parent
 RUNS_ENV = "DARE_LEADERBOARD_RUNS"
@@ -32,13 +36,24 @@ def run_dirs_from_env() -> list[Path]:
     return [Path(p) for p in os.environ.get(RUNS_ENV, "").split(os.pathsep) if p.strip()]
 
 
-def _bench_kind(path: Path) -> str | None:
+def _bench(path: Path) -> dict | None:
+    """The `dare bench` report in `path` (`"kind": "bench.<what>"`), None for any other file."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+        data = load_json(path)
+    except ValueError:
         return None
     kind = data.get("kind") if isinstance(data, dict) else None
-    return kind if isinstance(kind, str) and kind.startswith("bench.") else None
+    return data if isinstance(kind, str) and kind.startswith("bench.") else None
+
+
+def _dict(value) -> dict:
+    """`value` when it is a dict, else {}: a report's parts are read without trusting their shape."""
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value) -> bool:
+    """A number (not a bool) that is finite and within ±`MAX_NUMBER`."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= MAX_NUMBER
 
 
 def load_all(extra_runs: list[Path] | None = None) -> tuple[list[tuple[Path, Result]], list[tuple[Path, str]]]:
@@ -48,7 +63,7 @@ def load_all(extra_runs: list[Path] | None = None) -> tuple[list[tuple[Path, Res
         v, i = load_results(d, pattern="**/result_*.json")
         valid += v
         invalid += i
-    invalid = [(p, why) for p, why in invalid if _bench_kind(p) is None]  # bench reports are not results
+    invalid = [(p, why) for p, why in invalid if _bench(p) is None]  # bench reports are not results
     seen, unique = set(), []
     for path, r in valid:  # the same run can be both committed and in a run folder
         if r.run_id not in seen:
@@ -63,8 +78,9 @@ def load_bench(extra_runs: list[Path] | None = None) -> list[tuple[Path, dict]]:
     roots = [committed(), *(extra_runs if extra_runs is not None else run_dirs_from_env())]
     for root in roots:
         for path in sorted(Path(root).glob("**/*.json")) if Path(root).is_dir() else []:
-            if _bench_kind(path):
-                out.append((path, json.loads(path.read_text())))
+            report = _bench(path)
+            if report:
+                out.append((path, report))
     return out
 
 
@@ -317,7 +333,8 @@ def family_table(items, benchmark: str) -> tuple[list[str], list[dict], list[dic
                 row[f"{family} Δ"] = signed(100 * diff) + (MIXED if mixed(mine + base) else "")
         rows.append(row)
     runs = [{"family": f, "method": label, "seed": r.training.seed if r.training else None,
-             "value": round(100 * value(r), 2), "model": r.model.name, "run_id": r.run_id, "detail": f"?run={r.run_id}"}
+             "value": round(100 * value(r), 2), "model": r.model.name, "run_id": r.run_id,
+             "detail": f"?run={quote(r.run_id, safe='')}"}
             for label in order for f in families for r in cells.get((label, f), [])]
     return families, rows, runs
 
@@ -384,36 +401,38 @@ def _round(x: float | None, digits: int = 1) -> float | None:
 def report_hardware(report: dict) -> str:
     """A bench report's machine as the result rows name theirs (`Hardware.hardware_class`): the GPU and
     its capability, else the CPU model and the instruction set torch dispatched to."""
-    return Hardware.model_construct(**{"cpu": "?", "n_cpus": 0, **(report.get("hardware") or {})}).hardware_class()
+    hardware = {k: v for k, v in _dict(report.get("hardware")).items() if k in Hardware.model_fields}
+    return Hardware.model_construct(**{"cpu": "?", "n_cpus": 0, **hardware}).hardware_class()
+
 
 
 def training_speed_rows(reports) -> list[dict]:
     """`dare bench train` reports: each comparison's baseline, accelerated value and gain."""
     out = []
     for path, rep in reports:
-        res = rep.get("results", {})
+        res = _dict(rep.get("results"))
         hw = report_hardware(rep)
         if "packing" in res:
-            p = res["packing"]
+            p = _dict(res["packing"])
             out.append({"comparison": "packing vs padding (tokens/s)", "baseline": p.get("padded_tokens_per_s"),
                         "accelerated": p.get("packed_tokens_per_s"), "gain": p.get("speedup"), "hardware": hw,
                         "report": path.name})
         if "loss_memory" in res:
-            m = res["loss_memory"]
+            m = _dict(res["loss_memory"])
             out.append({"comparison": f"loss peak memory, MiB (vocab {m.get('vocab')})",
                         "baseline": m.get("full_peak_mib"), "accelerated": m.get("chunked_peak_mib"),
                         "gain": m.get("peak_memory_ratio"), "hardware": hw, "report": path.name})
         if "rl_step" in res:
-            s = res["rl_step"]
-            out.append({"comparison": "end-to-end RL step, s", "baseline": (s.get("naive") or {}).get("step_s"),
-                        "accelerated": (s.get("accelerated") or {}).get("step_s"), "gain": s.get("speedup"),
+            s = _dict(res["rl_step"])
+            out.append({"comparison": "end-to-end RL step, s", "baseline": _dict(s.get("naive")).get("step_s"),
+                        "accelerated": _dict(s.get("accelerated")).get("step_s"), "gain": s.get("speedup"),
                         "hardware": hw, "report": path.name})
-            naive, fast = ((s.get(k) or {}).get("reward_mean") for k in ("naive", "accelerated"))
-            if naive is not None and fast is not None:  # what the speed cost: the rollouts' quality, side by side
+            naive, fast = (_dict(s.get(k)).get("reward_mean") for k in ("naive", "accelerated"))
+            if _number(naive) and _number(fast):  # what the speed cost: the rollouts' quality, side by side
                 out.append({"comparison": "end-to-end RL step, mean reward", "baseline": naive, "accelerated": fast,
                             "gain": fast / naive if naive else None, "hardware": hw, "report": path.name})
-    return [{**row, **{k: _round(row[k], 2) for k in ("baseline", "accelerated", "gain")
-                       if isinstance(row[k], (int, float))}} for row in out]
+    return [{**row, **{k: _round(row[k], 2) if _number(row[k]) else None for k in ("baseline", "accelerated", "gain")}}
+            for row in out]
 
 
 def run_rows(items) -> list[dict]:
@@ -427,26 +446,50 @@ def run_rows(items) -> list[dict]:
             "gen/block/steps": f"{r.decoding.gen_length}/{r.decoding.block_length}/{r.decoding.steps}",
             "hardware": environment(r)[0], "lock": (environment(r)[1] or "")[:12],
             "commit": (r.provenance.git_commit or "")[:8] + ("+dirty" if r.provenance.git_dirty else ""),
-            "created": r.created_at, "file": str(path),
+            "created": r.created_at, "file": printable(str(path)),
         })
     return out
 
 
+def artifact(path: Path, name: str | None) -> tuple[Path | None, str | None]:
+    """(the file `name` that a result in `path` names, None), or (None, why it is not shown): an artifact
+    is read only from inside the result's own folder, so a file naming `/etc/shadow`, `../../x` or a
+    symlink leaving the folder shows nothing else."""
+    if not name:
+        return None, None
+    folder = Path(path).parent.resolve()
+    try:
+        target = (folder / name).resolve()
+    except (OSError, RuntimeError, ValueError) as e:  # a symlink loop, a NUL byte
+        return None, f"{printable(name)}: {e}"
+    if not target.is_relative_to(folder):
+        return None, f"{printable(name)} is outside the result's folder, not shown"
+    return target, None
+
+
 def run_detail(path: Path, r: Result, max_samples: int = 20) -> dict:
-    """Everything the run-detail view shows: config text, provenance, sample preview, curves."""
-    folder = Path(path).parent
-    config = folder / r.artifacts.config if r.artifacts.config else None
-    samples = folder / r.artifacts.samples if r.artifacts.samples else None
-    preview = []
-    if samples and samples.is_file():
-        with open(samples) as f:
-            for line, _ in zip(f, range(max_samples)):
-                try:
-                    preview.append(json.loads(line))
-                except ValueError:
-                    break
-    return {"config": config.read_text() if config and config.is_file() else None,
-            "config_path": str(config) if config else None, "samples_path": str(samples) if samples else None,
+    """Everything the run-detail view shows: config text, provenance, sample preview, curves; a config or
+    samples file that is not shown has its reason in `config_note` or `samples_note`."""
+    config, config_note = artifact(path, r.artifacts.config)
+    samples, samples_note = artifact(path, r.artifacts.samples)
+    text, preview = None, []
+    if config and config.exists():
+        try:
+            text = read_bounded(config).decode(errors="replace")
+        except ValueError as e:
+            config_note = f"{printable(str(config))}: {e}"
+    if samples and samples.exists():
+        try:  # the first lines are enough: a whole samples file can be large
+            lines = read_bounded(samples, prefix=True).decode(errors="replace").splitlines()
+        except ValueError as e:
+            samples_note, lines = f"{printable(str(samples))}: {e}", []
+        for line in lines[:max_samples]:
+            try:
+                preview.append(parse_json(line, nan=True))
+            except ValueError:
+                break
+    return {"config": text, "config_path": str(config) if config else None, "config_note": config_note,
+            "samples_path": str(samples) if samples else None, "samples_note": samples_note,
             "samples": preview, "curves": read_curve(curve_file(path)),
             "provenance": r.provenance.model_dump(), "training": r.training.model_dump() if r.training else None,
             "decoding": r.decoding.model_dump()}
@@ -476,24 +519,33 @@ def curve_file(path: Path) -> Path | None:
 
 
 def read_curve(path: Path | None) -> list[dict]:
-    """The logged steps of a metrics.jsonl, each with its finite numeric values only (lines that are
-    not JSON or have no integer `step` are skipped; [] without a file). A file is read again only
-    when it changes; the records returned are shared, not to be modified."""
-    if path is None or not path.is_file():
+    """The logged steps of a metrics.jsonl, each with its numeric values within ±`MAX_NUMBER` only (NaN
+    and infinities dropped) under names without control characters (lines that are not JSON, nest too
+    deep or have no integer `step` are skipped; [] without a file or for one that is not a regular file
+    of at most `MAX_LOG_BYTES`). A file is read again only when it changes; the records returned are
+    shared, not to be modified."""
+    if path is None:
         return []
-    info = path.stat()
+    try:
+        info = path.stat()
+    except OSError:  # a dangling link
+        return []
     stamp = (info.st_mtime_ns, info.st_size)
     if path in _CURVES and _CURVES[path][0] == stamp:
         return _CURVES[path][1]
+    try:
+        text = read_bounded(path, MAX_LOG_BYTES).decode(errors="replace")
+    except ValueError:
+        text = ""
     records = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         try:
-            rec = json.loads(line)
+            rec = parse_json(line, nan=True)
         except ValueError:
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-            records.append({k: v for k, v in rec.items() if isinstance(v, (int, float))
-                            and not isinstance(v, bool) and math.isfinite(v)})
+        values = {k: v for k, v in rec.items() if _number(v) and not unsafe_char(k)} if isinstance(rec, dict) else {}
+        if isinstance(values.get("step"), int):
+            records.append(values)
     _CURVES[path] = (stamp, records)
     return records
 

@@ -3,6 +3,7 @@ panel), its torch-free loader, and an end-to-end check in a real headless Chromi
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -131,8 +132,26 @@ def _app():
     return at
 
 
+def _plain(text: str) -> str:
+    """What a string the app escaped for Markdown (its `plain`: names show as text) reads as."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text)
+
+
+def _tables(at):
+    """The app's static tables as they read: cells, row and column names unescaped (`_plain`)."""
+    out = []
+    for t in at.table:
+        df = t.value.map(lambda v: _plain(v) if isinstance(v, str) else v)
+        out.append(df.set_axis(df.index.map(_plain)).set_axis(df.columns.map(_plain), axis=1))
+    return out
+
+
 def _table(at, index=0):
-    return at.table[index].value
+    return _tables(at)[index]
+
+
+def _captions(at) -> list[str]:
+    return [_plain(c.value) for c in at.caption]
 
 
 def test_invalid_files_are_listed_and_the_rest_works(runs):
@@ -250,7 +269,7 @@ def test_family_view_compares_every_method_on_every_family_with_deltas_to_each_s
     at = _app()
     column = "addition [4/4/4, T=0]"
     at.selectbox(key="family_benchmark").select(column).run()
-    table = next(t.value for t in at.table if "sdar Δ" in t.value.columns)
+    table = next(t for t in _tables(at) if "sdar Δ" in t.columns)
     assert list(table.index)[:3] == ["d1 [LLaDA-8B]", "sft [tiny]", "sft"]  # the starts first
     assert set(table.index[3:]) == {"wd1 [LLaDA-8B]", "d1 (from sft) [tiny]", "wd1 (from sft) [tiny]", "d1 (from sft)"}
     assert table.loc["sft [tiny]", "llada"] == "75.0 (1 seed)" and table.loc["sft", "sdar"] == "50.0 (1 seed)"
@@ -298,7 +317,7 @@ def test_run_detail_shows_config_provenance_samples_and_curves(runs):
     assert at.selectbox(key="curve").options == ["compute/total_forwards", "compute/total_rollout_tokens",
                                                  "compute/total_update_tokens", "compute/wall_s", "loss/kl",
                                                  "loss/total", "rollout/reward_mean"]
-    assert any("Commit" in m.value and "AMD EPYC (AVX2)" in m.value for m in at.markdown)
+    assert any("Commit" in m.value and "AMD EPYC (AVX2)" in _plain(m.value) for m in at.markdown)
     assert any(json.loads(j.value).get("hardware", {}).get("cpu_capability") == "AVX2" for j in at.json)  # fingerprint
 
 
@@ -439,11 +458,11 @@ def test_run_detail_overlays_runs_and_seeds_against_steps_and_forwards(runs):
         (WD1_S0, 0, 150, 0.5), (WD1_S0, 0, 300, 0.65), (WD1_S0, 0, 450, 0.8)]
     assert {r["method"] for r in rows} == {"d1 (from sft)", "wd1 (from sft)"}
     assert f'"title": "{FORWARDS}"' in chart.proto.spec
-    assert "Left out: d1__tiny__addition__s0__g8 (no compute curves)" in [c.value for c in at.caption]
+    assert "Left out: d1__tiny__addition__s0__g8 (no compute curves)" in _captions(at)
     at.selectbox(key="run").select(WD1_S0).run()  # another run starts its own overlay
     assert at.multiselect(key="overlay").value == [WD1_S0]
     at.selectbox(key="run").select("sft__tiny__addition__s0__g4").run()
-    assert "No training metrics (metrics.jsonl) beside the chosen results." in [c.value for c in at.caption]
+    assert "No training metrics (metrics.jsonl) beside the chosen results." in _captions(at)
 
 
 def test_compute_view_shows_scores_at_equal_steps_and_forwards(runs):
@@ -451,23 +470,23 @@ def test_compute_view_shows_scores_at_equal_steps_and_forwards(runs):
     at = _app()
     assert at.selectbox(key="compute_benchmark").value == "addition [4/4/4, T=0]"
     assert at.selectbox(key="compute_metric").value == "rollout/reward_mean"
-    table = next(t.value for t in at.table if "equal forwards" in t.value.columns)
+    table = next(t for t in _tables(at) if "equal forwards" in t.columns)
     tiny = table[table["model"] == "tiny"]
     assert tiny.loc["d1 (from sft)", "equal forwards"] == "0.725 ± 0.177 (2 seeds)"
     assert tiny.loc["wd1 (from sft)", "equal forwards"] == "0.675 ± 0.035 (2 seeds)"
     assert tiny.loc["wd1 (from sft)", "equal steps"] == "87.5 ± 17.7 (2 seeds)"
     assert tiny.loc["wd1 (from sft)", "forwards"] == "425"
     assert tiny.loc["sft", "note"] == "no compute record; no training curves"
-    assert any("rollout/reward_mean at 300 forwards" in c.value for c in at.caption)
+    assert any("rollout/reward_mean at 300 forwards" in c for c in _captions(at))
     chart = next(c for c in at.get("vega_lite_chart") if '"rule"' in c.proto.spec)
     assert {r["run_id"] for r in _chart_rows(chart) if "run_id" in r and isinstance(r["run_id"], str)} == {
         D1_S0, D1_S1, WD1_S0, "wd1__tiny__addition__s1__g4"}
     at.selectbox(key="compute_metric").select("loss/total").run()
-    assert any("loss/total at 300 forwards" in c.value for c in at.caption)
+    assert any("loss/total at 300 forwards" in c for c in _captions(at))
     at.selectbox(key="compute_benchmark").select("addition [8/4/4, T=0]").run()  # an older run: no compute at all
     assert not at.exception
     assert any("no run here logged compute curves" in c.value for c in at.caption)
-    table = next(t.value for t in at.table if "equal forwards" in t.value.columns)
+    table = next(t for t in _tables(at) if "equal forwards" in t.columns)
     assert table.loc["d1 (from sft)", "note"] == "no compute record; no compute curves"
 
 

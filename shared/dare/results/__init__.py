@@ -30,7 +30,10 @@ Fields (all required unless marked optional):
                     published copy keeps the first 64 samples and records the whole file's line
                     count and sha256 (the whole file stays in the run folder)
 
-The writer is atomic; `load_results` never raises on a bad file, it reports (file, reason).
+The writer is atomic; `load_results` never raises on a bad file, it reports (file, reason). A results
+folder may be a shared or downloaded one, so every reader here is guarded (`load_json`): only regular
+files of at most `MAX_FILE_BYTES`, nested at most `MAX_DEPTH` deep, numbers finite and within
+`MAX_NUMBER`, strings without control or format characters (bidi overrides, zero-width).
 This module imports no torch: the leaderboard uses it directly.
 """
 
@@ -38,7 +41,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import shutil
+import stat
+import unicodedata
+from itertools import accumulate
 from pathlib import Path
 from typing import Literal
 
@@ -259,21 +267,144 @@ def metric_from_values(name: str, values: list[float], higher_is_better: bool = 
 
 
 def write_result(result: Result | dict, path: str | Path) -> Path:
-    """Validate, then write atomically (a reader never sees a partial file)."""
+    """Validate, then write atomically (a reader never sees a partial file). What `read_result` would
+    refuse (`load_json`'s guards) is not written either: ValueError naming the file and the field."""
     if isinstance(result, dict):
         result = Result.model_validate(result)
-    return atomic_write(path, result.model_dump_json(indent=2) + "\n")
+    text = result.model_dump_json(indent=2) + "\n"
+    size = len(text.encode())
+    try:
+        if size > MAX_FILE_BYTES:
+            raise ValueError(f"{size} bytes, over the {MAX_FILE_BYTES // 2**20} MiB cap")
+        checked_json(text)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}; not written") from None
+    return atomic_write(path, text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading files that may be hostile (a shared or downloaded results folder)
+# ---------------------------------------------------------------------------------------------
+
+MAX_FILE_BYTES = 4 * 2**20
+"""The largest result or bench report read (a result is a few KiB: its samples live beside it)."""
+MAX_LOG_BYTES = 64 * 2**20
+"""The largest training log (metrics.jsonl) read."""
+MAX_DEPTH = 32
+"""The deepest nesting of a JSON document read (a result nests 4 levels, its training config a few more)."""
+MAX_NUMBER = 1e18
+"""The largest magnitude of a number in a result or bench report (sums of squares stay far from overflow)."""
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFDIR: "a folder", stat.S_IFSOCK: "a socket"}
+
+
+def read_bounded(path: str | Path, limit: int = MAX_FILE_BYTES, *, prefix: bool = False) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (symlinks followed); with `prefix`, the first
+    `limit` bytes of a longer one. ValueError with the reason otherwise: a FIFO (which would block), a
+    device such as /dev/zero (endless), a folder, a larger file, an unreadable one."""
+    try:  # non-blocking, so opening a FIFO returns at once; the checks are on what was opened
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        raise ValueError(f"unreadable: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"not a regular file ({_KINDS.get(stat.S_IFMT(info.st_mode), 'a special file')})")
+        if info.st_size > limit and not prefix:
+            raise ValueError(f"{info.st_size} bytes, over the {limit // 2**20} MiB cap")
+        data = f.read(limit + 1)
+    if len(data) > limit and not prefix:  # it grew while being read
+        raise ValueError(f"over the {limit // 2**20} MiB cap")
+    return data[:limit]
+
+
+def parse_json(text: str, *, nan: bool = False):
+    """`text` as JSON nested at most `MAX_DEPTH` deep (measured before parsing, so no parser or later
+    walk recurses deeper); NaN and Infinity only with `nan` (a training log may log them). ValueError
+    otherwise."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    if max(accumulate(1 if b in "[{" else -1 for b in brackets), default=0) > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(text, parse_constant=None if nan else _reject_constant)
+    except ValueError as e:
+        raise ValueError(f"not valid JSON: {e}") from None
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*+"?', re.DOTALL)
+"""A JSON string (an unterminated one runs to the end: one pass, no backtracking)."""
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def check_values(data) -> None:
+    """ValueError naming the first field (or key) of a parsed JSON document holding a number that is not
+    finite or beyond ±`MAX_NUMBER`, or a string with a control or format character (`unsafe_char`)."""
+    for where, value in _nodes(data):
+        if where and isinstance(where[-1], str) and unsafe_char(where[-1]):
+            problem = f"key has {unsafe_char(where[-1])}"
+        elif isinstance(value, str) and unsafe_char(value):
+            problem = unsafe_char(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and not abs(value) <= MAX_NUMBER:
+            shown = repr(value) if len(repr(value)) <= 24 else f"a {len(repr(value))}-digit number"
+            problem = f"{shown} is not a finite number within ±{MAX_NUMBER:g}"
+        else:
+            continue
+        raise ValueError(f"{printable(_dotted(where))}: {problem}")
+
+
+def load_json(path: str | Path, limit: int = MAX_FILE_BYTES):
+    """A JSON file read safely: `read_bounded`, then `checked_json`; ValueError with the reason otherwise."""
+    try:
+        text = read_bounded(path, limit).decode()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"unreadable: {e}") from None
+    return checked_json(text)
+
+
+def checked_json(text: str):
+    """`parse_json` (no NaN), then `check_values`."""
+    data = parse_json(text)
+    check_values(data)
+    return data
+
+
+def unsafe_char(text: str) -> str | None:
+    """What makes `text` unsafe to show, or None: a control character other than newline and tab, a
+    format character (bidi overrides such as U+202E that make `\\u202e1dw` read `wd1`, zero-width
+    characters) or a lone surrogate."""
+    if text.isprintable():
+        return None
+    bad = next((c for c in text if unicodedata.category(c) in ("Cc", "Cf", "Cs") and c not in "\n\t"), None)
+    return None if bad is None else f"control or format character U+{ord(bad):04X}"
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """`text` with its non-printable characters escaped (`\\u202e`), cut to `limit` characters: for
+    showing a file name or a field in a message."""
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _dotted(where: tuple) -> str:
+    return ".".join(map(str, where)) or "(top level)"
+
+
+def _nodes(data):
+    """(path, value) of every value of a parsed JSON document, containers included, depth first."""
+    stack = [((), data)]
+    while stack:
+        where, value = stack.pop()
+        yield where, value
+        if isinstance(value, dict):
+            stack += [((*where, k), v) for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [((*where, i), v) for i, v in reversed(list(enumerate(value)))]
 
 
 def read_result(path: str | Path) -> Result:
-    """One result file; raises ValueError with the reason when it is not valid."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(), parse_constant=_reject_constant)
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"unreadable: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON: {e}") from None
+    """One result file; raises ValueError with the reason when it is not valid (`load_json`'s guards,
+    then the schema)."""
+    data = load_json(path)
     if not isinstance(data, dict):
         raise ValueError(f"top level is {type(data).__name__}, expected an object")
     version = data.get("schema_version")
@@ -419,4 +550,6 @@ def load_results(*sources: str | Path, pattern: str = "**/*.json") -> tuple[list
 
 __all__ = ["SCHEMA_VERSION", "Result", "Method", "ModelInfo", "Benchmark", "SampleCounts", "Decoding", "Metric",
            "Reference", "Training", "Compute", "DataInfo", "Throughput", "Provenance", "Hardware", "Artifacts",
-           "metric_from_values", "write_result", "read_result", "load_results", "publish"]
+           "metric_from_values", "write_result", "read_result", "load_results", "publish", "MAX_FILE_BYTES",
+           "MAX_LOG_BYTES", "MAX_DEPTH", "MAX_NUMBER", "read_bounded", "parse_json", "check_values", "checked_json",
+           "load_json", "unsafe_char", "printable"]
