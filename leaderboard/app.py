@@ -95,7 +95,8 @@ st.sidebar.caption("⚠ marks a mean or delta over runs from different hardware 
 
 
 def download(df: pd.DataFrame, name: str, key: str) -> None:
-    st.download_button("Download CSV", df.to_csv(index=False).encode(), file_name=name, mime="text/csv", key=key)
+    safe = df.map(load.csv_safe).rename(columns=load.csv_safe)
+    st.download_button("Download CSV", safe.to_csv(index=False).encode(), file_name=name, mime="text/csv", key=key)
 
 
 def curve_chart(rows: list[dict], x: str, y: str, budget: float | None = None) -> alt.Chart:

@@ -89,6 +89,18 @@ def load_bench(extra_runs: list[Path] | None = None) -> list[tuple[Path, dict]]:
 # ---------------------------------------------------------------------------------------------
 
 
+def csv_safe(value):
+    """A text cell as a spreadsheet shows it, not runs it: a leading `=`, `+`, `-`, `@`, tab or carriage
+    return (a formula) gets a `'` in front, unless the text is a number (`-0.5`, `+1.2`)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        try:
+            float(value)
+            return value
+        except ValueError:
+            return "'" + value
+    return value
+
+
 def main_metric(result: Result) -> str:
     return result.metrics[0].name
 

@@ -353,3 +353,13 @@ def test_a_hostile_folder_renders_and_lists_every_bad_file(hostile):
     at.selectbox(key="run").select("evil_1").run()
     assert not at.exception, at.exception
 
+
+
+def test_csv_downloads_do_not_carry_formulas():
+    import load
+
+    cells = ["=HYPERLINK(\"http://evil\")", "+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)", "\t=1", "d1", "-0.5", "+1.2",
+             1.5, None]
+    assert [load.csv_safe(c) for c in cells] == [
+        "'=HYPERLINK(\"http://evil\")", "'+cmd|' /C calc'!A0", "'-2+3", "'@SUM(A1)", "'\t=1", "d1", "-0.5", "+1.2",
+        1.5, None]
