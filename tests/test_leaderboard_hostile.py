@@ -363,3 +363,11 @@ def test_csv_downloads_do_not_carry_formulas():
     assert [load.csv_safe(c) for c in cells] == [
         "'=HYPERLINK(\"http://evil\")", "'+cmd|' /C calc'!A0", "'-2+3", "'@SUM(A1)", "'\t=1", "d1", "-0.5", "+1.2",
         1.5, None]
+
+
+def test_a_fifo_given_directly_is_named_as_what_it_is(tmp_path):
+    from dare.results import load_results
+
+    os.mkfifo(tmp_path / "result_x.json")
+    valid, invalid = load_results(tmp_path / "result_x.json", tmp_path / "missing.json")
+    assert valid == [] and [why for _, why in invalid] == ["not a regular file (a FIFO)", "no such file or folder"]

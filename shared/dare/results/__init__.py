@@ -533,10 +533,10 @@ def load_results(*sources: str | Path, pattern: str = "**/*.json") -> tuple[list
     valid, invalid = [], []
     for source in sources:
         source = Path(source)
-        if source.is_file():
-            files = [source]
-        elif source.is_dir():
+        if source.is_dir():
             files = sorted(source.glob(pattern))
+        elif source.exists() or source.is_symlink():  # read_result says what it is (a FIFO, a device, a dangling link)
+            files = [source]
         else:
             invalid.append((source, "no such file or folder"))
             continue
