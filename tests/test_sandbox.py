@@ -282,6 +282,12 @@ def test_a_pass_means_the_tests_ran_to_their_end():
     assert chatty.passed and chatty.completed and len(chatty.output) <= 8192
 
 
+def test_the_program_starts_with_the_globals_python_gives_a_script():
+    names = run_program("print(sorted(k for k in globals() if not k.startswith('__')), __name__)\n", FAST)
+    assert names.passed and names.output.strip() == "[] __main__"
+    assert not run_program("print(sys.version)\n", FAST).passed  # sys was never imported by the program
+
+
 def test_nothing_the_program_started_survives_the_call():
     """A program that clears its parent-death signal (bwrap's --die-with-parent) and sleeps, and children that
     do the same after their parent returned: none of them runs once run_program has returned."""

@@ -131,8 +131,9 @@ os.execv(argv[0], argv)
 """
 
 # In the sandbox: the per-call process limit (it binds this user namespace only), then the program from stdin.
-_START = ("import resource as r, sys; r.setrlimit(r.RLIMIT_NPROC, ({n}, {n})); del r; "
-          "exec(compile(sys.stdin.read(), '<stdin>', 'exec'))")
+# The program's globals are those `python -` gives it (no `sys` or `resource` left behind).
+_START = ("import resource as r; r.setrlimit(r.RLIMIT_NPROC, ({n}, {n})); del r; "
+          "exec(compile(__import__('sys').stdin.read(), '<stdin>', 'exec'))")
 
 
 def _drops_to_nobody() -> bool:
