@@ -71,6 +71,77 @@ RL = ["train.lr=1e-3", "rl.prompts_per_step=4", "rl.group_size=4", "rl.num_itera
       "rl.diag_every=1"]  # every diagnostic on every step: each baseline's hooks run through them
 
 
+# ---------------------------------------------------------------------------------------------
+# Baselines under test, discovered: nothing to register in a shared test file
+# ---------------------------------------------------------------------------------------------
+# Every folder `baselines/<name>/` holding an algorithm.py is a baseline (`dare.app.baselines.names`).
+# tests/test_baselines.py runs two steps of it on a tiny model of every family its README front
+# matter declares (`families:`), and tests/test_pinned.py checks its 3-step loss trajectory against
+# `baselines/<name>/pinned.json`. What a baseline's tiny runs need beyond its recipe's overrides
+# below, and why it has no pinned trajectory, sit in an optional `tests:` field of its front matter:
+#
+#   tests:
+#     overrides: {all: [algo.n_t=3], llada: [rl.decoding.steps=2]}   # `all`, then the run's family
+#     unpinned: "why there is no pinned.json"
+
+RECIPE_OVERRIDES = {  # a tiny run of each recipe (two steps; the pinned test runs three)
+    "sft": [*TINY, "train.steps=2", "algo.response_length=4"],
+    "preference": [*TINY, "train.steps=2", "data.task=addition_pairs", "train.batch_size=4"],
+    "rl": RL,
+}
+TESTS_KEYS = ("overrides", "unpinned")
+
+
+def baseline_recipe(name: str) -> str:
+    """`RECIPE` of baselines/<name>/algorithm.py, read from its source without importing it (no torch
+    at collection); a RECIPE that is not a plain string literal falls back to importing the module."""
+    import ast
+    import importlib
+
+    tree = ast.parse((REPO / "baselines" / name / "algorithm.py").read_text())
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "RECIPE" for t in targets):
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                return node.value.value
+    return importlib.import_module(f"baselines.{name}.algorithm").RECIPE
+
+
+def baseline_tests(name: str) -> dict:
+    """The `tests:` field of baselines/<name>/README.md's front matter ({} when absent), checked."""
+    from dare.app.baselines import front_matter
+
+    meta = front_matter(name)
+    tests = meta.get("tests") or {}
+    where = f"baselines/{name}/README.md front matter `tests:`"
+    assert isinstance(tests, dict) and not set(tests) - set(TESTS_KEYS), \
+        f"{where} must be a mapping with keys among {list(TESTS_KEYS)}, got {tests!r}"
+    overrides = tests.get("overrides") or {}
+    assert isinstance(overrides, dict) and not set(overrides) - {"all", *meta["families"]}, \
+        f"{where} overrides: keys must be `all` or families it declares {meta['families']}, got {list(overrides)}"
+    assert all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in overrides.values()), \
+        f"{where} overrides: each value must be a list of 'key=value' strings"
+    if "unpinned" in tests:
+        assert isinstance(tests["unpinned"], str) and tests["unpinned"].strip(), \
+            f"{where} unpinned: must be a non-empty string saying why it has no pinned.json"
+    return tests
+
+
+def baseline_runs(*recipes: str) -> list[tuple[str, str]]:
+    """(name, family) for every baseline whose RECIPE is one of `recipes`, one pair per family its
+    front matter declares (in that order), baselines sorted by name."""
+    from dare.app.baselines import front_matter, names
+
+    return [(n, f) for n in names() if baseline_recipe(n) in recipes for f in front_matter(n)["families"]]
+
+
+def tiny_overrides(name: str, family: str) -> list[str]:
+    """The overrides of a tiny two-step run of baseline `name` on `family`: its recipe's
+    (`RECIPE_OVERRIDES`), then its front matter's `tests: overrides:` for `all` families and for `family`."""
+    own = baseline_tests(name).get("overrides") or {}
+    return [*RECIPE_OVERRIDES[baseline_recipe(name)], *own.get("all", []), *own.get(family, [])]
+
+
 @pytest.fixture(scope="session")
 def sft_checkpoint(tmp_path_factory):
     """`sft_checkpoint(family)`: the final checkpoint of a 2-step sft run of a tiny model of that

@@ -1,6 +1,7 @@
 """The wave-one baselines (sft, peft, vrpo, d1, coupled_grpo, wd1): losses against hand-computed
-values on tiny tensors, their invariants, and a two-step run on a tiny model of every family each
-one applies to (finite losses, a non-zero gradient, parameters change)."""
+values on tiny tensors and their invariants; and for every baseline, discovered under baselines/, a
+two-step run on a tiny model of every family it applies to (finite losses, a non-zero gradient,
+parameters change)."""
 
 import json
 import math
@@ -14,7 +15,8 @@ from baselines.coupled_grpo import algorithm as cg
 from baselines.peft import algorithm as peft_algo
 from baselines.sft import algorithm as sft
 from baselines.wd1 import algorithm as wd1
-from conftest import RL, TINY, run_config
+from conftest import (RECIPE_OVERRIDES, REPO, RL, baseline_recipe, baseline_runs, run_config,
+                      tiny_overrides)
 from dare.config import ConfigError, ScratchModelConfig
 from dare.models import facts, new_model, token_logits
 from dare.models.tokenizer import char_tokenizer
@@ -206,24 +208,11 @@ def _check_run(out):
     assert any(r["optim/grad_norm"] > 0 for r in records)
 
 
-RL_RUNS = [(n, f) for n in ("d1", "coupled_grpo", "wd1", "tracerl", "cj_grpo", "justgrpo", "spg", "espo", "gdpo", "bgpo")
-           for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")] + [(n, f) for n in ("mdpo", "agrpo", "d_treerpo")
-                                                                  for f in ("llada", "dream")] + [
-    ("ebpo", f) for f in ("sdar", "sdar_moe", "llada2")]
-RL_EXTRA = {  # CJ-GRPO decodes with ASS (steps = log2 of the 4 tokens) and EOSER; block models with their own schedule
-    ("cj_grpo", "llada"): ["rl.decoding.steps=2"], ("cj_grpo", "dream"): ["rl.decoding.steps=2"],
-    **{("cj_grpo", f): ["rl.decoding.schedule=even", "rl.decoding.eos_gamma_min=1"] for f in ("sdar", "sdar_moe", "llada2")},
-    **{("mdpo", f): ["rl.decoding.sampler=maskgit", "algo.train_steps=2"] for f in ("llada", "dream")},  # 2 of the 4 steps
-    **{("justgrpo", f): ["rl.decoding.block_length=1"] for f in ("llada", "dream")},  # AR-order rollouts
-    **{("justgrpo", f): ["rl.decoding.remasking=left_to_right"] for f in ("sdar", "sdar_moe", "llada2")},
-    **{("spg", f): ["rl.decoding.block_length=2"] for f in ("llada", "dream")},  # 2 blocks for its 2 draws
-    **{(n, f): ["algo.n_t=3"] for n in ("bgpo", "ebpo") for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")},
-    **{("agrpo", f): ["rl.decoding.sampler=truncated", "rl.decoding.top_k=5", "algo.mc_samples=3"] for f in ("llada", "dream")},
-    **{("d_treerpo", f): ["rl.decoding.sampler=masked", "rl.decoding.tree=[2,2]", "algo.sd_lambda_max=0.5",
-                          "rl.eval_every=1"]  # validation decodes without the tree
-       for f in ("llada", "dream")}}  # 2 x 2 leaves = the 4 completions; a self-distillation weight that shows
-SUPERVISED_RUNS = [(n, f) for n in ("sft", "peft") for f in ("llada", "dream", "sdar", "llada2")] + [
-    ("vrpo", f) for f in ("llada", "dream", "sdar", "sdar_moe", "llada2")]
+# Discovered (tests/conftest.py): every baselines/<name>/ with an algorithm.py, on every family its README
+# front matter declares; what a tiny run of it needs beyond its recipe's overrides is its front matter's
+# `tests: overrides:` (`tiny_overrides`). A new baseline is picked up without an edit here.
+RL_RUNS = baseline_runs("rl")
+SUPERVISED_RUNS = baseline_runs("sft", "preference")
 
 
 def test_every_family_a_baseline_declares_is_run_here():
@@ -231,9 +220,24 @@ def test_every_family_a_baseline_declares_is_run_here():
 
     tested = {}
     for name, family in RL_RUNS + SUPERVISED_RUNS:
-        tested.setdefault(name, set()).add(family)
+        tested.setdefault(name, []).append(family)
     for name in names():
-        assert set(front_matter(name)["families"]) <= tested.get(name, set()), name
+        assert tested.get(name) == front_matter(name)["families"], name
+
+
+def test_every_baselines_folder_is_discovered():
+    """A folder under baselines/ holding an algorithm.py is a baseline: it is run here on its families,
+    with a recipe the runs know and a well-formed `tests:` front matter field (if any)."""
+    from dare.app.baselines import front_matter, names
+
+    folders = sorted(p.name for p in (REPO / "baselines").iterdir()
+                     if p.is_dir() and not p.name.startswith(("_", ".")) and (p / "algorithm.py").is_file())
+    assert folders and names() == folders
+    assert sorted({n for n, _ in RL_RUNS + SUPERVISED_RUNS}) == folders
+    for name in folders:
+        assert baseline_recipe(name) in RECIPE_OVERRIDES, f"baselines/{name}: unknown RECIPE {baseline_recipe(name)!r}"
+        for family in front_matter(name)["families"]:
+            assert tiny_overrides(name, family)  # checks the `tests:` field
 
 
 @pytest.mark.parametrize("name,family", RL_RUNS)
@@ -244,7 +248,7 @@ def test_rl_baselines_two_steps(name, family, tmp_path, monkeypatch, sft_checkpo
     ckpt = sft_checkpoint(family)
     monkeypatch.setattr(TASKS["addition"], "rewards", lambda texts, rows, style="default": [
         float(i % 2) for i in range(len(texts))])
-    out = train(name, None, [f"model.path={ckpt}", f"model.family={family}", *RL, *RL_EXTRA.get((name, family), []),
+    out = train(name, None, [f"model.path={ckpt}", f"model.family={family}", *tiny_overrides(name, family),
                              f"run.out_dir={tmp_path / name}"])
     _check_run(out)
     assert _changed(ckpt, out)
@@ -274,9 +278,7 @@ def test_a_step_whose_groups_are_all_filtered_makes_no_update(tmp_path, monkeypa
 @pytest.mark.parametrize("name,family", SUPERVISED_RUNS)
 def test_supervised_baselines_two_steps(name, family, tmp_path, sft_checkpoint):
     ckpt = sft_checkpoint(family)
-    extra = {"sft": ["algo.response_length=4"], "peft": ["model.lora.rank=4", "algo.response_length=4"],
-             "vrpo": ["data.task=addition_pairs", "algo.n_t=2", "train.batch_size=4"]}[name]
-    out = train(name, None, [*TINY, f"model.path={ckpt}", f"model.family={family}", "train.steps=2", *extra,
+    out = train(name, None, [f"model.path={ckpt}", f"model.family={family}", *tiny_overrides(name, family),
                              f"run.out_dir={tmp_path / name}"])
     _check_run(out)
     assert _changed(ckpt, out)
