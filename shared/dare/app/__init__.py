@@ -9,6 +9,7 @@ this wing turns names and repository folders into those arguments:
 - `dare.app.sweep`      sweep files (`reproductions/<name>/sweep.yaml`), submitit launches, collection
 - `dare.app.targets`    a reproduction's paper numbers (`targets.yaml`) into `result.reference`
 - `dare.app.ray_group`  a Ray worker group running `train` on every rank
-- `dare.app.demo`, `dare.app.bench`   the embedded default and the benchmarks
+- `dare.app.demo`, `dare.app.bench`, `.bench_estimators`   the embedded default and the benchmarks
+- `dare.app.probes`    the benchmarks' memory probes, each run in a fresh process
 - `dare.app.cli`        the `dare` command
 """

@@ -383,106 +383,17 @@ def rewards_benchmark(n: int = 1000, workers: int | None = None, out: str | None
 # ------------------------------------------------------------------------------------------------
 # `dare bench train`
 
-PEAK_MEMORY = r"""
-def peak_start():
-    # the kernel's peak-RSS mark is reset to the current RSS (clear_refs 5): getrusage's ru_maxrss would carry
-    # the parent's peak over the exec into this process, hiding any peak below it
-    open("/proc/self/clear_refs", "w").write("5")
-    return _status("VmRSS")
-
-
-def peak_now():
-    return _status("VmHWM")
-
-
-def _status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-"""
-"""The memory probes' peak (KiB) of a span of a fresh process: `before = peak_start()` ... `peak_now() - before`."""
-
-_MEMORY_PROBE = PEAK_MEMORY + r"""
-import json, sys, torch
-
-from dare.models.llada import LLaDAConfig, LLaDAModelLM
-from dare.models import token_logits
-from dare.train.estimators import masked_logps
-variant, vocab, B, L = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-torch.manual_seed(0)
-cfg = LLaDAConfig(d_model=64, n_heads=4, n_layers=2, mlp_hidden_size=256, vocab_size=vocab, embedding_size=vocab,
-                  mask_token_id=vocab - 1, eos_token_id=0, pad_token_id=0)
-model = LLaDAModelLM(cfg)
-ids = torch.randint(1, vocab - 1, (B, L))
-where = torch.rand(B, L) < 0.5
-x = torch.where(where, torch.full_like(ids, vocab - 1), ids)
-before = peak_start()
-if variant == "full":
-    logp = torch.log_softmax(token_logits(model, x).float(), -1).gather(-1, ids[..., None]).squeeze(-1)
-    loss = -(logp * where).sum() / where.sum()
-else:
-    loss = -masked_logps(model, x, ids, where, chunk=256).sum() / where.sum()
-loss.backward()
-after = peak_now()
-print(json.dumps({"peak_kib": after - before, "loss": loss.item()}))
-"""
-
-
-_VRPO_PROBE = PEAK_MEMORY + r"""
-import json, sys, torch
-from baselines.vrpo import algorithm as vrpo
-from baselines.vrpo.config import Config
-from dare.models.llada import LLaDAConfig, LLaDAModelLM
-from dare.train.estimators import Compute
-from dare.train.hooks import bind
-from dare.train.preference import preference_batch, replayed_loss
-n_t, bounded, pairs, length, width = int(sys.argv[1]), sys.argv[2] == "bounded", int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-torch.manual_seed(0)
-V, P = 512, 32
-model = LLaDAModelLM(LLaDAConfig(d_model=width, n_heads=4, n_layers=4, mlp_hidden_size=4 * width, vocab_size=V,
-                                 embedding_size=V, mask_token_id=V - 1, eos_token_id=0, pad_token_id=0))
-g = torch.Generator().manual_seed(0)
-prompts = [torch.randint(1, V - 1, (P,), generator=g).tolist() for _ in range(pairs)]
-chosen = [torch.randint(1, V - 1, (length,), generator=g).tolist() for _ in range(pairs)]
-rejected = [torch.randint(1, V - 1, (length,), generator=g).tolist() for _ in range(pairs)]
-batch = preference_batch(prompts, chosen, rejected, 0, 0, Compute(pack=False, chunk=256))
-cfg = Config()
-cfg.algo.n_t, cfg.algo.memory_bounded = n_t, bounded
-draw = vrpo.sample_noise(batch, torch.Generator().manual_seed(0), cfg)
-with torch.no_grad():
-    ref = vrpo.logps(model, batch, draw, cfg) - 1.0
-before = peak_start()
-parts = vrpo.draw_parts(draw, cfg)
-if parts is None:
-    loss, _ = vrpo.loss(vrpo.logps(model, batch, draw, cfg), ref, batch, draw, cfg)
-    loss.backward()
-else:
-    trainer = type("T", (), {"model": model, "backward": staticmethod(lambda x: x.backward())})
-    loss, _ = replayed_loss(trainer, bind(vrpo), batch, draw, parts, ref, cfg)
-after = peak_now()
-grad = sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None) ** 0.5
-print(json.dumps({"peak_kib": after - before, "loss": loss.item(), "grad_norm": grad}))
-"""
-
-
 def vrpo_memory(n_ts=(1, 4, 16), pairs: int = 4, length: int = 224, width: int = 256) -> dict:
     """VRPO's update (its DPO loss and backward) with all n_t graphs alive against one at a time
     (`algo.memory_bounded`), each in a fresh process: the peak resident memory above the process's level
     before the update, the loss and the gradient norm (the same in both), per n_t. `pairs` pairs of a
     32-token prompt and `length`-token responses on a 4-layer LLaDA of width `width`."""
-    import json
-    import subprocess
-    import sys
+    from dare.app import probes
 
-    root = Path(__file__).resolve().parents[3]  # the baselines' checkout, whatever the caller's folder
-    env = {"PYTHONPATH": f"{root}:{root / 'shared'}", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     out = {}
     for n_t in n_ts:
-        row = {}
-        for variant in ("full", "bounded"):
-            r = subprocess.run([sys.executable, "-c", _VRPO_PROBE, str(n_t), variant, str(pairs), str(length),
-                                str(width)], capture_output=True, text=True, check=True, env=env)
-            row[variant] = json.loads(r.stdout.strip().splitlines()[-1])
+        row = {variant: probes.run("vrpo_memory", n_t, variant, pairs, length, width, baselines=True)
+               for variant in ("full", "bounded")}
         out[str(n_t)] = {"full_mib": row["full"]["peak_kib"] / 1024, "bounded_mib": row["bounded"]["peak_kib"] / 1024,
                          "loss_difference": abs(row["full"]["loss"] - row["bounded"]["loss"]),
                          "grad_norm_difference": abs(row["full"]["grad_norm"] - row["bounded"]["grad_norm"])}
@@ -548,12 +459,9 @@ def train_benchmark(out: str | None = None, repeats: int = 3, vocab: int = 12646
     """Training-side speedups, side by side: packing vs padding on a length-skewed batch, the
     loss's peak memory with chunked vs full logits at a 126k vocabulary, and the end-to-end RL
     step of the accelerated vs the naive pipeline."""
-    import json
-    import subprocess
-    import sys
-
     import torch
 
+    from dare.app import probes
     from dare.models.llada import LLaDAConfig, LLaDAModelLM
     from dare.train.estimators import masked_logps
     from dare.train.packing import pack, pad
@@ -606,11 +514,7 @@ def train_benchmark(out: str | None = None, repeats: int = 3, vocab: int = 12646
           f"speedup {packed_tps / padded_tps:.2f}x (same loss within "
           f"{report['results']['packing']['loss_difference']:.1e})")
     # 2. loss memory, each variant in a fresh process (peak resident memory during loss + backward)
-    mem = {}
-    for variant in ("full", "chunked"):
-        r = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, variant, str(vocab), "4", "512"],
-                           capture_output=True, text=True, check=True)
-        mem[variant] = json.loads(r.stdout.strip().splitlines()[-1])
+    mem = {variant: probes.run("loss_memory", variant, vocab, 4, 512) for variant in ("full", "chunked")}
     ratio = mem["full"]["peak_kib"] / max(1, mem["chunked"]["peak_kib"])
     report["results"]["loss_memory"] = {"vocab": vocab, "tokens": 4 * 512,
                                         "full_peak_mib": mem["full"]["peak_kib"] / 1024,

@@ -14,15 +14,11 @@ batch, and the memory of the memory-bounded (per-draw) update against the number
 from __future__ import annotations
 
 import itertools
-import json
-import math
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from dare.app import probes
 from dare.utils import atomic_write_json, fingerprint, now, runs_dir, shown_path
-from dare.app.bench import PEAK_MEMORY
 
 
 def _batch(model, tokenizer, rows: int = 8):
@@ -117,40 +113,6 @@ def _estimators(model, batch):
     return table
 
 
-_MEMORY_PROBE = PEAK_MEMORY + r"""
-import json, sys, torch
-from types import SimpleNamespace
-from baselines.bgpo import algorithm as bgpo
-from baselines.bgpo.config import Config
-from dare.models.llada import LLaDAConfig, LLaDAModelLM
-from dare.train.estimators import Compute
-from dare.train.hooks import bind
-from dare.train.rl import replayed_loss
-n_t, bounded = int(sys.argv[1]), sys.argv[2] == "bounded"
-torch.manual_seed(0)
-V, B, P, G = 512, 8, 32, 224
-model = LLaDAModelLM(LLaDAConfig(d_model=256, n_heads=4, n_layers=4, mlp_hidden_size=1024, vocab_size=V,
-                                 embedding_size=V, mask_token_id=V - 1, eos_token_id=0, pad_token_id=0))
-seqs = torch.randint(1, V - 1, (B, P + G))
-batch = SimpleNamespace(sequences=seqs, attention_mask=torch.ones_like(seqs), prompt_length=P,
-                        response_mask=torch.ones(B, G, dtype=torch.bool), compute=Compute(pack=False, chunk=256),
-                        advantages=torch.linspace(-1, 1, B), num_sequences=B)
-cfg = Config()
-cfg.algo.n_t, cfg.algo.memory_bounded = n_t, bounded
-draw = bgpo.sample_noise(batch, torch.Generator().manual_seed(0), cfg)
-before = peak_start()
-parts = bgpo.draw_parts(draw, cfg)
-if parts is None:
-    logps = bgpo.token_logps(model, batch, draw, cfg)
-    loss, _ = bgpo.loss(logps, logps.detach(), None, batch, draw, cfg)
-    loss.backward()
-else:
-    loss, _, _ = replayed_loss(SimpleNamespace(backward=lambda x: x.backward()), bind(bgpo), model, batch, draw, parts, None, None, cfg)
-after = peak_now()
-print(json.dumps({"peak_kib": after - before, "loss": loss.item()}))
-"""
-
-
 def estimators_benchmark(checkpoint: str | None = None, draws: int = 64, memory_draws=(1, 4, 16),
                          out: str | None = None) -> dict:
     import statistics
@@ -178,16 +140,10 @@ def estimators_benchmark(checkpoint: str | None = None, draws: int = 64, memory_
             report["estimators"][name] = {"forwards": forwards, "std": std, "bias_vs_exact_elbo": bias,
                                           "mean": float(mean.mean())}
             print(f"  {name:42s} {forwards:8d} {std:7.3f} {bias:12.3f}")
-    root = Path(__file__).resolve().parents[3]
-    env = {"PYTHONPATH": f"{root}:{root / 'shared'}", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     if memory_draws:
         print("  BGPO update, peak memory above the start (8 x 256 tokens, d_model 256, 4 layers):")
     for n_t in memory_draws:
-        row = {}
-        for mode in ("full", "bounded"):
-            r = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(n_t), mode], capture_output=True, text=True,
-                               check=True, env=env)
-            row[mode] = json.loads(r.stdout.strip().splitlines()[-1])
+        row = {mode: probes.run("bgpo_memory", n_t, mode, baselines=True) for mode in ("full", "bounded")}
         report["memory"][str(n_t)] = {"full_mib": row["full"]["peak_kib"] / 1024,
                                       "bounded_mib": row["bounded"]["peak_kib"] / 1024,
                                       "loss_difference": abs(row["full"]["loss"] - row["bounded"]["loss"])}

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from dare.models import facts, output_head, token_hidden, token_logits
 from dare.rollout.core import max_rank, sharded
 from dare.train import noise
+from dare.train.packing import pack_padded, unpack_padded
 
 
 @dataclass(frozen=True)
@@ -91,15 +92,10 @@ def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: to
         chunk, pack, min_padding = compute.chunk, compute.pack, compute.min_padding
     if (pack and attention_mask is not None and cu_seqlens is None
             and 1 - attention_mask.float().mean().item() >= max(min_padding, 1e-9)):
-        keep = attention_mask.bool()
-        lengths = keep.sum(dim=1)
-        cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=x_masked.device)
-        cu[1:] = lengths.cumsum(0)
-        packed = masked_logps(model, x_masked[keep][None], targets[keep][None], where[keep][None], None, chunk, cu,
-                              temperature=temperature, support=support)  # packing keeps the row-major order
-        out = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
-        out[keep] = packed[0]
-        return out
+        cu, x, y, scored = pack_padded(attention_mask, x_masked, targets, where)
+        packed = masked_logps(model, x, y, scored, None, chunk, cu, temperature=temperature,
+                              support=support)  # packing keeps the row-major order
+        return unpack_padded(packed, attention_mask)
     if chunk == 0:
         logits = token_logits(model, x_masked, attention_mask, cu_seqlens=cu_seqlens).float() / temperature  # (B, L, V)
         if support is not None:
