@@ -15,6 +15,7 @@ from dare.models import facts, load_pretrained
 from dare.rollout import left_pad
 from dare.rollout.core import response_mask
 from dare.train.common import take
+from dare.train.noise import Draw
 from dare.train.estimators import Compute
 from dare.train.rl import RLBatch, updates
 from dare.train.trainer import Trainer, setup_dist
@@ -28,10 +29,12 @@ f = facts(model)
 prompt_ids, prompt_mask = left_pad(spec["prompts"], f.pad_token_id)
 responses = torch.tensor(spec["responses"])
 n = responses.shape[0]
-batch = RLBatch(torch.cat([prompt_ids, responses], 1), torch.cat([prompt_mask, torch.ones_like(responses)], 1),
-                prompt_ids.shape[1], response_mask(responses, f.stop_ids), torch.tensor(spec["steps"]),
-                torch.tensor(spec["rewards"]), torch.tensor(spec["advantages"]), spec["group_size"], None, None, None,
-                0.0, n, Compute(pack=False, chunk=spec["chunk"]), eos_token_id=f.eos_token_id)
+batch = RLBatch(sequences=torch.cat([prompt_ids, responses], 1),
+                attention_mask=torch.cat([prompt_mask, torch.ones_like(responses)], 1), prompt_length=prompt_ids.shape[1],
+                response_mask=response_mask(responses, f.stop_ids), step_map=torch.tensor(spec["steps"]),
+                rewards=torch.tensor(spec["rewards"]), advantages=torch.tensor(spec["advantages"]),
+                group_size=spec["group_size"], num_tokens=0.0, num_sequences=n,
+                compute=Compute(pack=False, chunk=spec["chunk"]), eos_token_id=f.eos_token_id)
 old_logps = torch.tensor(spec["old_logps"])
 mine = dist.shard(n)
 batch, old_logps = take(batch, mine, n), old_logps[mine]
@@ -39,7 +42,8 @@ cfg = spec["cfg"]
 from conftest import run_config  # noqa: E402 (tests/ is on the path: the test launches from there)
 
 cfg = run_config("tracerl", **cfg)
-z = tracerl.sample_noise(batch, None, cfg)
+batch = tracerl.prepare(batch, cfg)
+z = Draw()  # TraceRL draws nothing (no sample_noise)
 batch = replace(batch, num_units=dist.sum({"u": tracerl.loss_units(batch, z, cfg)})["u"])
 trainer = Trainer(model, ModelConfig(family=f.family), TrainConfig(lr=1.0, max_grad_norm=0.0), dist, total_steps=1)
 # plain SGD at lr 1 (weights - gradient): Adam's first step, lr g / (|g| + eps), would turn float rounding in
@@ -59,5 +63,5 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 weights = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 if dist.main:
-    torch.save({"sums": sums, "weights": weights, "targets": int(z["targets"].sum())}, f"{out}/result.pt")
-torch.save({"targets": int(z["targets"].sum())}, f"{out}/rank{dist.process}.pt")
+    torch.save({"sums": sums, "weights": weights, "targets": int(batch.extras["targets"].sum())}, f"{out}/result.pt")
+torch.save({"targets": int(batch.extras["targets"].sum())}, f"{out}/rank{dist.process}.pt")

@@ -17,6 +17,7 @@ from dare.models import facts
 from dare.rollout import generate, left_pad
 from dare.train.common import lr_factor
 from dare.train.estimators import Compute, masked_logps
+from dare.train.noise import Draw
 from dare.train.rl import RLBatch
 from test_trajectory_rl import PROMPTS, tiny_llada
 
@@ -34,16 +35,18 @@ def rollout_batch(model, decoding=DECODING, seed=3):
     ids, mask = left_pad(PROMPTS, f.pad_token_id)
     out = generate(model, ids, mask, decoding, torch.Generator().manual_seed(seed))
     B = out.sequences.shape[0]
-    batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
-                    torch.zeros(B), torch.tensor([1.0, -1.0, 0.5]), 1, out.trajectory.transpose(0, 1), None, out.logps,
-                    float(out.response_mask.sum()), B, Compute(pack=False), mask_token_id=f.mask_token_id,
-                    eos_token_id=f.eos_token_id, rollout_entropies=out.entropies, supports=out.supports)
+    batch = RLBatch(sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
+                    response_mask=out.response_mask, step_map=out.step_map, decoding=decoding, rewards=torch.zeros(B),
+                    advantages=torch.tensor([1.0, -1.0, 0.5]), trajectory=out.trajectory.transpose(0, 1),
+                    rollout_logps=out.logps, num_tokens=float(out.response_mask.sum()), num_sequences=B,
+                    compute=Compute(pack=False), mask_token_id=f.mask_token_id, eos_token_id=f.eos_token_id,
+                    rollout_entropies=out.entropies, supports=out.supports)
     return out, batch
 
 
 def every_step(batch, steps):
     B = batch.sequences.shape[0]
-    return torch.arange(steps).expand(B, -1), torch.ones(B, steps)
+    return Draw(steps=torch.arange(steps).expand(B, -1), weight=torch.ones(B, steps))
 
 
 def test_the_trainer_scores_the_distribution_the_sampler_drew_from():
@@ -143,12 +146,14 @@ def test_step_draws_are_stratified_and_importance_weights_unbiased():
     step_map = torch.arange(G).div(2, rounding_mode="floor")[None]  # steps 0 0 1 1 2 2 3 3
     batch = SimpleNamespace(step_map=step_map, responses=torch.ones(B, G, dtype=torch.long), eos_token_id=9,
                             rollout_entropies=torch.tensor([[0.1, 0.1, 2.0, 1.0, 0.5, 0.0, 0.2, 0.2]]))
-    decoding = dataclasses.replace(DECODING, gen_length=G, steps=S)
-    steps, weights = agrpo.sample_noise(batch, torch.Generator().manual_seed(0),
-                                        agrpo_config(decoding, mc_samples=M, importance_sampling="uniform"))
+    batch.decoding = decoding = dataclasses.replace(DECODING, gen_length=G, steps=S)
+    draw = agrpo.sample_noise(batch, torch.Generator().manual_seed(0),
+                              agrpo_config(decoding, mc_samples=M, importance_sampling="uniform"))
+    steps, weights = draw.steps, draw.weight
     assert torch.bincount(steps[0], minlength=S).tolist() == [25, 25, 25, 25] and (weights == 1).all()
-    steps, weights = agrpo.sample_noise(batch, torch.Generator().manual_seed(0),
-                                        agrpo_config(decoding, mc_samples=M, importance_sampling="entropy"))
+    draw = agrpo.sample_noise(batch, torch.Generator().manual_seed(0),
+                              agrpo_config(decoding, mc_samples=M, importance_sampling="entropy"))
+    steps, weights = draw.steps, draw.weight
     probs = agrpo.step_probs(batch, S)
     counts = torch.bincount(steps[0], minlength=S).float()
     assert (counts - M * probs[0]).abs().max() <= 1  # stratified: each step drawn in proportion to p(s)
@@ -162,9 +167,9 @@ def test_loss_hand_computed():
     delta = torch.tensor([[0.5, -0.1, 0.0, 0.3], [0.1, 9.0, -0.4, 9.0]])  # row 1's EOS tokens are never drawn
     logps = (batch.rollout_logps + delta)[:, None, :].expand(-1, 2, -1)
     ref = logps - 0.2
-    decoding = dataclasses.replace(DECODING, gen_length=4, steps=2)
+    batch.decoding = decoding = dataclasses.replace(DECODING, gen_length=4, steps=2)
     cfg = agrpo_config(decoding, mc_samples=2, epsilon=0.2, beta=0.5)
-    loss, metrics = agrpo.loss(logps, None, ref, batch, (steps, weights), cfg)
+    loss, metrics = agrpo.loss(logps, None, ref, batch, Draw(steps=steps, weight=weights), cfg)
     expected, adv = 0.0, [1.0, -0.5]
     for i in range(2):
         for m in range(2):

@@ -35,9 +35,11 @@ def rollout(model, decoding, seed=0):
 
 def rl_batch(model, out, adv=None) -> RLBatch:
     B = out.sequences.shape[0]
-    return RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
-                   torch.zeros(B), torch.zeros(B) if adv is None else adv, 1, out.trajectory, facts(model).block_size,
-                   out.logps, float(out.response_mask.sum()), B, Compute(pack=False))
+    return RLBatch(sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
+                   response_mask=out.response_mask, step_map=out.step_map, rewards=torch.zeros(B),
+                   advantages=torch.zeros(B) if adv is None else adv, trajectory=out.trajectory,
+                   block_size=facts(model).block_size, rollout_logps=out.logps,
+                   num_tokens=float(out.response_mask.sum()), num_sequences=B, compute=Compute(pack=False))
 
 
 @pytest.mark.parametrize("family", ["sdar", "llada2"])
@@ -66,11 +68,11 @@ def test_tracerl_scores_the_probability_the_sampler_drew_each_token_with(family,
     decoding = DecodingConfig(gen_length=9, steps=4, temperature=1.0, threshold=threshold, whole_last_block=False)
     out = rollout(model, decoding, seed=3)
     batch = rl_batch(model, out)
-    z = tracerl.sample_noise(batch, None, run_config("tracerl"))
-    rounds, targets = z["rounds"], z["targets"]
+    batch = tracerl.prepare(batch, run_config("tracerl"))
+    rounds, targets = batch.extras["rounds"], batch.extras["targets"]
     assert torch.equal(targets, batch.response_mask)  # block models: the completion up to its first EOS
     with torch.no_grad():
-        trainer = tracerl.token_logps(model, batch, z, run_config("tracerl"))
+        trainer = tracerl.token_logps(model, batch, None, run_config("tracerl"))
         P, mask_id = batch.prompt_length, facts(model).mask_token_id
         p_mask = torch.zeros_like(trainer)
         for r in range(int(rounds[:, P:].max()) + 1):
@@ -92,7 +94,7 @@ def test_trace_rounds_replay_the_sampler_states_and_commit_every_token_once():
                               record_trajectory=True)
     out = rollout(model, decoding, seed=5)
     batch = rl_batch(model, out)
-    rounds = tracerl.sample_noise(batch, None, run_config("tracerl"))["rounds"][:, batch.prompt_length:]
+    rounds = tracerl.prepare(batch, run_config("tracerl")).extras["rounds"][:, batch.prompt_length:]
     block = noise.blocks(batch.attention_mask, bs)[:, batch.prompt_length:]
     mask_id, states = facts(model).mask_token_id, out.trajectory  # (steps, B, G)
     scored = torch.zeros_like(rounds)
@@ -128,7 +130,7 @@ def test_tracerl_advantages_are_group_z_scores_with_the_accuracy_filter():
     unfiltered = tracerl.advantages(rewards, run_config("tracerl", filter_low=0.0, filter_high=1.0))
     assert torch.allclose(unfiltered[1], (rewards[1] - 0.9) / math.sqrt(0.09)) and (unfiltered[2] == 0).all()
     partial = torch.tensor([[0.75, 0.5, 1.0, 0.5], [1.0, 1.0, 0.75, 1.0], [0.25, 0.0, 0.0, 0.0]])  # cell accuracies
-    kept = tracerl.kept_groups(partial, run_config("tracerl")).flatten().tolist()
+    kept = tracerl.kept(partial, run_config("tracerl")).flatten().tolist()
     assert kept == [True, False, False]  # mean rewards 0.6875, 0.9375, 0.0625 (all three have a reward > 0)
 
 
@@ -136,11 +138,11 @@ def test_tracerl_loss_hand_computed_and_ratio_one_at_the_old_policy():
     cfg = run_config("tracerl", epsilon=0.2, beta=0.5)
     adv = torch.tensor([1.0, -2.0])
     mask = torch.tensor([[True, True, False], [True, False, False]])
-    batch = SimpleNamespace(advantages=adv, token_advantages=None, response_mask=mask, num_tokens=3.0, num_sequences=2,
-                            responses=torch.zeros(2, 3), block_size=4)
+    batch = SimpleNamespace(advantages=adv, old_values=None, response_mask=mask, num_tokens=3.0, num_sequences=2,
+                            responses=torch.zeros(2, 3), block_size=4, extras={"targets": mask})
     old = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.0, -1.0]])
     new = old + torch.tensor([[0.5, -0.1, 9.0], [0.1, 0.0, 0.0]])
-    loss, metrics = tracerl.loss(new, old, None, batch, {"targets": mask}, cfg)
+    loss, metrics = tracerl.loss(new, old, None, batch, None, cfg)
     rho = torch.exp(torch.tensor([0.5, -0.1, 0.1]))
     a = torch.tensor([1.0, 1.0, -2.0])
     surrogate = torch.min(rho * a, rho.clamp(0.8, 1.2) * a)
@@ -148,7 +150,7 @@ def test_tracerl_loss_hand_computed_and_ratio_one_at_the_old_policy():
     expected = ((-surrogate + 0.5 * k3).sum() / (3 * 2)).item()
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     assert metrics["stats/clip_ratio"] == pytest.approx(1 / 3)
-    at_old, _ = tracerl.loss(old, old, None, batch, {"targets": mask}, cfg)
+    at_old, _ = tracerl.loss(old, old, None, batch, None, cfg)
     assert at_old.item() == pytest.approx(-(1.0 * 2 - 2.0) / 6, abs=1e-7)  # ratio 1, KL 0: -sum(A) / (L1 B)
 
 

@@ -99,6 +99,22 @@ def test_tree_advantages_by_hand():
                           torch.tensor([[0.6, 0.3, -0.9]]))
 
 
+def prepared(batch, cfg):
+    """The batch as the loop hands it to the hooks: the rollout's decoding, then `prepare`'s extras."""
+    if dataclasses.is_dataclass(batch):
+        return tree_rpo.prepare(dataclasses.replace(batch, decoding=cfg.rl.decoding), cfg)
+    batch.decoding = cfg.rl.decoding  # a hand-made batch (no dataclass): the same extras set in place
+    levels, adv, pg, sd = tree_rpo.tree_weights(batch, cfg)
+    batch.extras = {"levels": levels, "advantages": adv, "pg_weight": pg, "sd_weight": sd}
+    return batch
+
+
+def weights(batch, cfg):
+    """(levels, advantages, policy weights, self-distillation weights) of `prepare`."""
+    extras = prepared(batch, cfg).extras
+    return extras["levels"], extras["advantages"], extras["pg_weight"], extras["sd_weight"]
+
+
 def hand_batch(rewards, step_map, responses, progress=0.0):
     B = len(rewards)
     return SimpleNamespace(rewards=torch.tensor(rewards), step_map=torch.tensor(step_map),
@@ -113,7 +129,7 @@ def test_segment_weights_levels_and_advantages_by_hand():
     after that EOS, count nowhere); leaf 1's level-1 segment stops at its EOS at position 2."""
     batch = hand_batch([1.0, 0.0, 0.0, 0.0], [[0, 1, 2, 3], [0, 1, 3, 2], [1, 0, 2, 3], [1, 0, 3, 2]],
                        [[5, 6, 7, 9], [5, 6, 9, 8], [9, 4, 7, 7], [9, 4, 5, 6]])
-    levels, adv, pg, sd = tree_rpo.sample_noise(batch, None, config((2, 2), steps=4))
+    levels, adv, pg, sd = weights(batch, config((2, 2), steps=4))
     assert levels[:, 1:].tolist() == [[0, 0, 1, 1]] * 4 and (levels[:, 0] == -1).all()
     assert adv.tolist() == [[0.5, 0.5, 1.0, 1.0], [0.5, 0.5, -1.0, -1.0], [-0.5, -0.5, 0.0, 0.0], [-0.5, -0.5, 0.0, 0.0]]
     assert torch.allclose(pg, torch.tensor([[1 / 12] * 4, [0, 0, 1 / 6, 0], [1 / 6, 0, 0, 0], [0.0] * 4]))
@@ -127,11 +143,11 @@ def test_self_distillation_mixes_positive_siblings_by_softmax():
     the positive children that decoded the position; pairs: positions 0, 1 (both) and 2 (child 0 only, child
     1 stopped at its EOS)."""
     batch = hand_batch([1.0, 0.8, 0.0], [[0, 1, 1], [0, 0, 1], [0, 1, 1]], [[5, 6, 7], [5, 9, 7], [4, 4, 4]])
-    _, _, _, sd = tree_rpo.sample_noise(batch, None, config((3,), steps=2))
+    _, _, _, sd = weights(batch, config((3,), steps=2))
     w0, w1 = 1 / (1 + math.exp(-0.15)), math.exp(-0.15) / (1 + math.exp(-0.15))
     assert torch.allclose(sd, torch.tensor([[w0 / 3, w0 / 3, 1 / 3], [w1 / 3, w1 / 3, 0.0], [0.0] * 3]))
     late = hand_batch([1.0, 0.8, 0.0], [[0, 1, 1], [0, 0, 1], [0, 1, 1]], [[5, 6, 7], [5, 9, 7], [4, 4, 4]], 0.99)
-    _, _, _, sharp = tree_rpo.sample_noise(late, None, config((3,), steps=2))
+    _, _, _, sharp = weights(late, config((3,), steps=2))
     assert sharp[0, 0] > 0.97 / 3 > sd[0, 0]  # tau -> 0 late in training: the best child takes the target
 
 
@@ -139,13 +155,13 @@ def test_loss_hand_computed():
     batch = hand_batch([1.0, 0.0, 0.0, 0.0], [[0, 1, 2, 3], [0, 1, 3, 2], [1, 0, 2, 3], [1, 0, 3, 2]],
                        [[5, 6, 7, 9], [5, 6, 9, 8], [9, 4, 7, 7], [9, 4, 5, 6]], progress=0.5)
     cfg = config((2, 2), steps=4, epsilon=0.4, beta=0.1, sd_lambda_max=1.0)
-    z = tree_rpo.sample_noise(batch, None, cfg)
+    batch, z = prepared(batch, cfg), None
     old = torch.tensor([[-1.0, -2.0, -0.5, -0.1], [-0.3, -1.0, -2.0, -1.0], [-0.2, -0.4, -0.6, -0.8], [-1.0] * 4])
     delta = torch.tensor([[0.5, -0.1, 0.0, 0.1], [0.1, 0.3, -0.6, 9.0], [0.2, 0.0, 0.0, 0.0], [0.0] * 4])
     logps, ref = old + delta, old - 0.3
     loss, metrics = tree_rpo.loss(logps, old, ref, batch, z, cfg)
     lam = (math.exp(2 * 0.5) - 1) / (math.exp(2) - 1)
-    _, adv, pg, sd = z
+    adv, pg, sd = (batch.extras[k] for k in ("advantages", "pg_weight", "sd_weight"))
     expected = 0.0
     for i in range(4):
         for k in range(4):
@@ -171,14 +187,15 @@ def test_each_transition_is_scored_in_its_parents_canvas():
     widths = (2, 2)
     out = tree_rollout(model, widths, seed=2)
     B, f = out.sequences.shape[0], facts(model)
-    batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
-                    torch.arange(B, dtype=torch.float32) % 2, torch.zeros(B), 4, out.trajectory.transpose(0, 1), None,
-                    None, float(out.response_mask.sum()), B, Compute(pack=False), mask_token_id=f.mask_token_id,
-                    eos_token_id=f.eos_token_id)
+    batch = RLBatch(sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
+                    response_mask=out.response_mask, step_map=out.step_map, rewards=torch.arange(B, dtype=torch.float32) % 2,
+                    advantages=torch.zeros(B), group_size=4, trajectory=out.trajectory.transpose(0, 1),
+                    num_tokens=float(out.response_mask.sum()), num_sequences=B, compute=Compute(pack=False),
+                    mask_token_id=f.mask_token_id, eos_token_id=f.eos_token_id)
     cfg = config(widths)
-    z = tree_rpo.sample_noise(batch, None, cfg)
+    batch, z = prepared(batch, cfg), None
     logps = tree_rpo.token_logps(model, batch, z, cfg)
-    P, bounds, level = out.prompt_length, level_bounds(8, 2), z[0][:, out.prompt_length:]
+    P, bounds, level = out.prompt_length, level_bounds(8, 2), batch.extras["levels"][:, out.prompt_length:]
     for lv in range(2):
         canvas = (out.trajectory[bounds[lv - 1] - 1] if lv else torch.full_like(out.responses, f.mask_token_id))
         assert torch.equal(canvas, torch.where(level >= lv, f.mask_token_id, out.responses))
@@ -192,7 +209,7 @@ def test_each_transition_is_scored_in_its_parents_canvas():
 
     batch = dataclasses.replace(batch, rewards=torch.tensor([1.0, 0.0, 1.0, 1.0] * 3), progress=0.5)
     cfg = config(widths, sd_lambda_max=0.5)
-    z = tree_rpo.sample_noise(batch, None, cfg)
+    batch, z = prepared(batch, cfg), None
     old = logps.detach() - 0.1
     whole, _ = tree_rpo.loss(tree_rpo.token_logps(model, batch, z, cfg), old, None, batch, z, cfg)
     parts = sum(tree_rpo.loss(tree_rpo.token_logps(model, take(batch, rows, B), take(z, rows, B), cfg),

@@ -14,9 +14,16 @@ from conftest import run_config
 from dare.config import DecodingConfig, Invalid
 from dare.models import facts
 from dare.rollout import generate, left_pad
+from dare.train import noise
 from dare.train.estimators import Compute
 from test_block_rl import PROMPTS, tiny
 from test_trajectory_rl import tiny_llada
+
+
+def with_rounds(batch):
+    """A hand-made batch with `prepare`'s extras (the left-to-right rounds)."""
+    batch.extras = {"rounds": noise.left_to_right_rounds(batch)}
+    return batch
 
 
 def test_advantages_are_the_references_group_normalization():
@@ -71,11 +78,11 @@ def test_config_refuses_parallel_rollouts_and_token_logps_refuse_a_confidence_or
                             compute=Compute())
     assert not (confident.step_map[:, 1:] > confident.step_map[:, :-1]).all()  # this rollout is not AR-ordered
     with pytest.raises(ValueError, match="left to right"):
-        jg.token_logps(model, batch, jg.sample_noise(batch, None, cfg), cfg)
+        jg.token_logps(model, with_rounds(batch), None, cfg)
     batch.step_map = torch.arange(8).expand(3, 8).clone()
     batch.step_map[:, -2:] = -1  # positions an EOS early stop filled without sampling them
     with pytest.raises(ValueError, match="eos_early_stop"):
-        jg.token_logps(model, batch, jg.sample_noise(batch, None, cfg), cfg)
+        jg.token_logps(model, with_rounds(batch), None, cfg)
 
 
 def test_left_to_right_order_is_autoregressive_decoding():
@@ -116,5 +123,5 @@ def test_block_rollout_in_ar_order_is_scored_with_the_samplers_own_log_probs(fam
                             compute=Compute())
     with torch.no_grad():
         cfg = run_config("justgrpo")
-        logps = jg.token_logps(model, batch, jg.sample_noise(batch, None, cfg), cfg)
+        logps = jg.token_logps(model, with_rounds(batch), None, cfg)
     torch.testing.assert_close(logps, out.logps, atol=1e-5, rtol=1e-5)

@@ -40,9 +40,10 @@ def _agreement(model, tokenizer, decoding) -> float:
     ids, mask = left_pad(encode_chat(tokenizer, [r["prompt"] for r in rows]), facts(model).pad_token_id)
     out = generate(model, ids, mask, decoding, torch.Generator().manual_seed(0))
     B = out.sequences.shape[0]
-    batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
-                    torch.zeros(B), torch.zeros(B), 1, None, None, out.logps, float(out.response_mask.sum()), B,
-                    Compute(), commit_logps=out.commit_logps)
+    batch = RLBatch(sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
+                    response_mask=out.response_mask, step_map=out.step_map, rewards=torch.zeros(B),
+                    advantages=torch.zeros(B), rollout_logps=out.logps, num_tokens=float(out.response_mask.sum()),
+                    num_sequences=B, commit_logps=out.commit_logps)
     trainer = Trainer(model, ModelConfig(), TrainConfig(), Dist(), 1)
     sums = replay_agreement(model, trainer, batch, B)
     assert sums["replay/n"] >= B  # every row committed tokens, and they were all compared

@@ -127,18 +127,20 @@ def injected(family: str, padded: bool = False):
     responses = torch.tensor([ids("46=46=46") + [E] * 4, ids("683") + [E] + ids("12") + [E, E] + ids("7") + [E] * 3,
                               ids("18=18=18=181"), [E] * 12])
     prompt_ids, prompt_mask = left_pad(prompts, f.pad_token_id)
-    batch = RLBatch(torch.cat([prompt_ids, responses], 1), torch.cat([prompt_mask, torch.ones_like(responses)], 1),
-                    prompt_ids.shape[1], response_mask(responses, f.stop_ids), torch.tensor(STEPS),
-                    torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor(ADVANTAGES), 2, None, None, None, 0.0, 4,
-                    Compute(pack=False), eos_token_id=E)
+    batch = RLBatch(sequences=torch.cat([prompt_ids, responses], 1),
+                    attention_mask=torch.cat([prompt_mask, torch.ones_like(responses)], 1),
+                    prompt_length=prompt_ids.shape[1], response_mask=response_mask(responses, f.stop_ids),
+                    step_map=torch.tensor(STEPS), rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]),
+                    advantages=torch.tensor(ADVANTAGES), group_size=2, num_tokens=0.0, num_sequences=4,
+                    compute=Compute(pack=False), eos_token_id=E)
     offsets = torch.stack([torch.linspace(-0.35, 0.35, 12) * (1 if b % 2 == 0 else -1) for b in range(4)])
     return model, batch, -3.0 + offsets
 
 
 def _loss(model, batch, old, cfg):
-    z = tracerl.sample_noise(batch, None, cfg)
-    batch = replace(batch, num_units=tracerl.loss_units(batch, z, cfg))
-    return tracerl.loss(tracerl.token_logps(model, batch, z, cfg), old, None, batch, z, cfg), batch
+    batch = tracerl.prepare(batch, cfg)
+    batch = replace(batch, num_units=tracerl.loss_units(batch, None, cfg))
+    return tracerl.loss(tracerl.token_logps(model, batch, None, cfg), old, None, batch, None, cfg), batch
 
 
 def _gradients(model) -> dict:
@@ -195,13 +197,14 @@ def test_masked_trace_rows_by_hand():
     the '7' after two EOS). Row 2: 12 steps -> 6 rounds of 2 tokens. Row 3: only EOS: none. 12 rows, as the
     reference builds them (`PINNED`)."""
     model, batch, _ = injected("llada")
-    z = tracerl.sample_noise(batch, None, run_config("tracerl", shrink=2))
+    batch = tracerl.prepare(batch, run_config("tracerl", shrink=2))
+    z = batch.extras
     rounds = z["rounds"][:, batch.prompt_length:]
     assert rounds[0].tolist() == [1, 0, 0, 0, 1, 2, 2, 2, 3, 3, 3, 3]
     assert z["targets"][0].tolist() == [True] * 8 + [False] * 4 and not z["targets"][3].any()
     assert z["targets"][1].tolist() == [True] * 3 + [False] + [True] * 2 + [False] * 2 + [True] + [False] * 3
-    per_token, rows = tracerl.trace_rows(z)
-    assert rows.tolist() == [3, 3, 6, 0] and tracerl.loss_units(batch, z, None) == 12.0
+    per_token, rows = tracerl.trace_rows(batch)
+    assert rows.tolist() == [3, 3, 6, 0] and tracerl.loss_units(batch, None, None) == 12.0
     assert per_token[0, :8].tolist() == [2, 3, 3, 3, 2, 3, 3, 3]  # round 0: 3 targets, round 1: 2, round 2: 3
     assert rounds[1].tolist() == [0, 1, 0, 2, 1, 1, 2, 3, 3, 4, 4, 4]
 
@@ -211,9 +214,10 @@ def test_masked_loss_hand_computed():
     cfg = run_config("tracerl", epsilon=0.2, beta=0.5)
     targets = torch.tensor([[True, True, True, True, False]])
     rounds = torch.tensor([[-1, 0, 0, 1, 0, 1]])
-    batch = type("B", (), dict(block_size=None, advantages=torch.tensor([2.0]), token_advantages=None,
-                               num_units=2.0, responses=torch.zeros(1, 5)))()
-    z = {"rounds": rounds, "targets": targets}
+    batch = type("B", (), dict(block_size=None, advantages=torch.tensor([2.0]), old_values=None,
+                               num_units=2.0, responses=torch.zeros(1, 5),
+                               extras={"rounds": rounds, "targets": targets}))()
+    z = None
     old = torch.tensor([[-1.0, -2.0, -1.5, -0.5, -9.0]])
     delta = torch.tensor([[0.5, -0.1, 0.05, 0.3, 4.0]])
     loss, metrics = tracerl.loss(old + delta, old, None, batch, z, cfg)
@@ -230,11 +234,10 @@ def test_masked_loss_adds_up_over_micro_batches():
     model, batch, old = injected("llada")
     cfg = run_config("tracerl", shrink=2, beta=0.5)
     (whole, _), full = _loss(model, batch, old, cfg)
-    z = tracerl.sample_noise(full, None, cfg)
     parts = 0.0
     for rows in (slice(0, 1), slice(1, 3), slice(3, 4)):
-        mb, mz = take(full, rows, 4), take(z, rows, 4)
-        parts += tracerl.loss(tracerl.token_logps(model, mb, mz, cfg), old[rows], None, mb, mz, cfg)[0].item()
+        mb = take(full, rows, 4)
+        parts += tracerl.loss(tracerl.token_logps(model, mb, None, cfg), old[rows], None, mb, None, cfg)[0].item()
     assert parts == pytest.approx(whole.item(), rel=1e-6)
 
 
@@ -242,6 +245,7 @@ def test_dropped_groups_are_not_in_the_masked_loss():
     """A group whose accuracy the filter drops (here 1.0) has no target: no trace row, no KL."""
     model, batch, old = injected("llada")
     batch = replace(batch, rewards=torch.tensor([1.0, 1.0, 1.0, 0.0]))
-    z = tracerl.sample_noise(batch, None, run_config("tracerl", shrink=2))
+    batch = tracerl.prepare(batch, run_config("tracerl", shrink=2))
+    z = batch.extras
     assert not z["targets"][:2].any() and z["targets"][2].all()
-    assert tracerl.trace_rows(z)[1].tolist() == [0, 0, 6, 0]
+    assert tracerl.trace_rows(batch)[1].tolist() == [0, 0, 6, 0]

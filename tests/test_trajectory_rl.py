@@ -3,6 +3,7 @@ step map (ASS + EOSER rollouts, left-padded batches); MDPO's trains each chosen 
 state and full prediction (with and without RCR), with the reference code's step advantages; both
 losses match hand-computed values."""
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -35,9 +36,10 @@ def rollout_batch(model, decoding, seed=0):
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
     out = generate(model, ids, mask, decoding, torch.Generator().manual_seed(seed))
     B = out.sequences.shape[0]
-    batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
-                    torch.zeros(B), torch.zeros(B), 1, out.trajectory, None, None, float(out.response_mask.sum()),
-                    B, Compute(pack=False))
+    batch = RLBatch(sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
+                    response_mask=out.response_mask, step_map=out.step_map, decoding=decoding, rewards=torch.zeros(B),
+                    advantages=torch.zeros(B), trajectory=out.trajectory, num_tokens=float(out.response_mask.sum()),
+                    num_sequences=B, compute=Compute(pack=False))
     return out, batch
 
 
@@ -50,11 +52,12 @@ def test_cj_grpo_scores_each_token_in_the_state_the_sampler_committed_it_from(se
     log-softmax there: what the sampler drew from at temperature 1 (one forward per state, per row)."""
     model = tiny_llada()
     out, batch = rollout_batch(model, DecodingConfig(temperature=1.0, record_trajectory=True, **settings), seed=4)
-    rounds = cj.sample_noise(batch, None, run_config("cj_grpo"))
+    batch = cj.prepare(batch, run_config("cj_grpo"))
+    rounds = batch.extras["rounds"]
     P, mask_id, states = batch.prompt_length, facts(model).mask_token_id, out.trajectory
     assert torch.equal(rounds[:, P:], out.step_map)  # every step commits: the round is the step
     with torch.no_grad():
-        trainer = cj.token_logps(model, batch, rounds, run_config("cj_grpo"))
+        trainer = cj.token_logps(model, batch, None, run_config("cj_grpo"))
         for b, prompt in enumerate(PROMPTS):
             for s in range(states.shape[0]):
                 before = states[s - 1, b] if s else torch.full_like(out.responses[b], mask_id)
@@ -136,11 +139,12 @@ def test_cj_grpo_loss_is_exact_and_micro_batch_partition_invariant_in_float64():
     batch.step_map[3, 6:] = -1
     batch.advantages = torch.tensor([0.9, -0.4, 0.3, -0.8], dtype=torch.float64)
     rounds = noise.rollout_rounds(batch)
+    batch.extras = {"rounds": rounds}
     cfg = run_config("cj_grpo", epsilon=0.2, beta=0.0)
     g = torch.Generator().manual_seed(0)
     old = -torch.rand(4, 12, generator=g, dtype=torch.float64) * 3
     logps = old + torch.linspace(-0.35, 0.35, 12, dtype=torch.float64)
-    full, _ = cj.loss(logps, old, None, batch, rounds, cfg)
+    full, _ = cj.loss(logps, old, None, batch, None, cfg)
     ratio = torch.exp(logps - old)
     per_token = -torch.min(ratio * batch.advantages[:, None], ratio.clamp(0.8, 1.2) * batch.advantages[:, None])
     assert full.dtype == torch.float64
@@ -148,19 +152,20 @@ def test_cj_grpo_loss_is_exact_and_micro_batch_partition_invariant_in_float64():
     split = torch.zeros((), dtype=torch.float64)
     for lo, hi in ((0, 1), (1, 3), (3, 4)):
         part = SimpleNamespace(**{**vars(batch), "step_map": batch.step_map[lo:hi], "sequences": batch.sequences[lo:hi],
-                                  "attention_mask": batch.attention_mask[lo:hi], "advantages": batch.advantages[lo:hi]})
-        split = split + cj.loss(logps[lo:hi], old[lo:hi], None, part, rounds[lo:hi], cfg)[0]
+                                  "attention_mask": batch.attention_mask[lo:hi], "advantages": batch.advantages[lo:hi],
+                                  "extras": {"rounds": rounds[lo:hi]}})
+        split = split + cj.loss(logps[lo:hi], old[lo:hi], None, part, None, cfg)[0]
     torch.testing.assert_close(split, full, rtol=0.0, atol=1e-12)
 
 
 def test_cj_grpo_loss_hand_computed_and_ratio_one_at_the_old_policy():
     batch = hand_batch()
-    rounds = noise.rollout_rounds(batch)
+    batch.extras = {"rounds": noise.rollout_rounds(batch)}
     cfg = run_config("cj_grpo", epsilon=0.2, beta=0.5)
     old = torch.tensor([[-1.0, -2.0, -0.5, -0.1], [-0.3, -1.0, -2.0, -1.0]])
     delta = torch.tensor([[0.5, -0.1, 0.0, 0.1], [0.1, 0.3, -0.4, 7.0]])  # the last token is never committed
     ref = old - 0.2
-    loss, metrics = cj.loss(old + delta, old, ref, batch, rounds, cfg)
+    loss, metrics = cj.loss(old + delta, old, ref, batch, None, cfg)
     w = [[1 / 6, 1 / 6, 1 / 3, 1 / 3], [1 / 4, 1 / 2, 1 / 4, 0.0]]
     adv = [1.0, -0.5]
     expected = 0.0
@@ -171,7 +176,7 @@ def test_cj_grpo_loss_hand_computed_and_ratio_one_at_the_old_policy():
             d = float(ref[i, k] - (old[i, k] + delta[i, k]))
             expected += w[i][k] * (-surrogate + 0.5 * (math.exp(d) - d - 1)) / 2
     assert loss.item() == pytest.approx(expected, rel=1e-6)
-    at_old, _ = cj.loss(old, old, None, batch, rounds, run_config("cj_grpo", beta=0.0))
+    at_old, _ = cj.loss(old, old, None, batch, None, run_config("cj_grpo", beta=0.0))
     assert at_old.item() == pytest.approx(-(1.0 - 0.5) / 2, abs=1e-7)  # ratio 1: -mean_i A_i (weights sum to 1)
 
 
@@ -200,7 +205,7 @@ def test_mdpo_step_advantages_equal_the_reference_code():
                 [-0.28864, 1.02452, -1.09533, 0.86588, -1.16181], [-0.28864, -0.14636, 1.09533, -0.86588, 1.16181]]
     adv = mdpo.step_advantages(rewards, 4)
     assert torch.allclose(adv, torch.tensor(expected), atol=1e-5)
-    noise = mdpo.sample_noise(SimpleNamespace(step_rewards=rewards, group_size=4), None, run_config("mdpo", train_steps=2))
+    noise = mdpo.trained_steps(rewards, 4, run_config("mdpo", train_steps=2))
     assert noise["steps"].tolist() == [[4, 3], [1, 0], [0, 3], [2, 0], [0, 3], [1, 0], [4, 2], [4, 2]]
     assert torch.allclose(noise["advantages"], adv.gather(1, noise["steps"]))
 
@@ -234,7 +239,8 @@ def test_mdpo_trains_each_step_on_the_sampler_state_and_its_prediction(rcr):
             assert torch.equal(masked[b, k], before == mask_id)
     with torch.no_grad():
         cfg = run_config("mdpo")  # the paper's rollout temperature, 0.4: the log-probs divide by 0.4 + eps
-        logps = mdpo.token_logps(model, batch, {"steps": steps}, cfg)
+        batch = dataclasses.replace(batch, decoding=cfg.rl.decoding, extras={"steps": steps})
+        logps = mdpo.token_logps(model, batch, None, cfg)
         for b, prompt in enumerate(PROMPTS):
             for k in range(2):
                 x = torch.cat([torch.tensor(prompt), inputs[b, k]])[None]
@@ -255,13 +261,13 @@ def test_mdpo_loss_hand_computed():
     batch = SimpleNamespace(trajectory=trajectory, predictions=trajectory.clone(), mask_token_id=mask,
                             confidences=torch.tensor([[[0.5, 0.5, 0.5], [0.2, 0.4, 0.8]], [[0.9, 0.1, 0.3], [1., 1., 1.]]]),
                             responses=torch.zeros(2, 3), num_sequences=2)
-    noise = {"steps": torch.tensor([[1], [0]]), "advantages": torch.tensor([[0.7], [-1.2]])}
+    batch.extras = {"steps": torch.tensor([[1], [0]]), "advantages": torch.tensor([[0.7], [-1.2]])}
     # row 0 trains step 1: its input is the state after step 0, [1, M, M]: masked {1, 2}; row 1 step 0: all masked
     old = torch.tensor([[[-1.0, -2.0, -0.5]], [[-0.3, -1.0, -2.0]]])
     delta = torch.tensor([[[9.0, 0.1, -0.3]], [[0.2, -0.1, 0.05]]])
     ref = old + 0.3
     cfg = run_config("mdpo", epsilon=0.2, beta=0.5)
-    loss, _ = mdpo.loss(old + delta, old, ref, batch, noise, cfg)
+    loss, _ = mdpo.loss(old + delta, old, ref, batch, None, cfg)
     rows = [(0, [1, 2], 0.7, [0.2, 0.4, 0.8]), (1, [0, 1, 2], -1.2, [0.9, 0.1, 0.3])]
     expected = 0.0
     for b, positions, a, conf in rows:

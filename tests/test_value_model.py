@@ -57,7 +57,15 @@ def _batch():
                             response_mask=mask, rewards=rewards, group_size=2, num_sequences=4,
                             num_tokens=float(mask.sum()), responses=torch.zeros(4, 4))
     batch.advantages = tracerl.advantages(rewards.view(2, 2), run_config("tracerl")).reshape(-1)
-    return batch, {"rounds": rounds, "targets": tracerl.targets(batch, rounds, run_config("tracerl"))}
+    kept = tracerl.kept(rewards.view(2, 2), run_config("tracerl")).expand(-1, 2).reshape(-1)
+    batch.extras = {"rounds": rounds, "targets": tracerl.targets(batch, rounds, run_config("tracerl")), "kept": kept}
+    return batch
+
+
+def value_targets(values, batch, cfg):
+    """TraceRL's (token advantages, returns, value mask) from `values` as the values before the update."""
+    batch.old_values = values
+    return tracerl.value_targets(batch, cfg)
 
 
 VALUES = torch.tensor([[0.2, 0.4, 0.1, 0.3], [0.5, -0.5, 0.25, 9.0], [1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
@@ -77,8 +85,8 @@ REFERENCE = {
 
 @pytest.mark.parametrize("gamma,lam", list(REFERENCE))
 def test_step_level_gae_equals_the_reference_code(gamma, lam):
-    batch, z = _batch()
-    adv, ret, _ = tracerl.value_advantages(VALUES, batch, z, run_config("tracerl", gamma=gamma, lam=lam))
+    batch = _batch()
+    adv, ret, _ = value_targets(VALUES, batch, run_config("tracerl", gamma=gamma, lam=lam))
     ref_adv, ref_ret = REFERENCE[(gamma, lam)]
     assert torch.allclose(adv[:2], torch.tensor(ref_adv), atol=1e-6)
     assert torch.allclose(ret[:2], torch.tensor(ref_ret), atol=1e-6)
@@ -88,9 +96,9 @@ def test_step_level_gae_hand_computed():
     """gamma = lambda = 0.5, worked by hand: row 0 (z = +1): r* = (0, 0, 1), V* = (0.2, 0.4, 0.2),
     R* = (0.25, 0.5, 1), A* = (-0.025, -0.1, 0.8); row 1 (z = -1, steps b, a, c): r* = (0, 0, -1),
     V* = (-0.5, 0.5, 0.25), R* = (-0.25, -0.5, -1), A* = (0.578125, -0.6875, -1.25)."""
-    batch, z = _batch()
+    batch = _batch()
     assert batch.advantages.tolist() == [1.0, -1.0, 0.0, 0.0]
-    adv, ret, _ = tracerl.value_advantages(VALUES, batch, z, run_config("tracerl", gamma=0.5, lam=0.5))
+    adv, ret, _ = value_targets(VALUES, batch, run_config("tracerl", gamma=0.5, lam=0.5))
     assert torch.allclose(ret[0], torch.tensor([0.25, 0.5, 1.0, 1.0]))
     assert torch.allclose(adv[0], torch.tensor([-0.025, -0.1, 0.9, 0.7]))
     assert torch.allclose(ret[1], torch.tensor([-0.5, -0.25, -1.0, 0.0]))
@@ -99,16 +107,16 @@ def test_step_level_gae_hand_computed():
 
 
 def test_gae_identities_of_the_reference():
-    batch, noise = _batch()
+    batch = _batch()
     loss_tokens = batch.response_mask[:2]
-    adv, ret, _ = tracerl.value_advantages(VALUES, batch, noise, run_config("tracerl"))  # gamma = lambda = 1
+    adv, ret, _ = value_targets(VALUES, batch, run_config("tracerl"))  # gamma = lambda = 1
     z = batch.advantages[:2, None].expand(-1, 4)
     assert torch.allclose(ret[:2][loss_tokens], z[loss_tokens])
     assert torch.allclose(adv[:2][loss_tokens], (z - VALUES[:2])[loss_tokens])
-    adv0, _, _ = tracerl.value_advantages(VALUES, batch, noise, run_config("tracerl", lam=0.0))  # A = r - V + V*_next
+    adv0, _, _ = value_targets(VALUES, batch, run_config("tracerl", lam=0.0))  # A = r - V + V*_next
     assert torch.allclose(adv0[0], torch.tensor([-0.2 + 0.4, -0.4 + 0.2, 1 - 0.1, 1 - 0.3]))
     assert torch.allclose(adv0[1], torch.tensor([-0.5 + 0.25, 0.5 + 0.5, -1 - 0.25, 0.0]))
-    fresh, _, mask = tracerl.value_advantages(torch.zeros(4, 4), batch, noise, run_config("tracerl"))
+    fresh, _, mask = value_targets(torch.zeros(4, 4), batch, run_config("tracerl"))
     assert torch.allclose(fresh[:2][loss_tokens], z[loss_tokens])  # a zero head: the group z-scores
     assert mask.tolist() == [[True] * 4, [True] * 3 + [False], [False] * 4, [False] * 4]  # kept groups' loss tokens
 
@@ -117,13 +125,13 @@ def test_value_loss_hand_computed_with_its_clip():
     """0.5 max((V - R)^2, (V_old + clip(V - V_old, +-0.2) - R)^2), summed over the kept groups' loss
     tokens, / (L1 = 4 x B = 4). Row 0: V = (0.5, -0.1, 0.3, 0) from 0, R = (1, 0, 0, 0):
     0.5 (0.64 + 0.01 + 0.09 + 0) = 0.37; row 1 sits on its targets; rows 2, 3 are dropped."""
-    batch, _ = _batch()
-    batch.old_values = torch.zeros(4, 4)
-    batch.value_mask = torch.tensor([[True] * 4, [True] * 3 + [False], [False] * 4, [False] * 4])
-    batch.returns = torch.tensor([[1.0, 0, 0, 0], [0.3, 0.3, 0.3, 0.3], [5.0] * 4, [5.0] * 4])
+    batch = _batch()
+    old = torch.zeros(4, 4)
+    mask = torch.tensor([[True] * 4, [True] * 3 + [False], [False] * 4, [False] * 4])
+    returns = torch.tensor([[1.0, 0, 0, 0], [0.3, 0.3, 0.3, 0.3], [5.0] * 4, [5.0] * 4])
     values = torch.tensor([[0.5, -0.1, 0.3, 0.0], [0.3, 0.3, 0.3, 7.0], [0.0] * 4, [0.0] * 4])
-    batch.old_values[1] = 0.3
-    loss, metrics = tracerl.value_loss(values, batch, None, run_config("tracerl"))
+    old[1] = 0.3
+    loss, metrics = tracerl.clipped_value_loss(values, old, returns, mask, batch, run_config("tracerl"))
     assert loss.item() == pytest.approx(0.37 / 16, rel=1e-6)
     assert metrics["clip_ratio"] == pytest.approx(2 / 15)  # 0.5 and 0.3 in row 0 (7.0 is past the EOS)
 
@@ -168,16 +176,18 @@ def test_tracerl_with_the_value_model_trains_it_checkpoints_it_and_resumes_exact
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_the_policy_loss_takes_the_token_advantages_when_there_are_some():
+def test_the_policy_loss_takes_the_token_advantages_when_there_are_some(monkeypatch):
     """With a value model, A_k replaces the row's A_i in TraceRL's clipped objective."""
     cfg = run_config("tracerl", epsilon=0.2, beta=0.0)
     mask = torch.tensor([[True, True, False]])
     token_adv = torch.tensor([[2.0, -1.0, 5.0]])
-    batch = SimpleNamespace(advantages=torch.tensor([9.0]), token_advantages=token_adv, response_mask=mask,
-                            num_tokens=2.0, num_sequences=1, responses=torch.zeros(1, 3), block_size=4)
+    batch = SimpleNamespace(advantages=torch.tensor([9.0]), old_values=torch.zeros(1, 3), response_mask=mask,
+                            num_tokens=2.0, num_sequences=1, responses=torch.zeros(1, 3), block_size=4,
+                            extras={"targets": mask})
+    monkeypatch.setattr(tracerl, "value_targets", lambda b, c: (token_adv, None, None))  # A_k from the values
     old = torch.tensor([[-1.0, -2.0, -3.0]])
     new = old + torch.tensor([[0.5, 0.1, 0.0]])
-    loss, _ = tracerl.loss(new, old, None, batch, {"targets": mask}, cfg)
+    loss, _ = tracerl.loss(new, old, None, batch, None, cfg)
     rho = torch.exp(torch.tensor([0.5, 0.1]))
     a = torch.tensor([2.0, -1.0])
     expected = -torch.min(rho * a, rho.clamp(0.8, 1.2) * a).sum() / 3

@@ -81,8 +81,8 @@ def step_probs(batch, steps: int) -> torch.Tensor:
     return mass / mass.sum(dim=1, keepdim=True)
 
 
-def sample_noise(batch, generator: torch.Generator, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """(steps (B, M), weights (B, M)): M decoding steps s <= last per completion from uniforms u, made
+def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
+    """Draw(steps (B, M), weight (B, M)): M decoding steps s <= last per completion from uniforms u, made
     low-discrepancy by a random permutation of the B*M strata plus a uniform jitter within each
     (arXiv:2409.02908 G.2): floor(u (last + 1)), or by the inverse CDF of `step_probs` with the importance weights
     (1 / (last + 1)) / p(s) (`importance_sampling: entropy`; uniform draws weigh 1)."""
@@ -93,18 +93,18 @@ def sample_noise(batch, generator: torch.Generator, cfg) -> tuple[torch.Tensor, 
     u = u.view(B, M).to(batch.step_map.device)
     last = last_steps(batch)[:, None]
     if cfg.algo.importance_sampling == "entropy":
-        probs = step_probs(batch, cfg.rl.decoding.steps)
+        probs = step_probs(batch, batch.decoding.steps)
         steps = torch.searchsorted(probs.cumsum(dim=1), u).clamp(max=last)  # rounding can land past the last step
-        return steps, (1.0 / (last + 1)) / probs.gather(1, steps)
+        return noise.Draw(steps=steps, weight=(1.0 / (last + 1)) / probs.gather(1, steps))
     steps = torch.floor(u * (last + 1)).long().clamp(max=last)  # float32 u can round up to 1
-    return steps, torch.ones(steps.shape, device=steps.device)
+    return noise.Draw(steps=steps, weight=torch.ones(steps.shape, device=steps.device))
 
 
-def token_logps(model, batch, draws, cfg) -> torch.Tensor:
+def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
     """(B, M, G) log pi(o_k | x_s) for the tokens k step s = steps[:, m] committed (0 elsewhere): one
     forward per draw on the sampler's recorded state before step s, with its temperature and the
     support each token was drawn from."""
-    steps, _ = draws
+    steps = draw.steps
     (B, M), P = steps.shape, batch.prompt_length
     states, _ = noise.trajectory_states(batch.trajectory, steps, batch.mask_token_id)  # (B, M, G)
     x = torch.cat([batch.sequences[:, None, :P].expand(-1, M, -1), states], dim=2).flatten(0, 1)
@@ -114,12 +114,12 @@ def token_logps(model, batch, draws, cfg) -> torch.Tensor:
     support = batch.supports[rows // M, cols - P] if batch.supports is not None else None
     logps = masked_logps(model, x, batch.sequences.repeat_interleave(M, dim=0), where,
                          batch.attention_mask.repeat_interleave(M, dim=0), compute=batch.compute,
-                         temperature=cfg.rl.decoding.temperature, support=support)
+                         temperature=batch.decoding.temperature, support=support)
     return logps[:, P:].view(B, M, -1)
 
 
-def loss(logps, old_logps, ref_logps, batch, draws, cfg):
-    steps, weights = draws
+def loss(logps, old_logps, ref_logps, batch, draw: noise.Draw, cfg):
+    steps, weights = draw.steps, draw.weight
     eps, beta, M = cfg.algo.epsilon, cfg.algo.beta, steps.shape[1]
     at = batch.step_map[:, None, :] == steps[..., None]  # (B, M, G) the tokens of each drawn step
     ratio = torch.exp(torch.where(at, logps - batch.rollout_logps[:, None, :], 0.0))
@@ -133,7 +133,7 @@ def loss(logps, old_logps, ref_logps, batch, draws, cfg):
     weight = at * weights[..., None] / (M * max(batch.num_sequences, 1))
     loss = ((per_token + beta * kl) * weight).sum()
     # token shares over the step: each draw scores gen_length / steps tokens
-    share = at / (M * max(batch.num_sequences, 1) * (cfg.rl.decoding.gen_length // cfg.rl.decoding.steps))
+    share = at / (M * max(batch.num_sequences, 1) * (batch.decoding.gen_length // batch.decoding.steps))
     return loss, {"loss/policy": (per_token * weight).sum().item(), "loss/kl": (kl * share).sum().item(),
                   "stats/clip_low": (((ratio < 1 - eps) & (adv < 0)) * share).sum().item(),
                   "stats/clip_high": (((ratio > 1 + eps) & (adv > 0)) * share).sum().item()}

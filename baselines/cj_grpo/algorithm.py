@@ -26,9 +26,11 @@ step-size schedule (ASS), are sampler options (`rl.decoding.eos_gamma_min`, `rl.
 usable by any method and by evaluation (`dare.rollout.llada`).
 
 One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
-    rollout (step map) -> rewards -> advantages -> sample_noise: the rounds (no randomness)
+    rollout (step map) -> rewards -> advantages -> prepare: the rounds (no randomness)
     -> old/ref token_logps (one forward per step) -> mu x [token_logps -> loss -> optimizer step]
 """
+
+from dataclasses import replace
 
 import torch
 
@@ -56,19 +58,15 @@ def uses_reference(cfg) -> bool:
     return cfg.algo.beta > 0
 
 
-def random_noise(cfg) -> bool:
-    return False  # sample_noise reads the rollout, draws nothing: one draw serves the mu updates
+def prepare(batch, cfg):
+    """No randomness: extras "rounds", the step (within its block, for block models) that committed each
+    position, (B, P + G); -1 on the prompt, `noise.NEVER` where no step committed."""
+    return replace(batch, extras={"rounds": noise.rollout_rounds(batch, shrink=1)})
 
 
-def sample_noise(batch, generator: torch.Generator, cfg) -> torch.Tensor:
-    """No randomness: the step (within its block, for block models) that committed each position,
-    (B, P + G); -1 on the prompt, `noise.NEVER` where no step committed."""
-    return noise.rollout_rounds(batch, shrink=1)
-
-
-def token_logps(model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
+def token_logps(model, batch, draw, cfg) -> torch.Tensor:
     """(B, G) log pi(x_{s+1}^k | x_s) for each completion token k, s its commit step."""
-    return trajectory_logps(model, batch, rounds)
+    return trajectory_logps(model, batch, batch.extras["rounds"])
 
 
 def transition_weights(batch, rounds: torch.Tensor) -> torch.Tensor:
@@ -81,9 +79,9 @@ def transition_weights(batch, rounds: torch.Tensor) -> torch.Tensor:
     return on.double() / per_transition / transitions.clamp(min=1)
 
 
-def loss(logps, old_logps, ref_logps, batch, rounds, cfg):
+def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     eps, beta = cfg.algo.epsilon, cfg.algo.beta
-    weight = transition_weights(batch, rounds) / max(batch.num_sequences, 1)  # sums to 1 over the step's rows
+    weight = transition_weights(batch, batch.extras["rounds"]) / max(batch.num_sequences, 1)  # sums to 1 over the step's rows
     adv = batch.advantages[:, None]
     ratio = torch.exp(logps - old_logps)
     clipped = ratio.clamp(1 - eps, 1 + eps)

@@ -25,12 +25,13 @@ constant entropy). Leaves share their ancestors' segments: each segment is count
 first leaf of the child's subtree.
 
 One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
-    tree rollout -> leaf rewards -> sample_noise: levels, tree advantages and the segment and
+    tree rollout -> leaf rewards -> prepare: levels, tree advantages and the segment and
     self-distillation weights (no randomness) -> old/ref token_logps (one forward per level)
     -> mu x [token_logps -> loss -> optimizer step]
 """
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -76,16 +77,19 @@ def schedule(progress: float, cfg) -> tuple[float, float]:
     return lam, max(a.sd_tau_max * (1 - progress) ** a.sd_tau_power, 1e-6)
 
 
-def random_noise(cfg) -> bool:
-    return False  # sample_noise reads the rollout, draws nothing: one draw serves the mu updates
+def prepare(batch, cfg):
+    """No randomness: extras "levels" (B, P + G): each token's tree level, -1 on the prompt, NEVER where nothing
+    was committed; "advantages", "pg_weight" and "sd_weight", the advantage, policy weight and
+    self-distillation weight of each token, each (B, G)."""
+    levels, adv, pg_weight, sd_weight = tree_weights(batch, cfg)
+    return replace(batch, extras={"levels": levels, "advantages": adv, "pg_weight": pg_weight, "sd_weight": sd_weight})
 
 
-def sample_noise(batch, generator, cfg):
-    """No randomness: (levels (B, P + G): each token's tree level, -1 on the prompt, NEVER where nothing
-    was committed; advantage, policy weight and self-distillation weight, each (B, G))."""
-    widths, P = tuple(cfg.rl.decoding.tree), batch.prompt_length
+def tree_weights(batch, cfg):
+    """(levels, advantages, policy weights, self-distillation weights): `prepare`'s extras."""
+    widths, P = tuple(batch.decoding.tree), batch.prompt_length
     n, (B, L) = math.prod(widths), batch.responses.shape
-    bounds = torch.tensor(level_bounds(cfg.rl.decoding.steps, len(widths)), device=batch.step_map.device)
+    bounds = torch.tensor(level_bounds(batch.decoding.steps, len(widths)), device=batch.step_map.device)
     level = torch.where(batch.step_map >= 0, torch.bucketize(batch.step_map, bounds, right=True), noise.NEVER)
     leaf = torch.arange(B, device=level.device)
     is_eos = batch.responses == batch.eos_token_id
@@ -126,14 +130,14 @@ def uses_reference(cfg) -> bool:
     return cfg.algo.beta > 0
 
 
-def token_logps(model, batch, tree_noise, cfg) -> torch.Tensor:
+def token_logps(model, batch, draw, cfg) -> torch.Tensor:
     """(B, G) log pi(o_k | the parent's canvas) for each token, its parent the node before its level
     (one forward per level: every token of that level and later masked)."""
-    return trajectory_logps(model, batch, tree_noise[0])
+    return trajectory_logps(model, batch, batch.extras["levels"])
 
 
-def loss(logps, old_logps, ref_logps, batch, tree_noise, cfg):
-    _, adv, pg_weight, sd_weight = tree_noise
+def loss(logps, old_logps, ref_logps, batch, draw, cfg):
+    adv, pg_weight, sd_weight = (batch.extras[k] for k in ("advantages", "pg_weight", "sd_weight"))
     eps, beta = cfg.algo.epsilon, cfg.algo.beta
     lam, _ = schedule(batch.progress, cfg)
     on = pg_weight > 0

@@ -20,14 +20,16 @@ rounds, `noise.left_to_right_rounds`): one forward per position on a masked mode
 per in-block offset, every block at once.
 
 One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
-    rollout (AR order) -> rewards -> advantages(rewards, cfg) -> sample_noise (the rounds, once)
-    -> token_logps(model, batch, rounds, cfg) -> loss(logps, logps.detach(), None, batch, rounds, cfg)
+    rollout (AR order) -> rewards -> advantages(rewards, cfg) -> prepare (the rounds, once)
+    -> token_logps(model, batch, draw, cfg) -> loss(logps, logps.detach(), None, batch, draw, cfg)
     -> optimizer step
 
 Deviations (README.md): the normalizer counts valid completions over the whole step (the reference
 divides each accumulation step's sum by that step's per-rank mean and sums 8 of them, 8x our loss);
 non-finite gradients are not zeroed before clipping; families beyond LLaDA.
 """
+
+from dataclasses import replace
 
 import torch
 
@@ -71,21 +73,18 @@ def uses_old_logps(cfg) -> bool:
     return cfg.rl.num_iterations > 1  # one update per batch (the reference): old = current, ratio 1
 
 
-def random_noise(cfg) -> bool:
-    return False  # the masks are fixed by the positions: nothing is drawn
+def prepare(batch, cfg):
+    """Nothing is drawn, the masks are fixed by the positions: extras "rounds", (B, P + G) the round of each
+    position in left-to-right order (each token its own round; block models: the k-th token of every block in
+    round k): the t-th state masks o_t and everything after it."""
+    return replace(batch, extras={"rounds": noise.left_to_right_rounds(batch)})
 
 
-def sample_noise(batch, generator: torch.Generator, cfg) -> torch.Tensor:
-    """(B, P + G) the round of each position in left-to-right order (each token its own round; block models:
-    the k-th token of every block in round k): the t-th state masks o_t and everything after it."""
-    return noise.left_to_right_rounds(batch)
-
-
-def token_logps(model, batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
+def token_logps(model, batch, draw, cfg) -> torch.Tensor:
     """(B, G) log pi(o_t | q, o_<t) at every completion position (the logits divided by algo.temperature):
     `estimators.ar_prefix_logps`, the trajectory log-probs of the left-to-right rounds."""
     check_ar_order(batch)
-    return trajectory_logps(model, batch, rounds, cfg.algo.temperature, ar_rounds(batch))
+    return trajectory_logps(model, batch, batch.extras["rounds"], cfg.algo.temperature, ar_rounds(batch))
 
 
 def loss(logps, old_logps, ref_logps, batch, draw, cfg):

@@ -4,7 +4,7 @@ Models", arXiv:2508.13148; reference code `autonomousvision/mdpo` @e6ae439,
 
 Denoising as an MDP with rewards on intermediate states: after every step s the sampler's full
 prediction x0-hat^(s) (every masked position filled with its prediction) is scored with the task's
-reward (the loop's `rewards_per_step`, the maskgit sampler's `predictions`). With r_s the reward of
+reward (`prepare` scores the maskgit sampler's `predictions` with `batch.score`). With r_s the reward of
 step s of a completion (S steps; "adv-v4", as the code does it):
 
     A_s  = [r_0 if s = 0 else r_s - r_{s-1}] + 1 + [mean(r_{s+1..S-1}) if s < S-1 else r_{S-1}]
@@ -20,10 +20,12 @@ c_k is the rollout confidence of position k at step s:
     L        = mean over (completion, trained step) of  sum_{k in M_s} l_k c_k / (|M_s| + 1e-4)
 
 One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
-    rollout (maskgit sampler: states, predictions, confidences) -> final and per-step rewards
-    -> sample_noise: the step advantages and the K trained steps -> ref token_logps
+    rollout (maskgit sampler: states, predictions, confidences) -> final rewards
+    -> prepare: per-step rewards, the step advantages and the K trained steps -> ref token_logps
     -> [token_logps -> loss -> optimizer step]   (mu = 1, as the code requires)
 """
+
+from dataclasses import replace
 
 import torch
 
@@ -48,10 +50,6 @@ def rollout_options(cfg) -> dict:
     return {"record_trajectory": True}
 
 
-def rewards_per_step(cfg) -> bool:
-    return True
-
-
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
     """The final answers' group z-scores (the hook contract's `batch.advantages`); MDPO's loss does not
     read them: it uses the step advantages of `sample_noise`."""
@@ -74,13 +72,16 @@ def step_advantages(step_rewards: torch.Tensor, group_size: int) -> torch.Tensor
     return normed.view(-1, S)
 
 
-def random_noise(cfg) -> bool:
-    return False  # sample_noise reads the rollout, draws nothing: one draw serves the mu updates
+def prepare(batch, cfg):
+    """No randomness: the reward of every step's prediction (extras "step_rewards", (B, S)), and each
+    completion's K trained steps (those with the largest |A_s|) and their advantages ("steps", "advantages")."""
+    step_rewards = torch.stack([batch.score(p) for p in batch.predictions.unbind(1)], dim=1)
+    return replace(batch, extras={"step_rewards": step_rewards, **trained_steps(step_rewards, batch.group_size, cfg)})
 
 
-def sample_noise(batch, generator: torch.Generator, cfg) -> dict:
-    """No randomness: each completion's K trained steps (those with the largest |A_s|) and their advantages."""
-    adv = step_advantages(batch.step_rewards, batch.group_size)
+def trained_steps(step_rewards: torch.Tensor, group_size: int, cfg) -> dict:
+    """{"steps": (B, K) the steps with the largest |A_s|, "advantages": (B, K) their step advantages}."""
+    adv = step_advantages(step_rewards, group_size)
     steps = adv.abs().topk(cfg.algo.train_steps, dim=1).indices
     return {"steps": steps, "advantages": adv.gather(1, steps)}
 
@@ -92,13 +93,13 @@ def step_inputs(batch, steps: torch.Tensor):
     return inputs, batch.predictions.gather(1, steps[..., None].expand(-1, -1, inputs.shape[-1])), masked
 
 
-def token_logps(model, batch, noise: dict, cfg) -> torch.Tensor:
+def token_logps(model, batch, draw, cfg) -> torch.Tensor:
     """(B, K, G) log pi(x0-hat^(s)_k | x_s) at the positions masked in x_s (0 elsewhere), from the
     logits divided by T + eps, one forward per trained step."""
     P = batch.prompt_length
-    inputs, targets, masked = step_inputs(batch, noise["steps"])
+    inputs, targets, masked = step_inputs(batch, batch.extras["steps"])
     prompt = batch.sequences[:, :P]
-    temperature = cfg.rl.decoding.temperature + torch.finfo(torch.float32).eps
+    temperature = batch.decoding.temperature + torch.finfo(torch.float32).eps
     out = []
     for k in range(inputs.shape[1]):
         x = torch.cat([prompt, inputs[:, k]], dim=1)
@@ -109,14 +110,14 @@ def token_logps(model, batch, noise: dict, cfg) -> torch.Tensor:
     return torch.stack(out, dim=1)
 
 
-def loss(logps, old_logps, ref_logps, batch, noise, cfg):
+def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     eps, beta, G = cfg.algo.epsilon, cfg.algo.beta, batch.responses.shape[1]
-    steps = noise["steps"]
+    steps = batch.extras["steps"]
     _, _, masked = step_inputs(batch, steps)
     conf = batch.confidences.gather(1, steps[..., None].expand(-1, -1, G))
     n_masked = masked.sum(dim=-1, keepdim=True).float()
     lam = G / (n_masked + 1e-4)
-    adv = noise["advantages"][..., None]
+    adv = batch.extras["advantages"][..., None]
     ratio = torch.exp(logps - old_logps)
     clipped = ratio.clamp(1 - eps, 1 + eps)
     policy = torch.min(ratio * adv, clipped * adv)

@@ -60,7 +60,7 @@ def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
         return random_draws(batch.response_mask, prompt, a.num_t, generator, a)
     if batch.block_size is None:  # the rollout's semi-autoregressive blocks
         G = batch.response_mask.shape[1]
-        segment = (torch.arange(G, device=prompt.device) // cfg.rl.decoding.block_length).expand_as(batch.response_mask)
+        segment = (torch.arange(G, device=prompt.device) // batch.decoding.block_length).expand_as(batch.response_mask)
     else:  # the model's blocks, counted as the sampler counts them, the completion's first block = 0
         segment = noise.rollout_segments(batch)
         segment = segment - segment[:, :1]

@@ -41,8 +41,8 @@ and A_k replaces A_i in L. The value model is updated first, on advantages from 
 the update; both on the kept groups only.
 
 One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
-    rollout (step map) -> rewards -> advantages(rewards, cfg) -> sample_noise: the trace rounds
-    -> [value model: token_values -> value_advantages -> mu x value_loss updates]
+    rollout (step map) -> rewards -> advantages(rewards, cfg) -> prepare: the trace rounds, targets, kept groups
+    -> [value model: token_values (old values) -> mu x value_loss updates (token advantages, returns)]
     -> old token_logps (one forward per round) -> mu x [token_logps -> loss -> optimizer step]
 
 Deviations (README.md): one optimizer step per rollout batch (the value model: mu); on block models
@@ -50,6 +50,8 @@ rows of filtered groups stay in the batch with zero advantage; the trainer's blo
 (rl_sdar.py aligns them at the padded prompt end); left padding is hidden from attention (rl_llada.py
 attends it); the log-ratio is clamped to +-10 on every family.
 """
+
+from dataclasses import replace
 
 import torch
 
@@ -71,9 +73,9 @@ def check_config(cfg) -> None:
         raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group z-score needs at least 2 completions")
 
 
-def kept_groups(rewards: torch.Tensor, cfg) -> torch.Tensor:
-    """(P, 1) bool: groups whose accuracy, the mean reward, lies in [filter_low, filter_high] (also the
-    loop's hook: a step that keeps none makes no update, as the reference then trains on nothing). With the
+def kept(rewards: torch.Tensor, cfg) -> torch.Tensor:
+    """(P, 1) bool: groups whose accuracy, the mean reward, lies in [filter_low, filter_high] (the loop's
+    `batch.kept_groups`: a step that keeps none makes no update, as the reference then trains on nothing). With the
     reference's binary rewards this is the share correct; with partial credit (Sudoku's cell accuracy)
     the share of rewards > 0 would be about 1 for every group and drop them all."""
     accuracy = rewards.float().mean(dim=1, keepdim=True)
@@ -82,9 +84,9 @@ def kept_groups(rewards: torch.Tensor, cfg) -> torch.Tensor:
 
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
     """(P, G): the group z-score (population std, 0 for a group whose rewards are all equal), and
-    0 for the groups `kept_groups` drops."""
+    0 for the groups `kept` drops."""
     adv = group_advantages(rewards, baseline="mean", std="population", eps=0.0).nan_to_num(0.0)
-    return torch.where(kept_groups(rewards, cfg), adv, 0.0)
+    return torch.where(kept(rewards, cfg), adv, 0.0)
 
 
 def value_model(cfg):
@@ -96,60 +98,61 @@ def uses_reference(cfg) -> bool:
     return False  # the KL is taken against pi_old
 
 
-def random_noise(cfg) -> bool:
-    return False  # sample_noise reads the rollout, draws nothing: one draw serves the mu updates
-
-
-def sample_noise(batch, generator: torch.Generator, cfg) -> dict:
-    """No randomness: {"rounds": the trace round of every position (B, P + G), -1 on the prompt (never
-    masked), `noise.NEVER` for completion positions no step committed (masked in every round);
-    "targets": (B, G) bool, the tokens the loss scores (`targets`)}."""
+def prepare(batch, cfg):
+    """The trace, from the rollout (nothing is drawn): extras "rounds", the trace round of every position
+    (B, P + G), -1 on the prompt (never masked), `noise.NEVER` for completion positions no step committed
+    (masked in every round); "targets", (B, G) bool, the tokens the loss scores (`targets`); "kept", (B,)
+    bool, the rows of kept groups; and `kept_groups`."""
     rounds = noise.rollout_rounds(batch, cfg.algo.shrink)
-    return {"rounds": rounds, "targets": targets(batch, rounds, cfg)}
+    groups = kept(batch.rewards.view(-1, batch.group_size), cfg)
+    return replace(batch, kept_groups=groups, extras={
+        "rounds": rounds, "targets": targets(batch, rounds, cfg),
+        "kept": groups.expand(-1, batch.group_size).reshape(-1)})
 
 
 def targets(batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
     """(B, G) bool, the committed tokens the loss scores. Block models (rl_sdar.py): the completion up to and
     including its first EOS. Masked models (rl_llada.py, rl_dream.py, `post_num: 0`): every token but the
-    padding token (EOS in both released models), after the first EOS too, of the groups `kept_groups` keeps
+    padding token (EOS in both released models), after the first EOS too, of the groups `kept` keeps
     (the reference drops the others before training). `batch` holds whole groups (a process's rows)."""
     committed = rounds[:, batch.prompt_length:] < noise.NEVER
     if batch.block_size is not None:
         return batch.response_mask & committed
-    kept = kept_groups(batch.rewards.view(-1, batch.group_size), cfg).expand(-1, batch.group_size).reshape(-1, 1)
-    return committed & (batch.responses != batch.eos_token_id) & kept
+    rows = kept(batch.rewards.view(-1, batch.group_size), cfg).expand(-1, batch.group_size).reshape(-1, 1)
+    return committed & (batch.responses != batch.eos_token_id) & rows
 
 
-def trace_rows(z: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def trace_rows(batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked models' trace rows: ((B, G) the number of targets of each target's row, 1 elsewhere;
     (B,) the number of rows of each completion), a row being a (completion, trace round) with targets."""
-    per_token, rows = noise.transition_sizes(z["rounds"][:, -z["targets"].shape[1]:], z["targets"])
+    rounds, on = batch.extras["rounds"], batch.extras["targets"]
+    per_token, rows = noise.transition_sizes(rounds[:, -on.shape[1]:], on)
     return per_token, rows[:, 0]
 
 
-def loss_units(batch, z: dict, cfg) -> float:
+def loss_units(batch, z, cfg) -> float:
     """This process's trace rows (masked models: the loss averages over the step's rows); 0 for block models."""
-    return float(trace_rows(z)[1].sum()) if batch.block_size is None else 0.0
+    return float(trace_rows(batch)[1].sum()) if batch.block_size is None else 0.0
 
 
-def token_logps(model, batch, z: dict, cfg) -> torch.Tensor:
+def token_logps(model, batch, z, cfg) -> torch.Tensor:
     """(B, G) log pi(o_k | the trajectory state before o_k's trace step) at the targets, 0 elsewhere."""
-    return trajectory_logps(model, batch, z["rounds"], targets=z["targets"])
+    return trajectory_logps(model, batch, batch.extras["rounds"], targets=batch.extras["targets"])
 
 
-def token_values(value_model, batch, z: dict, cfg) -> torch.Tensor:
+def token_values(value_model, batch, z, cfg) -> torch.Tensor:
     """(B, G) V(o_k | the same state): the value head where the policy scores o_k."""
     mask_id = facts(value_model).mask_token_id
     return per_round(lambda where, masked: diffusion_values(
         value_model, torch.where(masked, mask_id, batch.sequences), batch.sequences, where, batch.attention_mask),
-        batch, z["rounds"], targets=z["targets"], collective=sharded(value_model))
+        batch, batch.extras["rounds"], targets=batch.extras["targets"], collective=sharded(value_model))
 
 
-def trace_steps(batch, z: dict) -> torch.Tensor:
+def trace_steps(batch) -> torch.Tensor:
     """(B, G) each target's trace step over the whole completion, in decoding order (blocks in
     order, rounds within a block), ranked 0..S-1 per row; -1 elsewhere."""
-    r = z["rounds"][:, batch.prompt_length:]
-    on = z["targets"]
+    r = batch.extras["rounds"][:, batch.prompt_length:]
+    on = batch.extras["targets"]
     segment = noise.rollout_segments(batch)
     key = torch.where(on, segment * (int(r[on].max()) + 1 if on.any() else 1) + r, -1)
     steps = torch.full_like(key, -1)
@@ -158,13 +161,14 @@ def trace_steps(batch, z: dict) -> torch.Tensor:
     return steps
 
 
-def value_advantages(values: torch.Tensor, batch, z: dict, cfg):
-    """(token advantages, returns, value mask), all (B, G): step-level GAE over the trace steps
-    (module docstring; train_sdar_value.py `compute_returns_and_advantages_from_fragments`), 0
-    outside the loss and on the rows of dropped groups; the mask: the kept groups' targets."""
-    gamma, lam = cfg.algo.gamma, cfg.algo.lam
-    steps = trace_steps(batch, z)
-    kept = kept_groups(batch.rewards.view(-1, batch.group_size), cfg).expand(-1, batch.group_size).reshape(-1)
+def value_targets(batch, cfg):
+    """(token advantages, returns, value mask), all (B, G), from the values before the update
+    (`batch.old_values`): step-level GAE over the trace steps (module docstring; train_sdar_value.py
+    `compute_returns_and_advantages_from_fragments`), 0 outside the loss and on the rows of dropped groups;
+    the mask: the kept groups' targets. Row by row, so a micro-batch's rows give the whole batch's values."""
+    gamma, lam, values = cfg.algo.gamma, cfg.algo.lam, batch.old_values
+    steps = trace_steps(batch)
+    kept = batch.extras["kept"]
     adv, ret = torch.zeros_like(values), torch.zeros_like(values)
     for i in range(values.shape[0]):
         on = steps[i] >= 0
@@ -183,14 +187,18 @@ def value_advantages(values: torch.Tensor, batch, z: dict, cfg):
             A_star[t] = r_star[t] - v_star[t] + gamma * v_star[t + 1] + gamma * lam * A_star[t + 1]
         ret[i, on] = r + gamma * R_star[s + 1]
         adv[i, on] = r - v + gamma * v_star[s + 1] + gamma * lam * A_star[s + 1]
-    return adv, ret, z["targets"] & kept[:, None]
+    return adv, ret, batch.extras["targets"] & kept[:, None]
 
 
 def value_loss(values, batch, z, cfg):
     """TraceRL's clipped value loss on the kept groups' loss tokens, normalized like the policy's."""
-    c = cfg.algo.value_clip
-    mask = batch.value_mask.float()
-    old, target = batch.old_values, batch.returns
+    _, target, mask = value_targets(batch, cfg)
+    return clipped_value_loss(values, batch.old_values, target, mask, batch, cfg)
+
+
+def clipped_value_loss(values, old, target, mask, batch, cfg):
+    """0.5 max((V - R)^2, (V_old + clip(V - V_old, +-c) - R)^2) on `mask`, normalized like the policy's."""
+    c, mask = cfg.algo.value_clip, mask.float()
     clipped = old + (values - old).clamp(-c, c)
     per_token = 0.5 * torch.maximum((values - target) ** 2, (clipped - target) ** 2)
     norm = batch.responses.shape[1] * max(batch.num_sequences, 1)
@@ -202,8 +210,8 @@ def value_loss(values, batch, z, cfg):
 
 def loss(logps, old_logps, ref_logps, batch, z, cfg):
     eps, beta = cfg.algo.epsilon, cfg.algo.beta
-    mask = z["targets"].float()
-    adv = batch.token_advantages if batch.token_advantages is not None else batch.advantages[:, None]
+    mask = batch.extras["targets"].float()
+    adv = value_targets(batch, cfg)[0] if batch.old_values is not None else batch.advantages[:, None]
     log_ratio = (logps - old_logps).clamp(-10.0, 10.0)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - eps, 1 + eps)
@@ -211,7 +219,7 @@ def loss(logps, old_logps, ref_logps, batch, z, cfg):
     kl = torch.exp(-log_ratio) - 1 + log_ratio  # k3 of pi_old against pi_theta
     bites = ((ratio - clipped).abs() > 0).float()
     if batch.block_size is None:  # rl_llada.py: each trace row's policy term over its targets, the KL summed
-        row_targets, _ = trace_rows(z)
+        row_targets, _ = trace_rows(batch)
         policy, share = policy / row_targets, bites / row_targets
         norm = clip_norm = max(batch.num_units, 1.0)  # means over the step's trace rows
     else:

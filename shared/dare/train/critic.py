@@ -10,8 +10,9 @@ the policy's log-prob of the token, on every family.
 The RL loop (`dare.train.rl`) builds one when the algorithm's `value_model(cfg)` hook asks for it,
 trains it with its own optimizer and learning rate, checkpoints it beside the policy
 (`checkpoints/step_N/value/`, restored on resume) and exports it to `<run>/value/` at the end; the
-algorithm's hooks say what it predicts (`token_values`), how advantages come from it
-(`value_advantages`) and how it is trained (`value_loss`).
+algorithm's hooks say what it predicts (`token_values`; the values before the update are in
+`batch.old_values`, from which its losses derive token advantages and returns) and how it is trained
+(`value_loss`).
 """
 
 from __future__ import annotations

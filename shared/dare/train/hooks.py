@@ -29,17 +29,21 @@ Three rules hold for every hook:
                                                                       then backpropagated part by part (memory-
                                                                       bounded; `dare.train.preference.replayed_loss`)
     rl           advantages(rewards, cfg)                             (P, G) from (P, G) rewards
-                 sample_noise(batch, generator, cfg)                  noise (once per inner iteration)
+                 prepare(batch, cfg)                     optional     the batch (`dare.train.rl.RLBatch`) with what the
+                                                                      algorithm derives from the rollout, once per step and
+                                                                      deterministically, in `batch.extras` (trace rounds,
+                                                                      step advantages, tree weights) and, when it trains on
+                                                                      some groups only, `batch.kept_groups` ((P, 1) bool;
+                                                                      a step that keeps none makes no update)
+                 sample_noise(batch, generator, cfg)     optional     a `dare.train.noise.Draw`, once per inner iteration;
+                                                                      the default `Draw()` draws nothing: the rollout fixes
+                                                                      the inputs (then one draw serves the mu updates, and
+                                                                      the old and reference log-probs are computed once)
                  token_logps(model, batch, noise, cfg)                (B, G) per-token log-probs of the completions
                  loss(logps, old_logps, ref_logps, batch, noise, cfg) (loss, metrics)
                  uses_reference(cfg)                     optional     False: no reference model is kept
                  uses_old_logps(cfg)                     optional     True: False skips the old log-probs
-                 random_noise(cfg)                       optional     True; False: sample_noise is a function of the
-                                                                      batch (draws nothing), so it runs once and the
-                                                                      old and reference log-probs once for the mu updates
                  rollout_options(cfg)                    optional     {}: decoding settings the algorithm needs
-                 kept_groups(rewards, cfg)               optional     (P, 1) bool, all True: the groups trained on;
-                                                                      a step that keeps none makes no update
                  draw_parts(noise, cfg)                  optional     None; a list of parts of the draw (split along its
                                                                       draw dimension): the update's gradient is then
                                                                       backpropagated part by part (memory-bounded;
@@ -51,17 +55,18 @@ Three rules hold for every hook:
                                                                       completions (TraceRL's trace rows on masked
                                                                       models), on the update's draw: the loop sums it
                                                                       over processes into `batch.num_units`
-                 rewards_per_step(cfg)                   optional     False; True: the loop also scores the sampler's
-                                                                      prediction after every step (`batch.step_rewards`)
                  value_model(cfg)                        optional     None; {"lr": ..., "path": ...} trains a value
                                                                       model beside the policy (`dare.train.critic`),
-                                                                      and then the three hooks below are required:
-                 token_values(value_model, batch, noise, cfg)         (B, G) values of the completion tokens
-                 value_advantages(values, batch, noise, cfg)          (B, G) token advantages, returns and the bool
-                                                                      mask of the tokens the value model trains on,
-                                                                      from the values before the update (whole batch)
-                 value_loss(values, batch, noise, cfg)                (loss, metrics); batch.old_values, .returns,
-                                                                      .value_mask (a micro-batch's rows)
+                                                                      and then the two hooks below are required:
+                 token_values(value_model, batch, noise, cfg)         (B, G) values of the completion tokens; the loop
+                                                                      keeps those before the update in `batch.old_values`
+                                                                      (whole batch, after `prepare`)
+                 value_loss(values, batch, noise, cfg)                (loss, metrics) (a micro-batch's rows)
+
+Each hook has one meaning: `prepare` derives, `sample_noise` draws, `token_logps`/`token_values` score,
+`loss`/`value_loss` reduce. Hooks that an earlier contract had and that `prepare` now covers
+(`random_noise`, `kept_groups`, `value_advantages`, `rewards_per_step`) are refused by `bind` with
+a line saying so.
 
 Losses and metrics are normalized by the step's totals carried in the batch (`num_tokens`,
 `num_sequences`, `num_pairs`, `num_units`), so they add up over micro-batches and processes.
@@ -87,24 +92,22 @@ def _old_logps(cfg) -> bool:
     return True
 
 
-def _random_noise(cfg) -> bool:
-    return True
+def _as_is(batch, cfg):
+    return batch
+
+
+def _no_noise(batch, generator, cfg):
+    from dare.train.noise import Draw
+
+    return Draw()
 
 
 def _no_rollout_options(cfg) -> dict:
     return {}
 
 
-def _all_groups(rewards, cfg):
-    return rewards.new_ones(rewards.shape[0], 1, dtype=bool)
-
-
 def _whole_draw(noise, cfg) -> None:
     return None
-
-
-def _final_rewards_only(cfg) -> bool:
-    return False
 
 
 def _no_units(batch, noise, cfg) -> float:
@@ -117,7 +120,7 @@ def _no_value_model(cfg) -> None:
 
 def _needs_value_hooks(*args):
     raise ValueError("value_model(cfg) asks for a value model but the algorithm does not define "
-                     "token_values, value_advantages and value_loss (see dare.train.hooks)")
+                     "token_values and value_loss (see dare.train.hooks)")
 
 
 @dataclass(frozen=True)
@@ -139,22 +142,24 @@ class PreferenceHooks:
 @dataclass(frozen=True)
 class RLHooks:
     advantages: Callable[..., Any]
-    sample_noise: Callable[..., Any]
     token_logps: Callable[..., Any]
     loss: Callable[..., Any]
     check_config: Callable[[Any], None] = _no_check
+    prepare: Callable[..., Any] = _as_is
+    sample_noise: Callable[..., Any] = _no_noise
     uses_reference: Callable[[Any], bool] = _no_reference
     uses_old_logps: Callable[[Any], bool] = _old_logps
-    random_noise: Callable[[Any], bool] = _random_noise
     rollout_options: Callable[[Any], dict] = _no_rollout_options
-    kept_groups: Callable[..., Any] = _all_groups
     draw_parts: Callable[..., Any] = _whole_draw
     loss_units: Callable[..., Any] = _no_units
-    rewards_per_step: Callable[[Any], bool] = _final_rewards_only
     value_model: Callable[[Any], dict | None] = _no_value_model
     token_values: Callable[..., Any] = _needs_value_hooks
-    value_advantages: Callable[..., Any] = _needs_value_hooks
     value_loss: Callable[..., Any] = _needs_value_hooks
+
+    @property
+    def draws_noise(self) -> bool:
+        """Whether `sample_noise` draws anything (the default draws nothing: one draw serves every update)."""
+        return self.sample_noise is not _no_noise
 
 
 HOOKS: dict[str, type] = {"sft": SFTHooks, "preference": PreferenceHooks, "rl": RLHooks}
@@ -169,12 +174,22 @@ def optional(recipe: str) -> list[str]:
     return [f.name for f in dataclasses.fields(HOOKS[recipe]) if f.default is not dataclasses.MISSING]
 
 
+RETIRED = {"random_noise": "leave sample_noise undefined when nothing is drawn",
+           "kept_groups": "set batch.kept_groups in prepare(batch, cfg)",
+           "value_advantages": "derive token advantages from batch.old_values in the losses",
+           "rewards_per_step": "score the sampler's predictions with batch.score in prepare(batch, cfg)"}
+"""Hooks of an earlier contract, each with what replaces it."""
+
+
 def bind(module: ModuleType, where: str | None = None):
     """The module's hooks as its recipe's record; a ValueError names what is missing or wrong."""
     where = where or getattr(module, "__file__", None) or module.__name__
     recipe = getattr(module, "RECIPE", None)
     if recipe not in HOOKS:
         raise ValueError(f"{where}: RECIPE = {recipe!r}; expected one of {sorted(HOOKS)}")
+    retired = [name for name in RETIRED if callable(getattr(module, name, None))]
+    if retired:
+        raise ValueError(f"{where}: the hook {retired[0]} is gone: {RETIRED[retired[0]]} (see dare.train.hooks)")
     absent = [name for name in required(recipe) if not callable(getattr(module, name, None))]
     if absent:
         raise ValueError(f"{where}: the {recipe!r} recipe needs {', '.join(absent)} (see dare.train.hooks)")
@@ -187,5 +202,4 @@ def bind(module: ModuleType, where: str | None = None):
 
 def missing_value_hooks(hooks: RLHooks) -> list[str]:
     """The value hooks an algorithm whose `value_model(cfg)` asks for a value model has not defined."""
-    return [name for name in ("token_values", "value_advantages", "value_loss")
-            if getattr(hooks, name) is _needs_value_hooks]
+    return [name for name in ("token_values", "value_loss") if getattr(hooks, name) is _needs_value_hooks]

@@ -18,16 +18,21 @@ import torch
 
 @dataclass
 class Draw:
-    """One noise draw, as the hooks pass it around (row-major: dim 0 is the batch row).
+    """One noise draw, as the hooks pass it around (row-major: dim 0 is the batch row). What every RL
+    `sample_noise` returns; `Draw()` (nothing drawn) is the default of an algorithm whose inputs the
+    rollout fixes (trajectory replays: their data is in `batch.extras`, from `prepare`).
 
     masked: bool, True where the input is the mask token, over the batch's sequence layout
             ((B, L) for one draw, (B, n, L) for n Monte Carlo draws per row);
     t:      the masking ratio per row (B,) / per draw (B, n), or one scalar for the batch;
-    weight: the estimator's weight per row / draw (e.g. 1/t or L/l), when it has one."""
+    weight: the estimator's weight per row / draw (e.g. 1/t or L/l), when it has one;
+    steps:  (B, n) the decoding step each draw replays, for estimators that draw steps of the
+            sampler's trajectory instead of masks (AGRPO)."""
 
-    masked: torch.Tensor
+    masked: torch.Tensor | None = None
     t: torch.Tensor | None = None
     weight: torch.Tensor | None = None
+    steps: torch.Tensor | None = None
 
 
 def _rand(shape, generator: torch.Generator, device) -> torch.Tensor:

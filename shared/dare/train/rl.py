@@ -2,14 +2,14 @@
 
     prompts -> rollout (G completions each, `dare.rollout`) -> rewards (the task's reward)
       -> advantages                                   advantages(rewards (P, G), cfg)
+      -> what the algorithm derives from the rollout  prepare(batch, cfg)
       -> mu noise draws                               sample_noise(batch, generator, cfg)
       -> old and reference log-probs on those draws   token_logps(model, batch, noise, cfg)
       -> mu policy updates                            loss(logps, old, ref, batch, noise, cfg)
 
 With a value model (the algorithm's `value_model(cfg)` hook returns its settings; `dare.train.critic`),
-after the noise draws: the values before the update on the first draw (token_values), token-level
-advantages, returns and the tokens the value model trains on (value_advantages, computed on the whole
-batch, into `batch.token_advantages`, `batch.returns`, `batch.value_mask`),
+after the noise draws: the values before the update on the first draw (token_values, on the whole batch,
+into `batch.old_values`, from which the algorithm's losses derive their token advantages and returns),
 then mu value-model updates (value_loss), then the policy's as above: the order of TraceRL's
 `rl.py` (value step, then policy step, both on the advantages of the values before the update).
 
@@ -22,15 +22,14 @@ the sampler counts them; `batch.block_size` lets a noise sampler draw per block.
 The loop knows nothing about any particular algorithm: what noise an estimator needs, how
 log-probs are estimated and what the loss is all come from the baseline's `algorithm.py`, read
 into `RLHooks` (the contract and the optional hooks' defaults: `dare.train.hooks`).
-An algorithm that filters groups (`kept_groups`, e.g. TraceRL's accuracy filter) still sees the whole
-batch in its hooks; a step where it keeps none makes no update at all (no forward for the old log-probs,
-no optimizer step: Adam's moments would otherwise move the weights on a zero gradient), and every step
-logs the share kept (`rollout/kept_groups`). An algorithm that rewards intermediate states
-(`rewards_per_step`, MDPO) gets the task's reward of the sampler's full prediction after every step
-in `batch.step_rewards`, beside the predictions and confidences (the maskgit sampler records them).
-The same noise draw is used for the policy, old and reference log-probs of an update, so
-their ratio compares like with like; an algorithm whose noise is a function of the batch
-(`random_noise` False: trajectory replays, tree levels) gets one draw, scored once, for its mu updates.
+An algorithm that filters groups (`batch.kept_groups`, set in `prepare`: TraceRL's accuracy filter) still
+sees the whole batch in its hooks; a step where it keeps none makes no update at all (no forward for the old
+log-probs, no optimizer step: Adam's moments would otherwise move the weights on a zero gradient), and every
+step logs the share kept (`rollout/kept_groups`). An algorithm that rewards intermediate states (MDPO)
+scores the sampler's predictions after every step with `batch.score` (the task's reward of any completions
+of the batch's prompts) in its `prepare`. The same noise draw is used for the policy, old and reference
+log-probs of an update, so their ratio compares like with like; an algorithm that draws no noise (no
+`sample_noise`: trajectory replays, tree levels) gets one empty draw, scored once, for its mu updates.
 Validation decodes each prompt once (greedy, no tree). With one update per batch (mu = 1) the old log-probs equal the current ones by
 construction, so they are not recomputed: `old = logps.detach()` (ratio = 1).
 
@@ -54,7 +53,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 
@@ -68,13 +68,18 @@ from dare.train import diagnostics as diag
 from dare.train.critic import build_critic
 from dare.train.estimators import spread, trajectory_logps
 from dare.train.hooks import RLHooks, missing_value_hooks
+from dare.train.noise import Draw
 from dare.train.noise import rollout_rounds
 from dare.utils import UserError, derive_seed, make_generator
 
-@dataclass
+@dataclass(kw_only=True)
 class RLBatch:
+    """One step's rollout as the hooks see it (row-major: dim 0 is the completion, B = prompts x group size),
+    built by keyword in `run`; `prepare` adds what an algorithm derives from it (`extras`, `kept_groups`)."""
+
+    # --- the rollout (`dare.rollout.RolloutOutput`, row-major)
     sequences: torch.Tensor
-    """(B, P + G) left-padded prompts and their sampled completions, B = prompts x group size."""
+    """(B, P + G) left-padded prompts and their sampled completions."""
     attention_mask: torch.Tensor
     """(B, P + G) 0 on prompt padding."""
     prompt_length: int
@@ -82,61 +87,55 @@ class RLBatch:
     """(B, G) bool: completion tokens up to and including the first EOS (the loss mask)."""
     step_map: torch.Tensor
     """(B, G) the decoding step that committed each completion token."""
-    rewards: torch.Tensor
-    """(B,)"""
-    advantages: torch.Tensor
-    """(B,)"""
-    group_size: int
+    decoding: object = None
+    """The `DecodingConfig` the rollout used (the run's `rl.decoding` with the algorithm's rollout options)."""
     trajectory: torch.Tensor | None = None
     """(B, steps, G) the completion after every decoding step, when the algorithm asks for it."""
-    block_size: int | None = None
-    """The model's block (block-causal models: SDAR, LLaDA2.x), counted from each row's first prompt
-    token as the sampler counts it (`dare.train.noise.blocks`); None for bidirectional models."""
     rollout_logps: torch.Tensor | None = None
-    """(B, G) each completion token's log-probability under the distribution the sampler drew it
-    from, at its commit step (the block sampler records it)."""
-    num_tokens: float = 0.0
-    """Loss tokens (response_mask) in the whole step, over all processes: the token-level normalizer."""
-    num_sequences: int = 0
-    """Completions in the whole step, over all processes."""
-    compute: Compute = Compute()
-    num_active: int = 0
-    """Completions with a nonzero advantage in the whole step, over all processes (JustGRPO's normalizer)."""
-    num_units: float = 0.0
-    """The algorithm's own loss units in the whole step, over all processes (`loss_units`: TraceRL's trace rows
-    on masked models); 0 when it defines none."""
-    token_advantages: torch.Tensor | None = None
-    """(B, G) per-token advantages from a value model (`value_advantages`); None without one."""
-    returns: torch.Tensor | None = None
-    """(B, G) per-token returns, the value model's targets; None without one."""
-    old_values: torch.Tensor | None = None
-    """(B, G) the value model's values before this step's update; None without one."""
-    mask_token_id: int | None = None
-    """The model's mask token (`facts(model).mask_token_id`), for hooks that rebuild the sampler's states."""
-    step_rewards: torch.Tensor | None = None
-    """(B, S) the reward of the sampler's full prediction x0-hat after each of its S steps, when the
-    algorithm asks for it (`rewards_per_step`; MDPO's intermediate rewards); None otherwise."""
+    """(B, G) each token's log-probability under the distribution the sampler drew it from (block sampler)."""
+    rollout_entropies: torch.Tensor | None = None
+    """(B, G) the entropy of that distribution (the truncated sampler; AGRPO's importance sampling)."""
+    supports: torch.Tensor | None = None
+    """(B, G, V) bool: the top-k/top-p support each token was drawn from (the truncated sampler)."""
+    commit_logps: torch.Tensor | None = None
+    """(B, G) each committed token's log-prob under the untempered distribution at its commit step."""
     predictions: torch.Tensor | None = None
-    """(B, S, G) those predictions (`RolloutOutput.predictions`, row-major), beside `step_rewards`."""
+    """(B, S, G) the sampler's full prediction x0-hat after each of its S steps (maskgit)."""
     confidences: torch.Tensor | None = None
-    """(B, S, G) the sampler's confidences at each step (`RolloutOutput.confidences`), beside them."""
+    """(B, S, G) the sampler's confidences at each step, beside them."""
+    # --- the model's facts (`dare.models.facts`)
+    block_size: int | None = None
+    """The model's block (block-causal models), counted from each row's first prompt token as the sampler counts
+    it (`dare.train.noise.blocks`); None for bidirectional models."""
+    mask_token_id: int | None = None
+    eos_token_id: int | None = None
+    # --- rewards and advantages
+    rewards: torch.Tensor | None = None
+    """(B,)"""
+    advantages: torch.Tensor | None = None
+    """(B,)"""
+    group_size: int = 1
+    score: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """The task's rewards (B,) of any (B, G) completions of these prompts (MDPO scores intermediate states)."""
+    # --- the step's totals over all processes, its compute options and its place in the run
+    num_tokens: float = 0.0
+    """Loss tokens (response_mask) in the whole step: the token-level normalizer."""
+    num_sequences: int = 0
+    """Completions in the whole step."""
+    num_active: int = 0
+    """Completions with a nonzero advantage in the whole step (JustGRPO's normalizer)."""
+    num_units: float = 0.0
+    """The algorithm's own loss units in the whole step (`loss_units`: TraceRL's trace rows on masked models)."""
+    compute: Compute = Compute()
     progress: float = 0.0
     """The share of the run's steps done before this one (step / train.steps), for schedules inside a loss."""
-    eos_token_id: int | None = None
-    """The model's EOS (`facts(model).eos_token_id`), for hooks that find where a completion's text ends."""
-    rollout_entropies: torch.Tensor | None = None
-    """(B, G) the entropy of the distribution each token was drawn from, when the sampler records it
-    (the truncated sampler; AGRPO's importance sampling over steps)."""
-    supports: torch.Tensor | None = None
-    """(B, G, V) bool: the top-k/top-p support each token was drawn from (the truncated sampler, with
-    `record_trajectory`), so the trainer scores the same truncated distribution; None otherwise."""
-    value_mask: torch.Tensor | None = None
-    """(B, G) bool: the tokens the value model trains on (from `value_advantages`, on the whole batch,
-    so a micro-batch that splits a group still knows which rows count); None without one."""
-    commit_logps: torch.Tensor | None = None
-    """(B, G) each committed token's log-prob under the model's untempered distribution at its commit step
-    (`RolloutOutput.commit_logps`): the sampler's side of the rollout/trainer agreement; None when the
-    sampler does not record it."""
+    # --- what the algorithm derives (`prepare`) and the value model's values
+    extras: dict = field(default_factory=dict)
+    """What `prepare` derives from the rollout (row-major tensors are sliced with the batch)."""
+    kept_groups: torch.Tensor | None = None
+    """(P, 1) bool, from `prepare`: the groups trained on; None: all of them."""
+    old_values: torch.Tensor | None = None
+    """(B, G) the value model's values before this step's update; None without one."""
 
     @property
     def responses(self) -> torch.Tensor:
@@ -229,25 +228,27 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             rewards = torch.tensor(task.rewards(texts, [rows[i] for i in row_of], style=cfg.data.reward),
                                    dtype=torch.float32, device=out.sequences.device)
             advantages = hooks.advantages(rewards.view(-1, G), cfg).reshape(-1)
-            per_step = {}
-            if hooks.rewards_per_step(cfg):  # every step's full prediction, scored like the final answer
-                if out.predictions is None:
-                    raise UserError(f"the algorithm scores the prediction after every decoding step, which the "
-                                    f"{out.sampler} sampler does not record: set rl.decoding.sampler=maskgit")
-                per_step = {"step_rewards": torch.tensor(
-                    [task.rewards(decode_responses(tokenizer, p, f.stop_ids), [rows[i] for i in row_of],
-                                  style=cfg.data.reward) for p in out.predictions],
-                    dtype=torch.float32, device=out.sequences.device).T,
-                    "predictions": out.predictions.transpose(0, 1), "confidences": out.confidences.transpose(0, 1)}
             totals = dist.sum({"tokens": float(out.response_mask.sum()), "rows": float(len(row_of)),
                                "active": float((advantages != 0).sum())})
-            trajectory = out.trajectory.transpose(0, 1) if out.trajectory is not None else None
-            batch = RLBatch(out.sequences, out.attention_mask, out.prompt_length, out.response_mask, out.step_map,
-                            rewards, advantages, G, trajectory, f.block_size, out.logps, totals["tokens"],
-                            int(totals["rows"]), compute, int(totals["active"]), mask_token_id=f.mask_token_id,
-                            eos_token_id=f.eos_token_id, progress=step / cfg.train.steps,
-                            rollout_entropies=out.entropies, supports=out.supports, commit_logps=out.commit_logps,
-                            **per_step)
+            rows_of = [rows[i] for i in row_of]
+
+            def score(completions: torch.Tensor) -> torch.Tensor:  # any completions of these prompts
+                return torch.tensor(task.rewards(decode_responses(tokenizer, completions, f.stop_ids), rows_of,
+                                                 style=cfg.data.reward), dtype=torch.float32, device=completions.device)
+
+            batch = RLBatch(
+                sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
+                response_mask=out.response_mask, step_map=out.step_map, decoding=rollout_cfg,
+                trajectory=None if out.trajectory is None else out.trajectory.transpose(0, 1),
+                rollout_logps=out.logps, rollout_entropies=out.entropies, supports=out.supports,
+                commit_logps=out.commit_logps,
+                predictions=None if out.predictions is None else out.predictions.transpose(0, 1),
+                confidences=None if out.confidences is None else out.confidences.transpose(0, 1),
+                block_size=f.block_size, mask_token_id=f.mask_token_id, eos_token_id=f.eos_token_id,
+                rewards=rewards, advantages=advantages, group_size=G, score=score,
+                num_tokens=totals["tokens"], num_sequences=int(totals["rows"]), num_active=int(totals["active"]),
+                compute=compute, progress=step / cfg.train.steps)
+            batch = hooks.prepare(batch, cfg)
             t_rollout = time.perf_counter() - tic
 
             # --- diagnostics on the policy that sampled (before any update); they leave every generator as it was
@@ -259,12 +260,15 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                 if cfg.rl.diag_every and (step + 1) % cfg.rl.diag_every == 0:
                     checks.update(estimator_noise(policy, trainer, hooks, batch, cfg, step))
 
-            keep = hooks.kept_groups(rewards.view(-1, G), cfg)
+            keep = batch.kept_groups if batch.kept_groups is not None else rewards.new_ones(len(mine), 1, dtype=bool)
             kept = dist.sum({"groups": float(keep.sum())})["groups"]
             sums, t_value, t_logp, t_update = {"rollout/kept_groups": kept / n_prompts}, 0.0, 0.0, 0.0
             if kept:  # a step whose groups the algorithm all drops trains on nothing: no optimizer step
-                draws = mu if hooks.random_noise(cfg) else 1  # a deterministic draw is made (and scored) once
+                draws = mu if hooks.draws_noise else 1  # an empty draw is made (and scored) once
                 unique = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(draws)]
+                if not all(isinstance(z, Draw) for z in unique):
+                    raise TypeError(f"sample_noise returned {type(unique[0]).__name__}, not a dare.train.noise.Draw "
+                                    "(what an algorithm derives from the rollout goes in batch.extras: prepare)")
                 noises = unique * (mu // draws)  # one per update, of the policy and of a value model
                 batch = replace(batch, num_units=dist.sum({"u": float(hooks.loss_units(batch, unique[0], cfg))})["u"])
 
@@ -276,9 +280,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                     with torch.no_grad(), critic.autocast():
                         old_values = torch.cat(per_micro(lambda b, z: hooks.token_values(critic.model, b, z, cfg),
                                                          batch, noises[0], micro))
-                    token_advantages, returns, value_mask = hooks.value_advantages(old_values, batch, noises[0], cfg)
-                    batch = replace(batch, token_advantages=token_advantages, returns=returns, old_values=old_values,
-                                    value_mask=value_mask)
+                    batch = replace(batch, old_values=old_values)
 
                     def value_loss(mb, z, it, j):
                         loss, metrics = hooks.value_loss(hooks.token_values(critic.model, mb, z, cfg), mb, z, cfg)
@@ -394,10 +396,10 @@ def estimator_noise(policy, trainer, hooks: RLHooks, batch: RLBatch, cfg, step: 
     """The algorithm's log-prob estimator re-run on the first `rl.diag_rows` rows with `rl.diag_draws`
     independent noise draws (generators of their own): the mean standard deviation of a sequence's estimate
     (`diag.sequence_estimate`) and the spread of the batch's sequence advantages. An estimator without
-    noise (`random_noise` False: trajectory replays) has none. Collective."""
+    noise (no `sample_noise`: trajectory replays) has none. Collective."""
     dist, n = trainer.dist, batch.sequences.shape[0]
     sub = take(batch, slice(0, min(cfg.rl.diag_rows, n)), n)
-    if hooks.random_noise(cfg):
+    if hooks.draws_noise:
         def estimate(generator):
             z = hooks.sample_noise(sub, generator, cfg)
             with torch.no_grad(), trainer.autocast():
