@@ -103,3 +103,37 @@ def test_only_the_application_names_the_repository_folders():
     # the checkout itself is reached only through dare.utils' workspace locations (runs/, data/, .venv/)
     users = [m for m, path in FILES.items() if not is_app(m) and m != "dare.utils" and "REPO_ROOT" in path.read_text()]
     assert not users, users
+
+
+def test_no_private_submitit():
+    """The library uses submitit through its public API only: no name starting with `_` is imported from a
+    submitit module or read (attribute or getattr) from one (its private writer and tables are the reference of
+    tests/test_sweep.py's parity tests, never used by the code)."""
+    found = []
+    for m, path in FILES.items():
+        tree = ast.parse(path.read_text())
+        bound = set()  # local names of submitit modules and objects
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                bound |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == "submitit"}
+                found += [f"{m}: import {a.name}" for a in node.names
+                          if a.name.split(".")[0] == "submitit" and any(p.startswith("_") for p in a.name.split("."))]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "submitit":
+                bound |= {a.asname or a.name for a in node.names}
+                found += [f"{m}: from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_") or any(p.startswith("_") for p in node.module.split("."))]
+
+        def root(node):
+            while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+                node = node.func if isinstance(node, ast.Call) else node.value
+            return node.id if isinstance(node, ast.Name) else None
+
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and root(node.value) in bound:
+                found.append(f"{m}:{node.lineno}: {ast.unparse(node)}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                  and len(node.args) > 1 and root(node.args[0]) in bound and isinstance(node.args[1], ast.Constant)
+                  and str(node.args[1].value).startswith("_")):
+                found.append(f"{m}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)
+    assert any("submitit" in path.read_text() for path in FILES.values())  # the rule has something to read

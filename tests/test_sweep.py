@@ -1,18 +1,22 @@
 """`dare sweep` against a real one-node SLURM cluster (slurmctld + slurmd + munge on this host,
 started by the fixture), through submitit's SLURM executor; plus validation and the local path."""
 
+import collections.abc
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dare.app.sweep import launch, load_sweep, results_of, sbatch_script, slurm_parameters, state
+from dare.app.sweep import (SLURM_RENAMED, SlurmSection, SweepFile, launch, load_sweep, render_sbatch, results_of,
+                            sbatch_script, slurm_parameters, state)
 from dare.utils import UserError
 from slurm_cluster import Cluster
 
@@ -45,14 +49,24 @@ def write_sweep(folder: Path, name: str, grid: dict, steps: int = 3, **extra) ->
     ({"baseline": "nope"}, "baseline: unknown baseline 'nope'"),
     ({"grid": {}}, "grid: empty"),
     ({"grid": {"run.seed": []}}, "grid.run.seed: must be a non-empty list"),
-    ({"colour": "red"}, "unknown key(s) ['colour']"),
-    ({"slurm": {"gpus": 8}}, "slurm: unknown key 'gpus'"),
-    ({"slurm": {"constrant": "a100"}}, "slurm: unknown key 'constrant' (did you mean 'constraint'? known: account, "),
-    ({"slurm": {"setup": "module load cuda"}}, "slurm.setup: expected a list of str, got str 'module load cuda'"),
-    ({"slurm": {"additional_parameters": ["--hold"]}}, "slurm.additional_parameters: expected a mapping, got list"),
-    ({"slurm": {"mem_gb": "8G"}}, "slurm.mem_gb: expected float, got str '8G'"),
-    ({"slurm": {"nodes": True}}, "slurm.nodes: expected int, got bool True"),
+    ({"grid": {"run.seed": 0}}, "grid.run.seed: expected list, got 0"),
+    # the configs' loader: unknown keys with a "did you mean", types, finite numbers, at any depth
+    ({"colour": "red"}, "unknown key 'colour'"),
+    ({"overides": {"train.steps": 2}}, "unknown key 'overides' (did you mean 'overrides'?)"),
+    ({"eval": {"config": "eval.yaml", "benchmarks": ["gsm8k"]}}, "unknown key 'eval.benchmarks'"),
+    ({"out_dir": 5}, "out_dir: expected str | None, got 5"),
+    ({"overrides": {"train.lr": float("nan")}}, "overrides.train.lr: must be a finite number"),
+    ({"slurm": {"gpus": 8}}, "unknown key 'slurm.gpus'"),
+    ({"slurm": {"constrant": "a100"}}, "unknown key 'slurm.constrant' (did you mean 'slurm.constraint'?)"),
+    ({"slurm": {"setup": "module load cuda"}}, "slurm.setup: expected list[str] | None, got 'module load cuda'"),
+    ({"slurm": {"additional_parameters": ["--hold"]}},
+     "slurm.additional_parameters: expected dict[str, Any] | None, got ['--hold']"),
+    ({"slurm": {"mem_gb": "8G"}}, "slurm.mem_gb: expected float | None, got '8G'"),
+    ({"slurm": {"mem_gb": float("inf")}}, "slurm.mem_gb: must be a finite number"),
+    ({"slurm": {"nodes": True}}, "slurm.nodes: expected int | None, got True"),
+    ({"slurm": 8}, "slurm: expected a mapping of SlurmSection fields, got 8"),
     ({"slurm": {"mem_gb": 8, "mem": "8G"}}, "slurm: mem and mem_gb both set submitit's mem; give one"),
+    ({"slurm": {"time_min": 8, "timeout_min": 9}}, "slurm: time_min and timeout_min both set submitit's time; give one"),
     ({"grid": {"train.lrr": [1]}}, "run train.lrr=1: command line: unknown key 'train.lrr'"),
 ])
 def test_bad_sweep_files_fail_with_a_clear_message(tmp_path, change, message):
@@ -75,7 +89,14 @@ def test_bad_sweep_files_fail_with_a_clear_message(tmp_path, change, message):
       "array_parallelism": 64}),
 ])
 def test_slurm_section_becomes_submitits_parameters(section, expected):
-    assert slurm_parameters(Path("s.yaml"), section) == expected
+    assert slurm_parameters(Path("s.yaml"), SlurmSection(**section)) == expected
+
+
+def test_null_sections_are_left_out(tmp_path):
+    """`slurm: null` (eval, init) is the section unset, as before the sweep file was a typed config."""
+    path = write_sweep(tmp_path, "s", {"run.seed": [0]}, slurm=None, eval=None, init=None)
+    sweep = load_sweep(path)
+    assert sweep.slurm == slurm_parameters(path, SlurmSection()) and sweep.eval_config is None and sweep.init is None
 
 
 LAB = {"cpus_per_task": 1, "mem_gb": 2, "time_min": 10, "gpus_per_node": 2, "partition": "gpu", "account": "lab",
@@ -103,6 +124,97 @@ def test_dry_run_prints_the_sbatch_script_submitit_writes(tmp_path, capsys):
     setup = lines.index("# setup")
     assert lines[setup + 1:setup + 3] == LAB["setup"] and lines.index("# command") > setup
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+
+
+# submitit's private writer and tables, the reference of ours: used here only, never in shared/
+# (tests/test_structure.py::test_no_private_submitit)
+
+
+def _plain(hint):
+    """An annotation without its None: `str | None` and `Optional[str]` -> str, an iterable -> list."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        return _plain(rest[0]) if len(rest) == 1 else frozenset(map(_plain, rest))
+    if origin in (list, collections.abc.Iterable):
+        return ("list", _plain(args[0]))
+    if origin is dict:
+        return ("dict", _plain(args[0]), _plain(args[1]))
+    return hint
+
+
+def test_our_slurm_table_is_submitits():
+    """SlurmSection holds every SlurmExecutor parameter with submitit's type, its shared names (renamed
+    as SlurmExecutor renames them) and our time_min, and nothing else."""
+    import submitit
+    from submitit.slurm import slurm
+
+    hints = typing.get_type_hints(slurm._make_sbatch_string)
+    theirs = {k: hints[k] for k in slurm._get_default_parameters()}
+    shared, renamed = submitit.AutoExecutor._typed_parameters(), slurm.SlurmExecutor._equivalence_dict()
+    ours = typing.get_type_hints(SlurmSection)
+    assert set(ours) == set(theirs) | set(shared) | {"time_min"}
+    assert all(typing.get_args(t)[-1] is type(None) for t in ours.values())  # null: unset
+    assert {k: _plain(ours[k]) for k in theirs} == {k: _plain(t) for k, t in theirs.items()}
+    assert {k: _plain(ours[k]) for k in shared} == shared
+    assert {k: SLURM_RENAMED.get(k, k) for k in shared} == {k: renamed.get(k, k) for k in shared}
+    assert SLURM_RENAMED["time_min"] == renamed["timeout_min"] and set(SLURM_RENAMED) - set(shared) == {"time_min"}
+
+
+def test_submitit_takes_every_parameter_we_pass_it(tmp_path):
+    """Through its public API: AutoExecutor.update_parameters refuses a slurm_ parameter SlurmExecutor lacks
+    (by name; the values of another cluster's parameters are not looked at, null ones not even their names)."""
+    import submitit
+
+    names = {SLURM_RENAMED.get(f, f) for f in typing.get_type_hints(SlurmSection)}
+    submitit.AutoExecutor(folder=tmp_path, cluster="debug").update_parameters(**{f"slurm_{n}": "x" for n in names})
+    with pytest.raises(NameError):
+        submitit.AutoExecutor(folder=tmp_path, cluster="debug").update_parameters(slurm_time_min=1)
+
+
+@pytest.mark.parametrize("gb", [8, 480, 0.5, 1.5, 2.25, 0.001])
+def test_mem_gb_is_written_as_submitit_writes_it(gb):
+    from submitit.slurm import slurm
+
+    assert slurm_parameters(Path("s.yaml"), SlurmSection(mem_gb=gb))["mem"] == slurm._convert_mem(gb)
+
+
+SLURM_SECTIONS = [
+    {},
+    LAB,
+    {"nodes": 2, "gpus_per_node": 8, "mem_per_gpu": "40G", "cpus_per_gpu": 4, "gpus_per_task": 1, "exclusive": True,
+     "job_name": "my run", "comment": "a 'quoted' comment", "mail_type": "END,FAIL", "srun_args": ["--cpu-bind=none"],
+     "teardown": ["echo done"], "stderr_to_stdout": True, "array_parallelism": 3, "wckey": "lab"},
+    {"num_gpus": 2, "use_srun": False, "exclusive": "user", "dependency": "afterok:12", "nodelist": "node[1-2]",
+     "gres": "gpu:2", "additional_parameters": {"hold": True, "mail_user": "me@lab.org", "nice": 10}},
+    {"name": "n", "timeout_min": 30, "tasks_per_node": 2, "mem_gb": 1.5, "signal_delay_s": 0},
+]
+
+
+@pytest.mark.filterwarnings("ignore:.*(num_gpus|cpus_per_gpu)")
+@pytest.mark.parametrize("map_count", [None, 2, 300])
+@pytest.mark.parametrize("section", SLURM_SECTIONS, ids=range(len(SLURM_SECTIONS)))
+def test_our_sbatch_writer_is_submitits(section, map_count):
+    from submitit.slurm import slurm
+
+    params = slurm_parameters(Path("s.yaml"), SlurmSection(**section))
+    folder, command = Path("/runs/sweeps/s/submitit/%j"), "/venv/bin/python -u -m submitit.core._submit /x"
+    assert render_sbatch(params, command, folder, map_count) == \
+        slurm._make_sbatch_string(command=command, folder=folder, map_count=map_count, **params)
+
+
+def test_committed_sweeps_get_submitits_sbatch_script():
+    """Every reproduction's slurm: section, as submitit writes it (the sections only: no run is resolved)."""
+    from submitit.slurm import slurm
+
+    from dare.config import load, read_yaml
+
+    paths = sorted((REPO / "reproductions").glob("**/sweep*.yaml"))
+    assert len(paths) > 20
+    for path in paths:
+        params = slurm_parameters(path, load(SweepFile, path, data=read_yaml(path)).slurm)
+        assert render_sbatch(params, "cmd", "/f/%j", 3) == slurm._make_sbatch_string("cmd", "/f/%j", map_count=3,
+                                                                                     **params), path
 
 
 def test_run_ids_are_deterministic_and_distinct(tmp_path):

@@ -12,14 +12,15 @@ A sweep file (`reproductions/<name>/sweep.yaml`):
             setup: ["module load cuda/12.1", "source ~/envs/dare/bin/activate"],
             additional_parameters: {reservation: mine}}
 
-`slurm:` takes any parameter of submitit's SlurmExecutor (the arguments of its sbatch script writer,
-`submitit.slurm.slurm._make_sbatch_string`: partition, account, qos, constraint, exclude, nodelist,
-gres, mem_per_gpu, mail_user, setup / teardown (shell lines run before / after srun), srun_args,
-additional_parameters ({option: value}, written as `#SBATCH --option=value`), ...), its shared names
-(mem_gb, tasks_per_node, timeout_min, name) and our time_min; null leaves a key unset. An unknown
-key or a value of the wrong type is refused before anything is submitted. Unset: nodes 1,
-cpus_per_task 2, mem_gb 8, time_min 60, signal_delay_s 120, array_parallelism 64, one task per GPU
-(at least one). `dare sweep --dry-run` prints the sbatch script submitit will write.
+`slurm:` takes any parameter of submitit's SlurmExecutor (`SlurmSection` lists them with their types: partition,
+account, qos, constraint, exclude, nodelist, gres, mem_per_gpu, mail_user, setup / teardown (shell lines run
+before / after srun), srun_args, additional_parameters ({option: value}, written as `#SBATCH --option=value`),
+...), its shared names (mem_gb, tasks_per_node, timeout_min, name) and our time_min; null leaves a key unset.
+The file is a typed config (`SweepFile`) read by the configs' loader (`dare.config.load`): an unknown key gets a
+"did you mean", a value of the wrong type or a non-finite number names its key, YAML aliases are refused, all
+before anything is submitted. Unset: nodes 1, cpus_per_task 2, mem_gb 8, time_min 60, signal_delay_s 120,
+array_parallelism 64, one task per GPU (at least one). `dare sweep --dry-run` prints the sbatch script submitit
+will write (`render_sbatch`, which tests/test_sweep.py keeps equal to submitit's own writer).
 
 Several methods side by side (`reproductions/tiny/sweep.yaml`) name each with its config instead of
 `baseline`/`config`, and may start every run from one checkpoint trained first:
@@ -42,8 +43,6 @@ checkpoint; submitit's own timeout signal takes the same path (`Job.checkpoint`)
 
 from __future__ import annotations
 
-import collections.abc
-import difflib
 import hashlib
 import itertools
 import json
@@ -53,19 +52,16 @@ import shlex
 import subprocess
 import sys
 import time
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from dare.app import targets
-from dare.config import ConfigError, read_yaml
+from dare.config import ConfigError, load, read_yaml
 from dare.eval import evaluate_checkpoint, load_eval_config
 from dare.results import publish, read_result, write_result
-from dare.utils import UserError, YAMLAliasError, atomic_write_json, load_yaml, runs_dir, shown_value
+from dare.utils import UserError, atomic_write_json, runs_dir, shown_value
 
-KEYS = {"baseline", "config", "methods", "init", "overrides", "grid", "eval", "slurm", "out_dir"}
 MAX_RUNS = 10_000
 """The most runs one sweep may hold (methods x the product of the grid's list lengths), checked before the
 grid is expanded: a typo of a grid (or a hostile file) never hangs `dare sweep` building 10^8 runs.
@@ -75,6 +71,100 @@ SLURM_DEFAULTS = {"nodes": 1, "cpus_per_task": 2, "mem": "8GB", "time": 60, "sig
 """What a job gets unless the sweep's slurm: section says otherwise (submitit's SlurmExecutor names)."""
 SLURM_EXCLUSIVE = {"mem": {"mem_per_cpu", "mem_per_gpu"}, "cpus_per_task": {"cpus_per_gpu"}}
 """A default left out when the section sets one of these instead (sbatch refuses both at once)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep file: a typed config, read by dare.config's loader
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SlurmSection:
+    """A sweep's `slurm:` section; null (None) leaves a key unset. The fields up to `use_srun` are submitit's
+    SlurmExecutor parameters (the arguments of its sbatch script writer, with their types); the rest are
+    other names of them (`SLURM_RENAMED`). tests/test_sweep.py keeps this table equal to submitit's."""
+
+    job_name: str | None = None
+    partition: str | None = None
+    time: int | None = None
+    """Minutes (`time_min`, `timeout_min`)."""
+    nodes: int | None = None
+    ntasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    cpus_per_gpu: int | None = None
+    num_gpus: int | None = None
+    """submitit's legacy name of gpus_per_node."""
+    gpus_per_node: int | None = None
+    gpus_per_task: int | None = None
+    qos: str | None = None
+    setup: list[str] | None = None
+    """Shell lines run before srun (`module load ...`, `source .../activate`)."""
+    teardown: list[str] | None = None
+    """Shell lines run after srun."""
+    mem: str | None = None
+    mem_per_gpu: str | None = None
+    mem_per_cpu: str | None = None
+    signal_delay_s: int | None = None
+    """Seconds before the time limit at which submitit's timeout signal (USR2) arrives."""
+    comment: str | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    account: str | None = None
+    gres: str | None = None
+    mail_type: str | None = None
+    mail_user: str | None = None
+    nodelist: str | None = None
+    dependency: str | None = None
+    exclusive: bool | str | None = None
+    array_parallelism: int | None = None
+    """How many runs of the job array run at once."""
+    wckey: str | None = None
+    stderr_to_stdout: bool | None = None
+    additional_parameters: dict[str, Any] | None = None
+    """Raw sbatch options: {option: value} -> `#SBATCH --option=value` (true: `#SBATCH --option`)."""
+    srun_args: list[str] | None = None
+    use_srun: bool | None = None
+    # other names of the parameters above
+    name: str | None = None
+    timeout_min: int | None = None
+    mem_gb: float | None = None
+    """GB; written as submitit writes `mem` (`480GB`, or MB when fractional)."""
+    tasks_per_node: int | None = None
+    time_min: int | None = None
+
+
+SLURM_RENAMED = {"name": "job_name", "timeout_min": "time", "time_min": "time", "mem_gb": "mem",
+                 "tasks_per_node": "ntasks_per_node"}
+"""The SlurmSection fields that are other names of a submitit parameter: submitit's shared (AutoExecutor) names
+and our time_min."""
+
+
+@dataclass
+class PathSection:
+    config: str | None = None
+    """A config file, relative to the sweep file."""
+
+
+@dataclass
+class SweepFile:
+    """A sweep file as written (`load_sweep` resolves it into a `Sweep`); see the module docstring."""
+
+    baseline: str | None = None
+    config: str | None = None
+    methods: dict[str, str | None] | None = None
+    """baseline -> its config file (null: its defaults), instead of baseline/config."""
+    init: PathSection = field(default_factory=PathSection)
+    overrides: dict[str, Any] | None = None
+    """Dotted config keys -> values, for every run."""
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    """Dotted config keys -> the values to run; the runs are the product of the lists."""
+    eval: PathSection = field(default_factory=PathSection)
+    slurm: SlurmSection = field(default_factory=SlurmSection)
+    out_dir: str | None = None
+
+
+SECTIONS = {"init", "eval", "slurm"}
+"""The sweep file's sections: null is the same as leaving one out (the loader wants a mapping for a section)."""
 
 
 @dataclass
@@ -123,24 +213,15 @@ def load_sweep(path: str | Path, max_runs: int = MAX_RUNS) -> Sweep:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: sweep file not found")
-    try:
-        data = load_yaml(path.read_text(), str(path)) or {}
-    except YAMLAliasError:
-        raise
-    except yaml.YAMLError as e:
-        _fail(path, f"not valid YAML: {e}")
-    if not isinstance(data, dict):
-        _fail(path, "must be a mapping")
+    data = read_yaml(path)
     if "expect" in data:
         _fail(path, "expect: the paper's numbers live in targets.yaml beside the sweep file (one source, in percent); "
                     "remove expect: from the sweep")
-    unknown = sorted(set(data) - KEYS)
-    if unknown:
-        _fail(path, f"unknown key(s) {unknown}; known: {sorted(KEYS)}")
+    spec = load(SweepFile, path, data={k: v for k, v in data.items() if not (k in SECTIONS and v is None)})
     if ("methods" in data) == ("baseline" in data) or ("methods" in data and "config" in data):
         _fail(path, "give either baseline (+ optional config) or methods: {baseline: config, ...}")
-    methods = data["methods"] if "methods" in data else {data["baseline"]: data.get("config")}
-    if not isinstance(methods, dict) or not methods:
+    methods = spec.methods if "methods" in data else {spec.baseline: spec.config}
+    if not methods:
         _fail(path, "methods: a mapping of baseline name -> config file (or null)")
     for baseline, config in list(methods.items()):
         if baseline not in baselines.names():
@@ -149,11 +230,11 @@ def load_sweep(path: str | Path, max_runs: int = MAX_RUNS) -> Sweep:
         methods[baseline] = (path.parent / config).resolve() if config else None
         if methods[baseline] and not methods[baseline].is_file():
             _fail(path, f"config: {methods[baseline]} not found")
-    grid = data.get("grid") or {}
-    if not isinstance(grid, dict) or not grid:
+    grid = spec.grid
+    if not grid:
         _fail(path, "grid: empty (give at least one key with a list of values, e.g. run.seed: [0, 1, 2])")
     for key, values in grid.items():
-        if not isinstance(values, list) or not values:
+        if not values:
             _fail(path, f"grid.{key}: must be a non-empty list")
     count = len(methods) * math.prod(len(values) for values in grid.values())
     if count > max_runs:
@@ -161,21 +242,18 @@ def load_sweep(path: str | Path, max_runs: int = MAX_RUNS) -> Sweep:
         _fail(path, f"{count:,} runs ({len(methods)} method(s) x grid {sizes}) "
                     f"exceed the cap of {max_runs:,} runs per sweep; shrink the grid or split the sweep "
                     f"(or raise the cap: dare sweep --max-runs N)")
-    overrides = data.get("overrides") or {}
-    if not isinstance(overrides, dict):
-        _fail(path, "overrides: must be a mapping of dotted keys to values")
-    slurm = slurm_parameters(path, data.get("slurm") or {})
-    eval_cfg = data.get("eval") or {}
-    eval_config = (path.parent / eval_cfg["config"]).resolve() if eval_cfg.get("config") else None
+    overrides = spec.overrides or {}
+    slurm = slurm_parameters(path, spec.slurm)
+    eval_config = (path.parent / spec.eval.config).resolve() if spec.eval.config else None
     if eval_config and not eval_config.is_file():
         _fail(path, f"eval.config: {eval_config} not found")
     if eval_config:
         load_eval_config(eval_config)  # benchmark names checked before anything is submitted
-    out = Path(data.get("out_dir") or runs_dir() / "sweeps" / sweep_folder(path))
+    out = Path(spec.out_dir or runs_dir() / "sweeps" / sweep_folder(path))
     init = None
-    if data.get("init"):
-        init_config = (path.parent / (data["init"].get("config") or "")).resolve()
-        if not data["init"].get("config") or not init_config.is_file():
+    if data.get("init"):  # a section without its config is a mistake, not "no init"
+        init_config = (path.parent / (spec.init.config or "")).resolve()
+        if not spec.init.config or not init_config.is_file():
             _fail(path, f"init.config: {init_config} not found")
         init_baseline = read_yaml(init_config).get("baseline")
         if init_baseline not in baselines.names():
@@ -216,47 +294,24 @@ def _fmt(v) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# SLURM parameters (submitit's own, checked against its sbatch script writer)
+# SLURM parameters and the sbatch script submitit writes for them
 # ---------------------------------------------------------------------------------------------
 
 
-def slurm_options() -> dict[str, tuple[str, object]]:
-    """Every key a sweep's slurm: section accepts -> (the SlurmExecutor parameter it sets, the type it
-    takes): submitit's own parameters (the arguments of `_make_sbatch_string`, with their annotations),
-    its shared names (`AutoExecutor._typed_parameters`: mem_gb, tasks_per_node, timeout_min, ...,
-    renamed by `SlurmExecutor._equivalence_dict`) and our time_min."""
-    import submitit
-    from submitit.slurm import slurm
-
-    hints = typing.get_type_hints(slurm._make_sbatch_string)
-    renamed = slurm.SlurmExecutor._equivalence_dict()
-    options = {k: (k, hints[k]) for k in slurm._get_default_parameters()}
-    options |= {k: (renamed.get(k, k), t) for k, t in submitit.AutoExecutor._typed_parameters().items()}
-    return options | {"time_min": (renamed["timeout_min"], int)}
-
-
-def slurm_parameters(path: Path, section) -> dict:
-    """A sweep's slurm: section as submitit SlurmExecutor parameters, with our defaults; a clear error
-    for a key submitit does not know, a value of the wrong type, or one parameter given twice."""
-    from submitit.slurm import slurm
-
-    if not isinstance(section, dict):
-        _fail(path, "slurm: must be a mapping of submitit SlurmExecutor parameters")
-    options, params, given = slurm_options(), {}, {}
-    for key, value in section.items():
-        if key not in options:
-            close = difflib.get_close_matches(str(key), options, n=3)
-            guess = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
-            _fail(path, f"slurm: unknown key {key!r} ({guess}known: {', '.join(sorted(options))})")
-        name, hint = options[key]
+def slurm_parameters(path: Path, section: SlurmSection) -> dict:
+    """A sweep's (type-checked) slurm: section as submitit SlurmExecutor parameters, with our defaults; a clear
+    error for one parameter given twice (`mem` and `mem_gb`)."""
+    params, given = {}, {}
+    for f in fields(section):
+        value = getattr(section, f.name)
         if value is None:
             continue
-        if not _admits(hint, value):
-            _fail(path, f"slurm.{key}: expected {_type_name(hint)}, got {type(value).__name__} {shown_value(value)}")
+        name = SLURM_RENAMED.get(f.name, f.name)
         if name in given:
-            _fail(path, f"slurm: {given[name]} and {key} both set submitit's {name}; give one")
-        given[name] = key
-        params[name] = slurm._convert_mem(value) if key == "mem_gb" else value
+            first, second = sorted([given[name], f.name])
+            _fail(path, f"slurm: {first} and {second} both set submitit's {name}; give one")
+        given[name] = f.name
+        params[name] = _mem(value) if f.name == "mem_gb" else value
     for name, value in SLURM_DEFAULTS.items():
         if name not in params and not SLURM_EXCLUSIVE.get(name, set()) & set(params):
             params[name] = value
@@ -265,30 +320,9 @@ def slurm_parameters(path: Path, section) -> dict:
     return params
 
 
-def _admits(hint, value) -> bool:
-    """Whether a YAML value fits a submitit annotation (a float: any number; an iterable: a list)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union:
-        return any(_admits(a, value) for a in args)
-    if origin in (list, collections.abc.Iterable):
-        return isinstance(value, list) and all(_admits(args[0], v) for v in value)
-    if hint is typing.Any:
-        return True
-    if hint in (int, float) and isinstance(value, bool):
-        return False
-    return isinstance(value, (int, float) if hint is float else origin or hint)
-
-
-def _type_name(hint) -> str:
-    """A submitit annotation as the error shows it: `a list of str`, `bool or str`, `int`."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union:
-        return " or ".join(_type_name(a) for a in args if a is not type(None))
-    if origin in (list, collections.abc.Iterable):
-        return f"a list of {_type_name(args[0])}"
-    if origin is dict:
-        return "a mapping"
-    return getattr(hint, "__name__", str(hint))
+def _mem(gb: float) -> str:
+    """`mem_gb` as submitit writes `mem`: whole gigabytes as `480GB`, otherwise megabytes (`1536MB`)."""
+    return f"{int(gb)}GB" if gb == int(gb) else f"{int(gb * 1024)}MB"
 
 
 def _submitit_folder(sweep: Sweep) -> Path:
@@ -298,13 +332,55 @@ def _submitit_folder(sweep: Sweep) -> Path:
 
 def sbatch_script(sweep: Sweep, array_size: int) -> str:
     """The sbatch script submitit writes for the runs' job (a job array when `array_size` > 1)."""
-    from submitit.slurm import slurm
-
     folder = _submitit_folder(sweep)
-    # the command SlurmExecutor submits (its `_submitit_command_str`)
+    # the command SlurmExecutor submits: the current python running submitit's job entry point on the folder
     command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
-    return slurm._make_sbatch_string(command=command, folder=folder, map_count=array_size if array_size > 1 else None,
-                                     **sweep.slurm)
+    return render_sbatch(sweep.slurm, command, folder, array_size if array_size > 1 else None)
+
+
+SBATCH_UNSET = {"job_name": "submitit", "time": 5, "nodes": 1, "signal_delay_s": 90, "array_parallelism": 256,
+                "wckey": "submitit", "stderr_to_stdout": False, "use_srun": True}
+"""submitit's values of the SlurmExecutor parameters a job leaves unset (the others are not written)."""
+NOT_SBATCH_OPTIONS = {"array_parallelism", "additional_parameters", "setup", "teardown", "signal_delay_s",
+                      "stderr_to_stdout", "srun_args", "use_srun"}
+"""SlurmExecutor parameters that shape the script, not `#SBATCH` lines of their own."""
+
+
+def render_sbatch(params: dict, command: str, folder: str | Path, map_count: int | None = None) -> str:
+    """The sbatch script submitit's SlurmExecutor writes for `params` (its parameter names) to run `command`,
+    keeping its logs in `folder`, as a job array of `map_count` tasks when given: written here, so that a dry run
+    shows it without a cluster and without submitit's private writer (tests/test_sweep.py compares the two)."""
+    import submitit
+
+    params = {**SBATCH_UNSET, **params}
+    options = {k: v for k, v in params.items() if v is not None and k not in NOT_SBATCH_OPTIONS}
+    options["signal"] = f"{submitit.JobEnvironment.USR_SIG}@{params['signal_delay_s']}"
+    if "num_gpus" in options:  # the legacy name
+        options["gpus_per_node"] = options.pop("num_gpus")
+    folder = Path(folder).expanduser().absolute()
+    stdout, stderr = str(folder / "%j_%t_log.out"), str(folder / "%j_%t_log.err")
+    if map_count is not None:
+        options["array"] = f"0-{map_count - 1}%{min(map_count, params['array_parallelism'])}"
+        stdout, stderr = stdout.replace("%j", "%A_%a"), stderr.replace("%j", "%A_%a")
+    options["output"] = stdout.replace("%t", "0")
+    if not params["stderr_to_stdout"]:
+        options["error"] = stderr.replace("%t", "0")
+    options["open-mode"] = "append"
+    options.update(params.get("additional_parameters") or {})
+    lines = ["#!/bin/bash", "", "# Parameters"]
+    for key in sorted(options):
+        flag, value = key.replace("_", "-"), options[key]
+        lines.append(f"#SBATCH --{flag}" if value is True else f"#SBATCH --{flag}={shlex.quote(str(value))}")
+    if params.get("setup") is not None:
+        lines += ["", "# setup", *params["setup"]]
+    if params["use_srun"]:
+        srun = ["srun", "--unbuffered", "--output", stdout, *([] if params["stderr_to_stdout"] else ["--error", stderr]),
+                *(params.get("srun_args") or [])]
+        command = " ".join(shlex.quote(arg) for arg in srun) + " " + command
+    lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", command, ""]
+    if params.get("teardown") is not None:
+        lines += ["", "# teardown", *params["teardown"]]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
