@@ -53,8 +53,8 @@ micro = spec["micro_batch_size"]
 rows = batch.sequences.shape[0]
 
 
-def loss_of(mb, mz, it, j):
-    part = old_logps[j * micro:(j + 1) * micro] if micro else old_logps
+def loss_of(mb, mz, it, rows):
+    part = old_logps[rows]
     return tracerl.loss(tracerl.token_logps(trainer.model, mb, mz, cfg), part, None, mb, mz, cfg)
 
 

@@ -137,3 +137,41 @@ def test_no_private_submitit():
                 found.append(f"{m}:{node.lineno}: {ast.unparse(node)}")
     assert not found, "\n".join(found)
     assert any("submitit" in path.read_text() for path in FILES.values())  # the rule has something to read
+
+
+def test_every_rl_baseline_has_one_meaning_per_hook():
+    """Each RL baseline binds to the hook contract (no retired hook: what it derives from the rollout is in
+    `prepare`), and its noise is drawn or not by whether it defines `sample_noise`: the loop then checks that
+    every draw is a `Draw` (`dare.train.rl.run`), which the two-step runs of every baseline exercise."""
+    import importlib
+
+    from dare.app.baselines import names
+    from dare.train.hooks import RETIRED, bind
+
+    rl = 0
+    for name in names():
+        module = importlib.import_module(f"baselines.{name}.algorithm")
+        assert not [h for h in RETIRED if hasattr(module, h)], name
+        hooks = bind(module)
+        if module.RECIPE == "rl":
+            rl += 1
+            assert hooks.draws_noise == hasattr(module, "sample_noise"), name
+    assert rl >= 14
+
+
+def test_a_retired_hook_is_refused_with_what_replaces_it():
+    import types
+
+    from dare.train.hooks import bind
+
+    module = types.ModuleType("m")
+    module.RECIPE = "rl"
+    for hook in ("advantages", "token_logps", "loss", "random_noise"):
+        setattr(module, hook, lambda *a: None)
+    try:
+        bind(module, "m")
+    except ValueError as e:
+        assert str(e) == "m: the hook random_noise is gone: leave sample_noise undefined when nothing is drawn " \
+                         "(see dare.train.hooks)"
+    else:
+        raise AssertionError("a retired hook was bound")

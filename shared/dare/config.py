@@ -411,6 +411,10 @@ class RLConfig:
     """Completions per prompt (G)."""
     num_iterations: int = 1
     """Policy updates per rollout batch (mu); with 1 the old log-probs are not recomputed."""
+    mini_batches: int = field(default=1, metadata=ADDED)
+    """Optimizer steps per update, each on its slice of the groups (verl's `ppo_mini_batch_size` = the rollout
+    batch / mini_batches), each loss normalized by its mini-batch's totals, as verl's is; it must divide the
+    prompts each process rolls out per step."""
     recompute_old_logps: bool = False
     """Compute the old log-probs even when mu = 1 (the ratio is then 1 by construction); only the
     benchmark's naive pipeline sets it."""
@@ -462,6 +466,7 @@ class RLConfig:
         check(self.prompts_per_step > 0, "must be positive", "prompts_per_step")
         check(self.group_size > 0, "must be positive", "group_size")
         check(self.num_iterations > 0, "must be positive", "num_iterations")
+        check(self.mini_batches > 0, "must be positive", "mini_batches")
 
 
 @dataclass

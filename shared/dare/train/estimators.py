@@ -40,8 +40,8 @@ materializes full-vocabulary logits.
   never under- or overflows (the reference's fp32 p^beta does: `facebookresearch/SPG` issues #2, #5).
 - `spread(estimate, draws)`: the mean and standard deviation of any per-sequence estimate over independent
   noise draws (its variance, which decides whether an ELBO method learns; `dare bench estimators`).
-- `elbo_backward(...)`: the same estimate, backpropagated one Monte Carlo draw at a time so
-  that only one draw's activations are alive (memory-bounded); returns the value.
+(A loss over several Monte Carlo draws is backpropagated one draw at a time, memory-bounded, by the
+recipes' `replayed_loss`: `dare.train.common.backward_by_parts`.)
 """
 
 from __future__ import annotations
@@ -322,22 +322,6 @@ def elbo(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, maskable
     n = draws.masked.shape[1]
     total = sum(_elbo_sample(model, ids, attention_mask, draws, k, compute) for k in range(n))
     return total / n / _normalizer(maskable, normalize)
-
-
-def elbo_backward(model, ids, attention_mask, maskable, draws: noise.Draw, normalize="none",
-                  compute: Compute | None = None, scale: float | torch.Tensor = 1.0) -> torch.Tensor:
-    """Backpropagate `(scale * elbo).sum()` one Monte Carlo draw at a time, so only one draw's
-    activations are alive (memory-bounded); returns the (B,) estimate, detached. `scale` may be
-    a (B,) tensor: the gradient of a loss with respect to each row's ELBO (a second pass after
-    the loss was evaluated on the detached estimates)."""
-    n = draws.masked.shape[1]
-    norm = _normalizer(maskable, normalize)
-    total = torch.zeros(ids.shape[0], device=ids.device)
-    for k in range(n):
-        value = _elbo_sample(model, ids, attention_mask, draws, k, compute) / n / norm
-        (scale * value).sum().backward()
-        total = total + value.detach()
-    return total
 
 
 def sequence_elbo(model, ids: torch.Tensor, start: int, n: int, generator: torch.Generator) -> float:

@@ -31,7 +31,7 @@ import torch
 
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
-from dare.train.common import Loop, build_model, micro_slices, take
+from dare.train.common import Loop, backward_by_parts, build_model, micro_slices, take
 from dare.train.trainer import Trainer, setup_dist
 from dare.train.estimators import Compute
 from dare.train.hooks import PreferenceHooks
@@ -123,18 +123,9 @@ def run(cfg, hooks: PreferenceHooks, run_dir, label: str = "preference") -> dict
 
 
 def replayed_loss(trainer, hooks: PreferenceHooks, batch: PreferenceBatch, draw, parts: list, ref, cfg):
-    """The loss of `draw` with the policy's gradient backpropagated one part at a time (memory-bounded, exact
-    for deterministic forwards): each part's share of the log-likelihoods without graphs (`logps` of the
-    parts add up to the whole draw's), the loss on their sum and its gradient g (B, 2) with respect to it,
-    then per part one forward with its graph and the backward of (g x share). Returns the loss, detached
-    (already backpropagated), and its metrics."""
-    with torch.no_grad():
-        total = sum(hooks.logps(trainer.model, batch, part, cfg) for part in parts)
-    total = total.detach().requires_grad_()
-    loss, metrics = hooks.loss(total, ref, batch, draw, cfg)
-    (grad,) = torch.autograd.grad(loss, total)
-    for part in parts:  # every part on every rank: forwards stay collective
-        share = hooks.logps(trainer.model, batch, part, cfg)
-        if share.requires_grad:  # a part that masks no token of these rows has no graph and no gradient
-            trainer.backward((share * grad).sum())
-    return loss.detach(), metrics
+    """The loss of `draw` with the policy's gradient backpropagated one part at a time (`backward_by_parts`): the
+    `logps` of the parts add up to the whole draw's. Returns the loss, detached (already backpropagated), and its
+    metrics."""
+    loss, metrics, _ = backward_by_parts(lambda part: hooks.logps(trainer.model, batch, part, cfg), parts, sum,
+                                         lambda total: hooks.loss(total, ref, batch, draw, cfg), trainer.backward)
+    return loss, metrics

@@ -61,7 +61,7 @@ import torch
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.rollout import decode_responses, generate, left_pad
-from dare.train.common import Loop, build_model, micro_slices, save_final, take
+from dare.train.common import Loop, backward_by_parts, build_model, micro_slices, save_final, take
 from dare.train.trainer import Trainer, setup_dist
 from dare.train.estimators import Compute
 from dare.train import diagnostics as diag
@@ -184,6 +184,9 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     n_prompts, G, mu = cfg.rl.prompts_per_step, cfg.rl.group_size, cfg.rl.num_iterations
     if n_prompts % dist.world:
         raise UserError(f"rl.prompts_per_step={n_prompts} must be divisible by the {dist.world} processes")
+    if (n_prompts // dist.world) % cfg.rl.mini_batches:
+        raise UserError(f"rl.mini_batches={cfg.rl.mini_batches} must divide the {n_prompts // dist.world} prompts each "
+                        f"of the {dist.world} processes rolls out per step (whole groups per mini-batch)")
     task = TASKS[cfg.data.task]
     critic_spec = hooks.value_model(cfg)  # checked before any model is built
     if critic_spec is not None and missing_value_hooks(hooks):
@@ -202,10 +205,11 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     micro = cfg.train.micro_batch_size
 
     use_ref = hooks.uses_reference(cfg)
-    trainer = Trainer(model, cfg.model, cfg.train, dist, cfg.train.steps * mu, reference=use_ref, seed=cfg.run.seed)
+    optimizer_steps = cfg.train.steps * mu * cfg.rl.mini_batches  # per batch: mu draws x the mini-batches
+    trainer = Trainer(model, cfg.model, cfg.train, dist, optimizer_steps, reference=use_ref, seed=cfg.run.seed)
     uses_old = hooks.uses_old_logps(cfg)  # objectives without a ratio skip them
     policy = trainer.model
-    critic = build_critic(cfg, task, dist, critic_spec, cfg.train.steps * mu) if critic_spec is not None else None
+    critic = build_critic(cfg, task, dist, critic_spec, optimizer_steps) if critic_spec is not None else None
 
     counter = diag.ForwardCounter([trainer.base, trainer.ref, critic.base if critic else None])
     guard = diag.CollapseGuard(cfg.rl.collapse_metric, cfg.rl.collapse_window, cfg.rl.collapse_below,
@@ -272,7 +276,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                 noises = unique * (mu // draws)  # one per update, of the policy and of a value model
                 batch = replace(batch, num_units=dist.sum({"u": float(hooks.loss_units(batch, unique[0], cfg))})["u"])
 
-                # --- the value model: token advantages from its values before the update, then its mu updates
+                # --- the value model: its values before the update (the algorithm's token advantages), its mu updates
                 tic = time.perf_counter()
                 value_sums = {}
                 if critic is not None:
@@ -281,12 +285,15 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                         old_values = torch.cat(per_micro(lambda b, z: hooks.token_values(critic.model, b, z, cfg),
                                                          batch, noises[0], micro))
                     batch = replace(batch, old_values=old_values)
-
-                    def value_loss(mb, z, it, j):
+                n = batch.sequences.shape[0]
+                minis = mini_batches(batch, cfg.rl.mini_batches, dist,
+                                     lambda mb, rows: float(hooks.loss_units(mb, take(unique[0], rows, n), cfg)))
+                if critic is not None:
+                    def value_loss(mb, z, it, rows):
                         loss, metrics = hooks.value_loss(hooks.token_values(critic.model, mb, z, cfg), mb, z, cfg)
                         return loss, {f"value/{k}": v for k, v in metrics.items()}
 
-                    value_sums = updates(critic, batch, noises, micro, "value/loss", "value/grad_norm", value_loss)
+                    value_sums = updates(critic, batch, noises, micro, "value/loss", "value/grad_norm", value_loss, minis)
                 t_value = time.perf_counter() - tic
 
                 # --- old and reference log-probs, on the same noise draws the updates will use
@@ -295,20 +302,20 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                     old = ref = None
                     if (mu > 1 or cfg.rl.recompute_old_logps) and uses_old:
                         with trainer.autocast():
-                            old = [per_micro(lambda b, z: hooks.token_logps(policy, b, z, cfg), batch, z, micro)
-                                   for z in unique] * (mu // draws)
+                            old = [torch.cat(per_micro(lambda b, z: hooks.token_logps(policy, b, z, cfg), batch, z,
+                                                       micro)) for z in unique] * (mu // draws)
                     if use_ref:
                         with trainer.reference() as ref_model:
-                            ref = [per_micro(lambda b, z: hooks.token_logps(ref_model, b, z, cfg), batch, z, micro)
-                                   for z in unique] * (mu // draws)
+                            ref = [torch.cat(per_micro(lambda b, z: hooks.token_logps(ref_model, b, z, cfg), batch, z,
+                                                       micro)) for z in unique] * (mu // draws)
                 t_logp = time.perf_counter() - tic
 
                 # --- mu policy updates on this batch, each accumulated over the micro-batches
                 tic = time.perf_counter()
                 first: dict[str, float] = {}  # the first update against the sampler and the old log-probs
 
-                def policy_loss(mb, z, it, j):
-                    o, r = old[it][j] if old else None, ref[it][j] if ref else None
+                def policy_loss(mb, z, it, rows):
+                    o, r = old[it][rows] if old else None, ref[it][rows] if ref else None
                     parts = hooks.draw_parts(z, cfg)
                     if parts is not None:  # memory-bounded: one draw's graph alive at a time
                         loss, metrics, logps = replayed_loss(trainer, hooks, policy, mb, z, parts, o, r, cfg)
@@ -321,7 +328,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                                 else first.get(k, 0.0) + v
                     return loss, metrics
 
-                sums.update(updates(trainer, batch, noises, micro, "loss/total", "optim/grad_norm", policy_loss))
+                sums.update(updates(trainer, batch, noises, micro, "loss/total", "optim/grad_norm", policy_loss, minis))
                 maxima = {k: first.pop(k) for k in list(first) if k.endswith(("max_abs", "max_dev"))}
                 checks.update({**dist.sum(first), **dist.max(maxima)})
                 sums.update(value_sums)
@@ -360,21 +367,13 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
 
 
 def replayed_loss(trainer, hooks: RLHooks, policy, batch, draw, parts: list, old, ref, cfg):
-    """The loss of `draw` with its gradient backpropagated one part at a time (memory-bounded, exact for
-    deterministic forwards): the parts' log-probs without graphs, the loss on them and its gradient with
-    respect to each part's log-probs, then per part one forward with its graph and the backward of
-    (gradient x log-probs). `token_logps` of each part returns that part's columns of the whole draw's
-    log-probs (dim 1). Returns the loss, detached (already backpropagated), its metrics and the log-probs."""
-    with torch.no_grad():
-        values = [hooks.token_logps(policy, batch, part, cfg) for part in parts]
-    leaves = [v.detach().requires_grad_() for v in values]
-    logps = torch.cat(leaves, dim=1)
-    loss, metrics = hooks.loss(logps, old if old is not None else logps.detach(), ref, batch, draw, cfg)
-    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-    for part, value, grad in zip(parts, values, grads):  # every part on every rank: forwards stay collective
-        grad = torch.zeros_like(value) if grad is None else grad
-        trainer.backward((hooks.token_logps(policy, batch, part, cfg) * grad).sum())
-    return loss.detach(), metrics, logps.detach()
+    """The loss of `draw` with its gradient backpropagated one part at a time (`backward_by_parts`): `token_logps`
+    of each part returns that part's columns of the whole draw's log-probs (dim 1). Returns the loss, detached
+    (already backpropagated), its metrics and the log-probs."""
+    return backward_by_parts(
+        lambda part: hooks.token_logps(policy, batch, part, cfg), parts, lambda leaves: torch.cat(leaves, dim=1),
+        lambda logps: hooks.loss(logps, old if old is not None else logps.detach(), ref, batch, draw, cfg),
+        trainer.backward)
 
 
 def replay_agreement(policy, trainer, batch: RLBatch, rows: int) -> dict:
@@ -448,27 +447,53 @@ def compute_metrics(loop, used: dict, nfe: int) -> dict:
             "compute/wall_s": loop.elapsed()}
 
 
-def updates(trainer, batch: RLBatch, noises: list, micro: int, loss_key: str, norm_key: str, loss_of) -> dict:
-    """One optimizer step of `trainer` per noise draw on the step's batch, each accumulated over the
-    micro-batches: `loss_of(micro_batch, micro_noise, draw, micro_index) -> (loss, metrics)`. Returns
-    the metrics (the loss as `loss_key`, the gradient norm before clipping as `norm_key`) summed over
-    micro-batches and processes and averaged over the draws. The policy's and the value model's updates."""
-    n, mu = batch.sequences.shape[0], len(noises)
+def mini_batches(batch: RLBatch, k: int, dist, units) -> list[tuple[slice, RLBatch]]:
+    """The step's rows in `k` consecutive slices of whole groups (`rl.mini_batches`, verl's `ppo_mini_batch_size`),
+    each with its own totals over processes (`num_tokens`, `num_sequences`, `num_active`, `num_units` from
+    `units(mini_batch, rows)`), so each optimizer step's loss is normalized by its mini-batch, as verl's is;
+    one slice, the batch itself, when k = 1."""
+    n = batch.sequences.shape[0]
+    if k == 1:
+        return [(slice(0, n), batch)]
+    size, out = n // k, []
+    for m in range(k):
+        rows = slice(m * size, (m + 1) * size)
+        mini = take(batch, rows, n)
+        t = dist.sum({"tokens": float(mini.response_mask.sum()), "rows": float(size),
+                      "active": float((mini.advantages != 0).sum()), "units": units(mini, rows)})
+        out.append((rows, replace(mini, num_tokens=t["tokens"], num_sequences=int(t["rows"]),
+                                  num_active=int(t["active"]), num_units=t["units"])))
+    return out
+
+
+def updates(trainer, batch: RLBatch, noises: list, micro: int, loss_key: str, norm_key: str, loss_of,
+            minis: list[tuple[slice, RLBatch]] | None = None) -> dict:
+    """One optimizer step of `trainer` per noise draw and mini-batch (`mini_batches`; default: the whole batch),
+    each accumulated over the mini-batch's micro-batches: `loss_of(micro_batch, micro_noise, draw, rows) ->
+    (loss, metrics)`, `rows` the micro-batch's slice of the step's rows. Returns the metrics (the loss as
+    `loss_key`, the gradient norm before clipping as `norm_key`) summed over micro-batches and processes and
+    averaged over the optimizer steps. The policy's and the value model's updates."""
+    n = batch.sequences.shape[0]
+    minis = minis or [(slice(0, n), batch)]
+    steps = len(noises) * len(minis)
     trainer.model.train()
     sums: dict[str, float] = {}
     for it, z_all in enumerate(noises):
-        step_sums: dict[str, float] = {}
-        for j, rows_ in enumerate(micro_slices(n, micro)):
-            with trainer.autocast():
-                loss, metrics = loss_of(take(batch, rows_, n), take(z_all, rows_, n), it, j)
-            if every_rank_backward(trainer.dist, loss.requires_grad, j):
-                trainer.backward(loss)
-            for k, v in {loss_key: loss.item(), **metrics}.items():
-                step_sums[k] = step_sums.get(k, 0.0) + v
-        step_sums = trainer.dist.sum(step_sums)
-        step_sums[norm_key] = trainer.step()
-        for k, v in step_sums.items():
-            sums[k] = sums.get(k, 0.0) + v / mu
+        for span, mini in minis:
+            step_sums: dict[str, float] = {}
+            size = span.stop - span.start
+            for j, part in enumerate(micro_slices(size, micro)):
+                rows = slice(span.start + part.start, span.start + part.stop)
+                with trainer.autocast():
+                    loss, metrics = loss_of(take(mini, part, size), take(z_all, rows, n), it, rows)
+                if every_rank_backward(trainer.dist, loss.requires_grad, j):
+                    trainer.backward(loss)
+                for k, v in {loss_key: loss.item(), **metrics}.items():
+                    step_sums[k] = step_sums.get(k, 0.0) + v
+            step_sums = trainer.dist.sum(step_sums)
+            step_sums[norm_key] = trainer.step()
+            for k, v in step_sums.items():
+                sums[k] = sums.get(k, 0.0) + v / steps
     return sums
 
 
