@@ -14,11 +14,12 @@ from dare.config import ModelConfig, TrainConfig
 from dare.models import facts, load_pretrained
 from dare.rollout import left_pad
 from dare.rollout.core import response_mask
-from dare.train.common import take
+from dare.train.batches import take
 from dare.train.noise import Draw
 from dare.train.estimators import Compute
 from dare.train.rl import RLBatch, updates
-from dare.train.trainer import Trainer, setup_dist
+from dare.train.dist import setup_dist
+from dare.train.trainer import Trainer
 
 checkpoint, spec_file, out = sys.argv[1:4]
 spec = json.loads(open(spec_file).read())

@@ -9,7 +9,8 @@ import torch
 from dare.config import DecodingConfig
 from dare.models import facts, load_pretrained
 from dare.rollout import generate, left_pad
-from dare.train.trainer import setup_dist, shard
+from dare.train.dist import setup_dist
+from dare.train.trainer import shard
 
 checkpoint, spec, out = sys.argv[1:4]
 spec = json.loads(open(spec).read())

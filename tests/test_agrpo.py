@@ -15,7 +15,7 @@ from conftest import run_config
 from dare.config import ConfigError, DecodingConfig, TrainConfig
 from dare.models import facts
 from dare.rollout import generate, left_pad
-from dare.train.common import lr_factor
+from dare.train.optim import lr_factor
 from dare.train.estimators import Compute, masked_logps
 from dare.train.noise import Draw
 from dare.train.rl import RLBatch
@@ -73,7 +73,7 @@ def test_the_trainer_scores_the_distribution_the_sampler_drew_from():
 def test_the_loss_adds_up_over_micro_batches():
     """The loop splits a step's rows into micro-batches (`take`) after drawing the noise on the whole batch:
     the micro-batch losses and gradients add up to the whole batch's."""
-    from dare.train.common import take
+    from dare.train.batches import take
 
     model = tiny_llada()
     out, batch = rollout_batch(model)

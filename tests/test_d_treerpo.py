@@ -205,7 +205,7 @@ def test_each_transition_is_scored_in_its_parents_canvas():
         assert torch.allclose(logps[level == lv], direct[level == lv], atol=1e-5)
     assert (level != noise.NEVER).all()
     # the loop draws the tree weights on the whole batch, then splits the rows into micro-batches
-    from dare.train.common import take
+    from dare.train.batches import take
 
     batch = dataclasses.replace(batch, rewards=torch.tensor([1.0, 0.0, 1.0, 1.0] * 3), progress=0.5)
     cfg = config(widths, sd_lambda_max=0.5)

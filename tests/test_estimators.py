@@ -11,7 +11,7 @@ from dare.config import ScratchModelConfig
 from dare.models import facts, new_model, token_logits
 from dare.models.tokenizer import char_tokenizer
 from dare.train import noise
-from dare.train.common import backward_by_parts
+from dare.train.batches import backward_by_parts
 from dare.train.estimators import block_diffusion_logps, elbo, elbo_terms, masked_logps, sequence_elbo
 
 

@@ -20,7 +20,8 @@ from dare.train import diagnostics as diag
 from dare.train.estimators import Compute
 from dare.train.fit import fit
 from dare.train.rl import RLBatch, replay_agreement
-from dare.train.trainer import Dist, Trainer
+from dare.train.dist import Dist
+from dare.train.trainer import Trainer
 from dare.utils import UserError
 
 

@@ -10,7 +10,7 @@ import torch
 
 from conftest import RL
 from dare.train.rl import RLBatch, mini_batches, updates
-from dare.train.trainer import Dist
+from dare.train.dist import Dist
 
 
 class SGD:

@@ -72,7 +72,7 @@ def test_draws_cover_the_completion_only_and_the_elbo_is_the_librarys(name, tmp_
 
 
 def test_the_log_space_clip_is_ppos_min_in_value_and_gradient():
-    from dare.train.rl import clipped_sequence_objective
+    from dare.train.objectives import clipped_sequence_objective
 
     g = torch.Generator().manual_seed(0)
     log_ratio = (torch.randn(64, generator=g) * 0.5).requires_grad_()

@@ -175,3 +175,18 @@ def test_a_retired_hook_is_refused_with_what_replaces_it():
                          "(see dare.train.hooks)"
     else:
         raise AssertionError("a retired hook was bound")
+
+
+def test_no_baseline_imports_a_recipes_loop():
+    """A baseline's algorithm.py imports the small helpers it uses (`dare.train.objectives`, `.noise`,
+    `.estimators`, `.batches`, ...), never a recipe's loop or the trainer (`dare.train.rl`, `.sft`,
+    `.preference`, `.loop`, `.trainer`, `.fit`)."""
+    loops = {"dare.train.rl", "dare.train.sft", "dare.train.preference", "dare.train.loop", "dare.train.trainer",
+             "dare.train.fit"}
+    found = []
+    for path in sorted(Path(__file__).resolve().parents[1].glob("baselines/*/algorithm.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            found += [f"{path.parent.name}: {n}" for n in names if n in loops]
+    assert not found, found

@@ -25,7 +25,7 @@ from dare.models import facts, new_model
 from dare.models.tokenizer import char_tokenizer
 from dare.rollout import left_pad
 from dare.rollout.core import response_mask
-from dare.train.common import take
+from dare.train.batches import take
 from dare.train.estimators import Compute
 from dare.train.rl import RLBatch
 

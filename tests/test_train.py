@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 from dare.app import baselines
 from dare.config import ConfigError, TrainConfig
 from dare.app.runs import resolve, train
-from dare.train.common import EpochSampler, lr_factor
+from dare.train.optim import lr_factor
+from dare.train.sampler import EpochSampler
 from dare.utils import UserError
 
 SFT_TINY = ["model.scratch.d_model=32", "model.scratch.n_heads=2", "model.scratch.n_layers=1",

@@ -143,7 +143,7 @@ def test_fsdp_bf16_lora_rl_runs_and_exports_merged(tmp_path):
     assert len(list((ckpt / "dcp").glob("*.distcp"))) == 2 and not (ckpt / "model.safetensors").exists()
     info = json.loads((ckpt / "checkpoint.json").read_text())
     assert info["lora"]["rank"] == 4 and info["fingerprint"]["hardware"]["cpu_capability"]
-    from dare.train.trainer import export_checkpoint
+    from dare.train.checkpoint import export_checkpoint
 
     exported = export_checkpoint(ckpt)
     assert (exported / "adapter" / "adapter_model.safetensors").is_file()
@@ -324,7 +324,7 @@ def test_group_size_one_is_refused_by_a_group_baseline():
 
 
 def test_std_scaling_needs_two_completions():
-    from dare.train.rl import group_advantages
+    from dare.train.objectives import group_advantages
 
     with pytest.raises(ValueError, match="std scaling need at least 2"):
         group_advantages(torch.tensor([[1.0], [0.0]]), "mean", "sample")
@@ -401,7 +401,8 @@ def test_vrpo_memory_bounded_backward_gives_the_same_loss_and_gradient(tmp_path)
     from dare.models.tokenizer import char_tokenizer
     from dare.train.hooks import bind
     from dare.train.preference import preference_batch, replayed_loss
-    from dare.train.trainer import Dist, Trainer
+    from dare.train.dist import Dist
+    from dare.train.trainer import Trainer
 
     tok = char_tokenizer("0123456789+=", "llada")
     model = new_model("llada", tok, ScratchModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64), 0)
@@ -486,7 +487,8 @@ def test_reference_sync_mixes_the_policy_into_the_reference_every_n_steps():
     from dare.config import ModelConfig, ScratchModelConfig, TrainConfig
     from dare.models import new_model
     from dare.models.tokenizer import char_tokenizer
-    from dare.train.trainer import Dist, Trainer
+    from dare.train.dist import Dist
+    from dare.train.trainer import Trainer
 
     tok = char_tokenizer("0123456789+=", "llada")
     model = new_model("llada", tok, ScratchModelConfig(d_model=16, n_heads=2, n_layers=1, mlp_hidden_size=32), 0)

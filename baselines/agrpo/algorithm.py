@@ -30,7 +30,8 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import masked_logps
-from dare.train.rl import group_advantages
+from dare.train.objectives import clipped_token_objective, group_advantages
+
 
 RECIPE = "rl"
 
@@ -124,8 +125,8 @@ def loss(logps, old_logps, ref_logps, batch, draw: noise.Draw, cfg):
     at = batch.step_map[:, None, :] == steps[..., None]  # (B, M, G) the tokens of each drawn step
     ratio = torch.exp(torch.where(at, logps - batch.rollout_logps[:, None, :], 0.0))
     adv = batch.advantages[:, None, None]
-    clipped = ratio.clamp(1 - eps, 1 + eps)
-    per_token = -torch.min(ratio * adv, clipped * adv)
+    policy, clipped = clipped_token_objective(ratio, adv, eps, eps)
+    per_token = -policy
     kl = torch.zeros_like(logps)
     if ref_logps is not None:
         delta = torch.where(at, ref_logps - logps, 0.0)

@@ -30,7 +30,7 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import elbo_terms
-from dare.train.rl import group_advantages
+from dare.train.objectives import group_advantages
 
 RECIPE = "rl"
 

@@ -35,7 +35,8 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import completion_logps
-from dare.train.rl import group_advantages
+from dare.train.objectives import clipped_token_objective, group_advantages
+
 
 RECIPE = "rl"
 
@@ -88,8 +89,7 @@ def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     mask = batch.response_mask.float()
     adv = batch.advantages[:, None]
     ratio = torch.exp(logps - old_logps)
-    clipped = ratio.clamp(1 - eps, 1 + eps)
-    policy = torch.min(ratio * adv, clipped * adv)
+    policy, clipped = clipped_token_objective(ratio, adv, eps, eps)
     if ref_logps is not None:
         delta = ref_logps - logps
         kl = torch.exp(delta) - delta - 1

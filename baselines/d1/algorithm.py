@@ -33,7 +33,8 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import completion_logps
-from dare.train.rl import group_advantages
+from dare.train.objectives import clipped_token_objective, group_advantages
+
 
 RECIPE = "rl"
 
@@ -70,8 +71,7 @@ def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     mask = batch.response_mask.float()  # (B, G)
     adv = batch.advantages[:, None]  # (B, 1)
     ratio = torch.exp(logps - old_logps)
-    clipped = ratio.clamp(1 - eps, 1 + eps)
-    policy = torch.min(ratio * adv, clipped * adv)
+    policy, clipped = clipped_token_objective(ratio, adv, eps, eps)
     if ref_logps is not None:
         delta = ref_logps - logps
         kl = torch.exp(delta) - delta - 1

@@ -38,7 +38,8 @@ import torch
 from dare.rollout.tree import level_bounds
 from dare.train import noise
 from dare.train.estimators import trajectory_logps
-from dare.train.rl import group_advantages
+from dare.train.objectives import clipped_token_objective
+
 
 RECIPE = "rl"
 
@@ -142,8 +143,8 @@ def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     lam, _ = schedule(batch.progress, cfg)
     on = pg_weight > 0
     ratio = torch.exp(torch.where(on, logps - old_logps, 0.0))
-    clipped = ratio.clamp(1 - eps, 1 + eps)
-    policy = -(torch.min(ratio * adv, clipped * adv) * pg_weight).sum()
+    surrogate, clipped = clipped_token_objective(ratio, adv, eps, eps)
+    policy = -(surrogate * pg_weight).sum()
     kl = torch.zeros((), device=logps.device)
     if ref_logps is not None:
         delta = torch.where(on, ref_logps - logps, 0.0)

@@ -26,7 +26,7 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import elbo
-from dare.train.rl import clipped_sequence_objective, group_advantages
+from dare.train.objectives import clipped_sequence_objective, group_advantages
 
 RECIPE = "rl"
 

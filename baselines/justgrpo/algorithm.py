@@ -35,7 +35,8 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import ar_rounds, trajectory_logps
-from dare.train.rl import group_advantages
+from dare.train.objectives import clipped_token_objective, group_advantages
+
 
 RECIPE = "rl"
 
@@ -91,7 +92,7 @@ def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     eps = cfg.algo.epsilon
     adv = batch.advantages[:, None]  # (B, 1)
     ratio = torch.exp(logps - old_logps)
-    policy = torch.min(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)  # (B, G), every position
+    policy, _ = clipped_token_objective(ratio, adv, eps, eps)  # (B, G), every position
     n = logps.shape[1] * max(batch.num_active, 1)  # gen_length x completions with a gradient, whole step
     loss = -policy.sum() / n
     return loss, {"loss/policy": loss.item(),

@@ -31,7 +31,8 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import diffusion_logps
-from dare.train.rl import group_advantages
+from dare.train.objectives import clipped_token_objective, group_advantages
+
 
 RECIPE = "rl"
 
@@ -119,8 +120,7 @@ def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     lam = G / (n_masked + 1e-4)
     adv = batch.extras["advantages"][..., None]
     ratio = torch.exp(logps - old_logps)
-    clipped = ratio.clamp(1 - eps, 1 + eps)
-    policy = torch.min(ratio * adv, clipped * adv)
+    policy, _ = clipped_token_objective(ratio, adv, eps, eps)
     kl = (ref_logps - logps) ** 2 / 2 if ref_logps is not None else torch.zeros_like(logps)
     per_token = -policy * lam + beta * kl
     pairs = max(batch.num_sequences, 1) * steps.shape[1]

@@ -34,7 +34,7 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import draw_logps, renyi_eubo, token_mean_elbo
-from dare.train.rl import group_advantages
+from dare.train.objectives import group_advantages
 
 RECIPE = "rl"
 

@@ -60,7 +60,8 @@ from dare.rollout.core import sharded
 from dare.train import noise
 from dare.train.critic import diffusion_values
 from dare.train.estimators import per_round, trajectory_logps
-from dare.train.rl import group_advantages
+from dare.train.objectives import clipped_token_objective, group_advantages
+
 
 RECIPE = "rl"
 
@@ -214,8 +215,7 @@ def loss(logps, old_logps, ref_logps, batch, z, cfg):
     adv = value_targets(batch, cfg)[0] if batch.old_values is not None else batch.advantages[:, None]
     log_ratio = (logps - old_logps).clamp(-10.0, 10.0)
     ratio = torch.exp(log_ratio)
-    clipped = ratio.clamp(1 - eps, 1 + eps)
-    policy = torch.min(ratio * adv, clipped * adv)
+    policy, clipped = clipped_token_objective(ratio, adv, eps, eps)
     kl = torch.exp(-log_ratio) - 1 + log_ratio  # k3 of pi_old against pi_theta
     bites = ((ratio - clipped).abs() > 0).float()
     if batch.block_size is None:  # rl_llada.py: each trace row's policy term over its targets, the KL summed

@@ -28,7 +28,7 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import completion_logps
-from dare.train.rl import group_advantages
+from dare.train.objectives import group_advantages
 
 RECIPE = "rl"
 

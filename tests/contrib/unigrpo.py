@@ -14,7 +14,7 @@ from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunCo
 from dare.models import facts
 from dare.train import noise
 from dare.train.estimators import masked_logps
-from dare.train.rl import group_advantages
+from dare.train.objectives import group_advantages
 
 RECIPE = "rl"
 

@@ -335,7 +335,7 @@ def cmd_demo(ns) -> int:
 
 
 def cmd_export(ns) -> int:
-    from dare.train.trainer import export_checkpoint
+    from dare.train.checkpoint import export_checkpoint
 
     print(export_checkpoint(ns.checkpoint, ns.to))
     return 0

@@ -3,7 +3,7 @@
 `train_with_workers(name, config, overrides, n)` starts n Ray actors (one GPU each when the
 cluster has GPUs, else CPU workers), gives them the environment a torch launcher would
 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT of rank 0's node), and runs the same
-`dare.train.train` in each; `dare.train.trainer.setup_dist` then forms the process group (NCCL
+`dare.train.train` in each; `dare.train.dist.setup_dist` then forms the process group (NCCL
 or gloo) and shards the model with FSDP2. This is verl's worker-group layout without its
 framework: Ray places the workers (on one machine, or across a cluster started with
 `ray start`), torch does the communication.

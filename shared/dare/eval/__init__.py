@@ -289,7 +289,7 @@ def consolidated(checkpoint: Path) -> Path:
     if (checkpoint / "dcp").is_dir() and not (checkpoint / "model.safetensors").is_file():
         export = checkpoint / "export"
         if not (export / "config.json").is_file():
-            from dare.train.trainer import export_checkpoint
+            from dare.train.checkpoint import export_checkpoint
 
             export_checkpoint(checkpoint, export)
         return export

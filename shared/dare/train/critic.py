@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from dare.train.common import build_model
+from dare.train.loop import build_model
 from dare.train.estimators import diffusion_hidden
 from dare.train.trainer import Trainer
 

@@ -41,7 +41,7 @@ materializes full-vocabulary logits.
 - `spread(estimate, draws)`: the mean and standard deviation of any per-sequence estimate over independent
   noise draws (its variance, which decides whether an ELBO method learns; `dare bench estimators`).
 (A loss over several Monte Carlo draws is backpropagated one draw at a time, memory-bounded, by the
-recipes' `replayed_loss`: `dare.train.common.backward_by_parts`.)
+recipes' `replayed_loss`: `dare.train.batches.backward_by_parts`.)
 """
 
 from __future__ import annotations

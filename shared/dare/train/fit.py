@@ -21,7 +21,9 @@ from dare.config import ConfigError, config_hash, recipe_hash, to_dict
 from dare.config import save as save_config
 from dare.models.api import checkpoint_fingerprint
 from dare.train import preference, rl, sft
-from dare.train.common import Collapsed, Preempted, check_sinks, save_final
+from dare.train.checkpoint import Preempted, save_final
+from dare.train.loop import Collapsed
+from dare.train.metrics import check_sinks
 from dare.train.hooks import bind
 from dare.utils import UserError, atomic_write_json, environment_fingerprint, git_state, now
 

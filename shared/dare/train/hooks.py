@@ -10,7 +10,7 @@ Three rules hold for every hook:
 - `cfg` is always the whole run config (`cfg.algo` is the algorithm's own section, next to
   `cfg.rl`, `cfg.train`, `cfg.model`, ...), and it is always the last argument.
 - `noise` is exactly what the algorithm's `sample_noise` returned (restricted to the micro-batch's
-  rows by `dare.train.common.take`), and every hook that computes on noised inputs receives the
+  rows by `dare.train.batches.take`), and every hook that computes on noised inputs receives the
   draw it was computed with: `token_logps`/`logps` build the noised input from it, and `loss`
   gets it too, so an objective can average over the masked positions or weight by t.
   `dare.train.noise.Draw` (masked positions, ratio t, weight) is the usual shape of a draw.

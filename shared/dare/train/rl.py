@@ -50,7 +50,6 @@ Randomness: the rollout and noise generators of step s on rank r are derived fro
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -61,8 +60,11 @@ import torch
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.rollout import decode_responses, generate, left_pad
-from dare.train.common import Loop, backward_by_parts, build_model, micro_slices, save_final, take
-from dare.train.trainer import Trainer, setup_dist
+from dare.train.batches import backward_by_parts, micro_slices, take
+from dare.train.checkpoint import save_final
+from dare.train.loop import Loop, build_model
+from dare.train.dist import setup_dist
+from dare.train.trainer import Trainer
 from dare.train.estimators import Compute
 from dare.train import diagnostics as diag
 from dare.train.critic import build_critic
@@ -140,35 +142,6 @@ class RLBatch:
     @property
     def responses(self) -> torch.Tensor:
         return self.sequences[:, self.prompt_length:]
-
-
-def group_advantages(rewards: torch.Tensor, baseline: str = "mean", std: str = "none",
-                     eps: float = 1e-4) -> torch.Tensor:
-    """(P, G) rewards -> (P, G) advantages. baseline: "mean" (r - mean of the group) or "loo"
-    (r - mean of the other G - 1); std: "none", "sample" (unbiased) or "population" scaling,
-    A / (std + eps). The leave-one-out baseline and std scaling need G >= 2."""
-    G = rewards.shape[1]
-    if baseline not in ("mean", "loo") or std not in ("none", "sample", "population"):
-        raise ValueError(f"unknown advantage settings baseline={baseline!r} std={std!r}")
-    if G < 2 and (baseline == "loo" or std != "none"):
-        raise ValueError(f"group size {G}: the leave-one-out baseline and std scaling need at least 2 completions")
-    if baseline == "mean":
-        adv = rewards - rewards.mean(dim=1, keepdim=True)
-    else:
-        adv = rewards - (rewards.sum(dim=1, keepdim=True) - rewards) / (G - 1)
-    if std != "none":
-        adv = adv / (rewards.std(dim=1, keepdim=True, correction=1 if std == "sample" else 0) + eps)
-    return adv
-
-
-def clipped_sequence_objective(log_ratio: torch.Tensor, adv: torch.Tensor, eps_low: float,
-                               eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B,) PPO's min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) for sequence-level log-ratios, taken in log space
-    so exp never overflows (A >= 0: A exp(min(log r, log(1 + eps_high))); A < 0: A exp(max(log r, log(1 - eps_low))),
-    the same value and gradient), and (B,) bool: where the clip bites. ESPO, GDPO, EBPO."""
-    clipped = torch.where(adv >= 0, log_ratio.clamp(max=math.log1p(eps_high)),
-                          log_ratio.clamp(min=math.log1p(-eps_low) if eps_low < 1 else -math.inf))
-    return torch.exp(clipped) * adv, clipped != log_ratio
 
 
 def per_micro(fn, batch: RLBatch, noise, size: int) -> list:

@@ -23,8 +23,10 @@ import torch
 
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
-from dare.train.common import Loop, build_model, micro_slices, take
-from dare.train.trainer import Trainer, setup_dist
+from dare.train.batches import micro_slices, take
+from dare.train.loop import Loop, build_model
+from dare.train.dist import setup_dist
+from dare.train.trainer import Trainer
 from dare.train.estimators import Compute
 from dare.train.hooks import SFTHooks
 from dare.utils import UserError

@@ -1,0 +1,108 @@
+"""The metrics log (`metrics.jsonl`, the terminal line) and the optional sinks (TensorBoard, W&B)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dare.utils import UserError, atomic_write
+
+
+class MetricsLog:
+    """`metrics.jsonl` (one JSON line per logged step), a progress bar with ETA on a terminal (a
+    line per logged step otherwise), and wandb / tensorboard when `run.report_to` names them.
+    Only rank 0 logs; the values it gets are already summed over ranks."""
+
+    def __init__(self, run_dir: Path, total_steps: int, resume_step: int = 0, label: str = "",
+                 report_to=(), config=None):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.total, self.label = total_steps, label
+        self.t0, self.step0 = time.perf_counter(), resume_step
+        if self.path.exists():  # drop lines logged after the checkpoint we resume from
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            atomic_write(self.path, "".join(line + "\n" for line in kept))
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=resume_step, desc=label, dynamic_ncols=True)
+        self.sinks = [open_sink(name, Path(run_dir), label, config) for name in report_to]
+
+    def truncate(self, step: int) -> None:
+        """Drop the lines logged after `step` (a rollback to it)."""
+        if self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= step]
+            atomic_write(self.path, "".join(line + "\n" for line in kept))
+        self.step0 = step
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        elapsed = time.perf_counter() - self.t0
+        record = {"step": step, "time_s": round(elapsed, 3), **{k: _plain(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        for sink in self.sinks:
+            sink(step, {k: v for k, v in record.items() if isinstance(v, (int, float))})
+        shown = {k.split("/")[-1]: v for k, v in metrics.items() if shown_on_terminal(k)}
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix({k: _fmt(v) for k, v in list(shown.items())[:4]}, refresh=True)
+            return
+        done = step - self.step0
+        eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
+        line = "  ".join(f"{k}={_fmt(v)}" for k, v in shown.items())
+        print(f"[{self.label}] step {step}/{self.total}  {line}  ({elapsed:.0f}s, eta {eta:.0f}s)",
+              file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+QUIET = ("time/", "perf/", "compute/", "agree/estimate_abs", "agree/estimate_max", "agree/logp_abs", "agree/logp_max",
+         "agree/ratio_mean", "diag/adv_std", "rollout/eos_position")
+"""Metrics that metrics.jsonl (and wandb, tensorboard) get but the terminal line leaves out, to stay readable."""
+
+
+def shown_on_terminal(key: str) -> bool:
+    return not key.startswith(QUIET) or key == "compute/total_forwards"
+
+
+def check_sinks(report_to) -> None:
+    """Refuse (before any model is built) a metric sink whose package is missing."""
+    import importlib.util
+
+    for name in report_to:
+        if importlib.util.find_spec(name) is None:
+            raise UserError(f"run.report_to includes {name!r} but the {name!r} package is not installed "
+                            f"(pip install {name})")
+
+
+def open_sink(name: str, run_dir: Path, label: str, config):
+    """A `(step, metrics)` callable for an optional tracker (wandb or tensorboard)."""
+    check_sinks([name])
+    if name == "tensorboard":
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(run_dir / "tensorboard"))
+        return lambda step, m: [writer.add_scalar(k, v, step) for k, v in m.items()] and writer.flush()
+    import wandb
+
+    from dataclasses import asdict
+
+    run = wandb.init(project="dare", name=f"{label}-{run_dir.name}", dir=str(run_dir), resume="allow",
+                     id=run_dir.name, config=asdict(config) if config is not None else None)
+    return lambda step, m: run.log(m, step=step)
+
+
+def _plain(v):
+    return float(v) if isinstance(v, (torch.Tensor, float)) else v
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
