@@ -4,7 +4,6 @@ the trainer scoring every transition in its parent's canvas."""
 
 import dataclasses
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -101,12 +100,7 @@ def test_tree_advantages_by_hand():
 
 def prepared(batch, cfg):
     """The batch as the loop hands it to the hooks: the rollout's decoding, then `prepare`'s extras."""
-    if dataclasses.is_dataclass(batch):
-        return tree_rpo.prepare(dataclasses.replace(batch, decoding=cfg.rl.decoding), cfg)
-    batch.decoding = cfg.rl.decoding  # a hand-made batch (no dataclass): the same extras set in place
-    levels, adv, pg, sd = tree_rpo.tree_weights(batch, cfg)
-    batch.extras = {"levels": levels, "advantages": adv, "pg_weight": pg, "sd_weight": sd}
-    return batch
+    return tree_rpo.prepare(dataclasses.replace(batch, decoding=cfg.rl.decoding), cfg)
 
 
 def weights(batch, cfg):
@@ -115,11 +109,22 @@ def weights(batch, cfg):
     return extras["levels"], extras["advantages"], extras["pg_weight"], extras["sd_weight"]
 
 
+@dataclasses.dataclass
+class HandBatch:
+    """The fields of an RL batch D-TreeRPO reads (`prepare` returns a copy with its extras)."""
+    rewards: torch.Tensor
+    step_map: torch.Tensor
+    responses: torch.Tensor
+    num_sequences: int
+    progress: float
+    eos_token_id: int = 9
+    prompt_length: int = 1
+    decoding: object = None
+    extras: dict = dataclasses.field(default_factory=dict)
+
+
 def hand_batch(rewards, step_map, responses, progress=0.0):
-    B = len(rewards)
-    return SimpleNamespace(rewards=torch.tensor(rewards), step_map=torch.tensor(step_map),
-                           responses=torch.tensor(responses), eos_token_id=9, prompt_length=1, num_sequences=B,
-                           progress=progress)
+    return HandBatch(torch.tensor(rewards), torch.tensor(step_map), torch.tensor(responses), len(rewards), progress)
 
 
 def test_segment_weights_levels_and_advantages_by_hand():

@@ -121,17 +121,18 @@ def test_gae_identities_of_the_reference():
     assert mask.tolist() == [[True] * 4, [True] * 3 + [False], [False] * 4, [False] * 4]  # kept groups' loss tokens
 
 
-def test_value_loss_hand_computed_with_its_clip():
+def test_value_loss_hand_computed_with_its_clip(monkeypatch):
     """0.5 max((V - R)^2, (V_old + clip(V - V_old, +-0.2) - R)^2), summed over the kept groups' loss
     tokens, / (L1 = 4 x B = 4). Row 0: V = (0.5, -0.1, 0.3, 0) from 0, R = (1, 0, 0, 0):
     0.5 (0.64 + 0.01 + 0.09 + 0) = 0.37; row 1 sits on its targets; rows 2, 3 are dropped."""
     batch = _batch()
-    old = torch.zeros(4, 4)
+    batch.old_values = torch.zeros(4, 4)
     mask = torch.tensor([[True] * 4, [True] * 3 + [False], [False] * 4, [False] * 4])
     returns = torch.tensor([[1.0, 0, 0, 0], [0.3, 0.3, 0.3, 0.3], [5.0] * 4, [5.0] * 4])
+    monkeypatch.setattr(tracerl, "value_targets", lambda b, c: (None, returns, mask))  # injected returns
     values = torch.tensor([[0.5, -0.1, 0.3, 0.0], [0.3, 0.3, 0.3, 7.0], [0.0] * 4, [0.0] * 4])
-    old[1] = 0.3
-    loss, metrics = tracerl.clipped_value_loss(values, old, returns, mask, batch, run_config("tracerl"))
+    batch.old_values[1] = 0.3
+    loss, metrics = tracerl.value_loss(values, batch, None, run_config("tracerl"))
     assert loss.item() == pytest.approx(0.37 / 16, rel=1e-6)
     assert metrics["clip_ratio"] == pytest.approx(2 / 15)  # 0.5 and 0.3 in row 0 (7.0 is past the EOS)
 

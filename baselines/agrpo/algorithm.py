@@ -32,7 +32,6 @@ from dare.train import noise
 from dare.train.estimators import masked_logps
 from dare.train.objectives import clipped_token_objective, group_advantages
 
-
 RECIPE = "rl"
 
 

@@ -38,7 +38,6 @@ from dare.train import noise
 from dare.train.estimators import trajectory_logps
 from dare.train.objectives import clipped_token_objective, group_advantages
 
-
 RECIPE = "rl"
 
 

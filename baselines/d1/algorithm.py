@@ -35,7 +35,6 @@ from dare.train import noise
 from dare.train.estimators import completion_logps
 from dare.train.objectives import clipped_token_objective, group_advantages
 
-
 RECIPE = "rl"
 
 

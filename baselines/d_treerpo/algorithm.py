@@ -40,7 +40,6 @@ from dare.train import noise
 from dare.train.estimators import trajectory_logps
 from dare.train.objectives import clipped_token_objective
 
-
 RECIPE = "rl"
 
 
@@ -80,14 +79,8 @@ def schedule(progress: float, cfg) -> tuple[float, float]:
 
 def prepare(batch, cfg):
     """No randomness: extras "levels" (B, P + G): each token's tree level, -1 on the prompt, NEVER where nothing
-    was committed; "advantages", "pg_weight" and "sd_weight", the advantage, policy weight and
-    self-distillation weight of each token, each (B, G)."""
-    levels, adv, pg_weight, sd_weight = tree_weights(batch, cfg)
-    return replace(batch, extras={"levels": levels, "advantages": adv, "pg_weight": pg_weight, "sd_weight": sd_weight})
-
-
-def tree_weights(batch, cfg):
-    """(levels, advantages, policy weights, self-distillation weights): `prepare`'s extras."""
+    was committed; "advantages", "pg_weight", "sd_weight": each token's advantage, policy and self-distillation
+    weights (B, G)."""
     widths, P = tuple(batch.decoding.tree), batch.prompt_length
     n, (B, L) = math.prod(widths), batch.responses.shape
     bounds = torch.tensor(level_bounds(batch.decoding.steps, len(widths)), device=batch.step_map.device)
@@ -119,7 +112,8 @@ def tree_weights(batch, cfg):
         sd_weight += mass / denom[group].clamp(min=1e-30)
         pairs += int((denom > 0).sum())
     sd_weight = sd_weight / max(pairs * batch.num_sequences / B, 1)  # the step's pairs (this process's share, scaled)
-    return level_pad(level, P), adv, pg_weight, sd_weight
+    return replace(batch, extras={"levels": level_pad(level, P), "advantages": adv, "pg_weight": pg_weight,
+                                  "sd_weight": sd_weight})
 
 
 def level_pad(level: torch.Tensor, prompt_length: int) -> torch.Tensor:

@@ -37,7 +37,6 @@ from dare.train import noise
 from dare.train.estimators import ar_rounds, trajectory_logps
 from dare.train.objectives import clipped_token_objective, group_advantages
 
-
 RECIPE = "rl"
 
 

@@ -62,7 +62,6 @@ from dare.train.critic import diffusion_values
 from dare.train.estimators import per_round, trajectory_logps
 from dare.train.objectives import clipped_token_objective, group_advantages
 
-
 RECIPE = "rl"
 
 
@@ -100,10 +99,9 @@ def uses_reference(cfg) -> bool:
 
 
 def prepare(batch, cfg):
-    """The trace, from the rollout (nothing is drawn): extras "rounds", the trace round of every position
-    (B, P + G), -1 on the prompt (never masked), `noise.NEVER` for completion positions no step committed
-    (masked in every round); "targets", (B, G) bool, the tokens the loss scores (`targets`); "kept", (B,)
-    bool, the rows of kept groups; and `kept_groups`."""
+    """The trace (nothing is drawn): extras "rounds", each position's trace round (B, P + G; -1 on the prompt,
+    `noise.NEVER` where no step committed: masked in every round), "targets" (B, G) the tokens the loss scores
+    (`targets`), "kept" (B,) the rows of kept groups; and `kept_groups`."""
     rounds = noise.rollout_rounds(batch, cfg.algo.shrink)
     groups = kept(batch.rewards.view(-1, batch.group_size), cfg)
     return replace(batch, kept_groups=groups, extras={
@@ -152,8 +150,7 @@ def token_values(value_model, batch, z, cfg) -> torch.Tensor:
 def trace_steps(batch) -> torch.Tensor:
     """(B, G) each target's trace step over the whole completion, in decoding order (blocks in
     order, rounds within a block), ranked 0..S-1 per row; -1 elsewhere."""
-    r = batch.extras["rounds"][:, batch.prompt_length:]
-    on = batch.extras["targets"]
+    r, on = batch.extras["rounds"][:, batch.prompt_length:], batch.extras["targets"]
     segment = noise.rollout_segments(batch)
     key = torch.where(on, segment * (int(r[on].max()) + 1 if on.any() else 1) + r, -1)
     steps = torch.full_like(key, -1)
@@ -193,13 +190,8 @@ def value_targets(batch, cfg):
 
 def value_loss(values, batch, z, cfg):
     """TraceRL's clipped value loss on the kept groups' loss tokens, normalized like the policy's."""
-    _, target, mask = value_targets(batch, cfg)
-    return clipped_value_loss(values, batch.old_values, target, mask, batch, cfg)
-
-
-def clipped_value_loss(values, old, target, mask, batch, cfg):
-    """0.5 max((V - R)^2, (V_old + clip(V - V_old, +-c) - R)^2) on `mask`, normalized like the policy's."""
-    c, mask = cfg.algo.value_clip, mask.float()
+    c, old, (_, target, mask) = cfg.algo.value_clip, batch.old_values, value_targets(batch, cfg)
+    mask = mask.float()
     clipped = old + (values - old).clamp(-c, c)
     per_token = 0.5 * torch.maximum((values - target) ** 2, (clipped - target) ** 2)
     norm = batch.responses.shape[1] * max(batch.num_sequences, 1)
