@@ -21,8 +21,8 @@ from dare.train.noise import Draw
 from dare.train.rl import RLBatch
 from test_trajectory_rl import PROMPTS, tiny_llada
 
-DECODING = DecodingConfig(sampler="truncated", gen_length=8, block_length=4, steps=4, temperature=0.7, top_k=5,
-                          top_p=0.9, remasking="random", record_trajectory=True)
+DECODING = DecodingConfig(sampler="truncated", gen_length=8, block_length=4, steps=4, temperature=0.7,
+                          truncated={"top_k": 5, "top_p": 0.9, "remasking": "random"}, record_trajectory=True)
 
 
 def agrpo_config(decoding=DECODING, **algo):
@@ -100,9 +100,9 @@ def test_top_p_drops_the_crossing_token_as_the_reference_does():
     from dare.rollout.truncated import truncate
 
     logits = torch.tensor([[0.8, 0.195, 0.005]]).log()
-    kept, support = truncate(logits, dataclasses.replace(DECODING, temperature=1.0, top_k=0, top_p=0.99))
+    kept, support = truncate(logits, dataclasses.replace(DECODING, temperature=1.0, truncated={"top_p": 0.99}))
     assert support.tolist() == [[True, False, False]] and torch.isinf(kept[0, 1:]).all()
-    _, wider = truncate(logits, dataclasses.replace(DECODING, temperature=1.0, top_k=0, top_p=0.999))
+    _, wider = truncate(logits, dataclasses.replace(DECODING, temperature=1.0, truncated={"top_p": 0.999}))
     assert wider.tolist() == [[True, True, False]]
 
 

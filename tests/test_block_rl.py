@@ -65,7 +65,8 @@ def test_tracerl_scores_the_probability_the_sampler_drew_each_token_with(family,
     token at its own trace step equals the log-probability the block sampler drew it with, up to
     the sampler never drawing the mask token (renormalised without it: - log(1 - p(MASK)))."""
     model = tiny(family)
-    decoding = DecodingConfig(gen_length=9, steps=4, temperature=1.0, threshold=threshold, whole_last_block=False)
+    decoding = DecodingConfig(gen_length=9, steps=4, temperature=1.0, block={"threshold": threshold},
+                              whole_last_block=False)
     out = rollout(model, decoding, seed=3)
     batch = rl_batch(model, out)
     batch = tracerl.prepare(batch, run_config("tracerl"))
@@ -90,8 +91,8 @@ def test_trace_rounds_replay_the_sampler_states_and_commit_every_token_once():
     step (the recorded trajectory), and the scored tokens of all rounds are the response, each once."""
     model = tiny("sdar")
     bs = facts(model).block_size
-    decoding = DecodingConfig(gen_length=9, steps=4, temperature=1.0, threshold=0.2, whole_last_block=False,
-                              record_trajectory=True)
+    decoding = DecodingConfig(gen_length=9, steps=4, temperature=1.0, block={"threshold": 0.2},
+                              whole_last_block=False, record_trajectory=True)
     out = rollout(model, decoding, seed=5)
     batch = rl_batch(model, out)
     rounds = tracerl.prepare(batch, run_config("tracerl")).extras["rounds"][:, batch.prompt_length:]

@@ -62,7 +62,7 @@ def test_wrong_type_names_key_and_source(tmp_path):
     with pytest.raises(ConfigError, match="not of the form key=value"):
         config.load(Outer, None, ["=3"])
     with pytest.raises(ConfigError, match="must be one of"):
-        config.load(Outer, None, ["decoding.remasking=confident"])
+        config.load(Outer, None, ["decoding.masked.remasking=confident"])
 
 
 def test_inconsistent_values_fail_with_key_and_file(tmp_path):
@@ -129,7 +129,7 @@ def test_string_fields_take_override_text_as_written():
 def test_every_problem_is_reported_at_once(tmp_path):
     """Unknown keys, wrong types and broken rules of the file and the command line: one error lists them all,
     each naming its source and dotted key, in the order file, command line, rules."""
-    p = write(tmp_path, "inner: {sise: 6, rate: fast}\ndecoding: {top_p: 0, top_k: -1}\nflag: 3\n")
+    p = write(tmp_path, "inner: {sise: 6, rate: fast}\ndecoding: {block: {top_p: 0, top_k: -1}}\nflag: 3\n")
     with pytest.raises(ConfigError) as e:
         config.load(Outer, p, ["inner.size=3", "decoding.gen_lenght=8", "=1"])
     assert str(e.value).splitlines() == [
@@ -140,8 +140,8 @@ def test_every_problem_is_reported_at_once(tmp_path):
         "  command line: unknown key 'decoding.gen_lenght' (did you mean 'decoding.gen_length'?)",
         "  command line: override '=1' is not of the form key=value",
         "  invalid config: inner.size: must be even [inner.size=3 (from command line)]",
-        f"  invalid config: decoding.top_p: must be in (0, 1] [decoding.top_p=0.0 (from {p})]",
-        f"  invalid config: decoding.top_k: must be >= 0 [decoding.top_k=-1 (from {p})]",
+        f"  invalid config: decoding.block.top_p: must be in (0, 1] [decoding.block.top_p=0.0 (from {p})]",
+        f"  invalid config: decoding.block.top_k: must be >= 0 [decoding.block.top_k=-1 (from {p})]",
     ]
 
 
@@ -156,7 +156,7 @@ def test_a_rule_that_depends_on_a_rejected_value_is_not_reported():
 
 def test_validate_outside_load_still_raises_on_the_first_broken_rule():
     with pytest.raises(config.Invalid, match="must be in"):
-        DecodingConfig(top_p=0, top_k=-1).validate()
+        DecodingConfig(sampler="block", block={"top_p": 0, "top_k": -1}).validate()
 
 
 def test_an_option_added_later_keeps_earlier_hashes_until_it_is_set():

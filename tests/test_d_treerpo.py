@@ -20,8 +20,8 @@ from dare.train.rl import RLBatch
 from dare.utils import UserError
 from test_trajectory_rl import PROMPTS, tiny_llada
 
-DECODING = DecodingConfig(sampler="masked", gen_length=8, block_length=4, steps=8, temperature=1.0, cache="none",
-                          record_trajectory=True)
+DECODING = DecodingConfig(sampler="masked", gen_length=8, block_length=4, steps=8, temperature=1.0,
+                          masked={"cache": "none"}, record_trajectory=True)
 
 
 def config(widths, steps=8, **algo):
@@ -80,7 +80,7 @@ def test_tree_rollouts_refuse_what_they_cannot_continue():
     with pytest.raises(UserError, match="groups of 2 identical prompts"):
         generate(model, ids, mask, dataclasses.replace(DECODING, tree=(2,)))
     with pytest.raises(Exception, match="no KV cache"):
-        dataclasses.replace(DECODING, tree=(2,), cache="dual").validate()
+        dataclasses.replace(DECODING, tree=(2,), masked={"cache": "dual"}).validate()
     with pytest.raises(Exception, match="every step must commit a token"):
         dataclasses.replace(DECODING, tree=(2,), steps=16).validate()
     with pytest.raises(ValueError, match="product of the widths"):

@@ -63,13 +63,13 @@ def test_loss_by_hand_at_ratio_one_and_with_clipping():
 
 def test_config_refuses_parallel_rollouts_and_token_logps_refuse_a_confidence_order():
     cfg = run_config("justgrpo")
-    bad = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, decoding=DecodingConfig(threshold=0.9)))
+    bad = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, decoding=DecodingConfig(masked={"threshold": 0.9})))
     with pytest.raises(ValueError, match="AR order"):
         jg.check_config(bad)
     with pytest.raises(Invalid, match="left-to-right"):
-        DecodingConfig(remasking="left_to_right", threshold=0.9).validate()
+        DecodingConfig(masked={"remasking": "left_to_right", "threshold": 0.9}).validate()
     with pytest.raises(Invalid, match="EOSER"):
-        DecodingConfig(remasking="left_to_right", eos_gamma_min=0.5).validate()
+        DecodingConfig(masked={"remasking": "left_to_right", "eos_gamma_min": 0.5}).validate()
     model = tiny_llada()
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
     confident = generate(model, ids, mask, DecodingConfig(gen_length=8, block_length=8, steps=8))
@@ -95,7 +95,8 @@ def test_left_to_right_order_is_autoregressive_decoding():
         a = generate(model, ids, mask, DecodingConfig(gen_length=8, block_length=1, steps=8, temperature=temperature),
                      torch.Generator().manual_seed(0))
         b = generate(model, ids, mask, DecodingConfig(gen_length=8, block_length=8, steps=8, temperature=temperature,
-                                                      remasking="left_to_right"), torch.Generator().manual_seed(0))
+                                                      masked={"remasking": "left_to_right"}),
+                     torch.Generator().manual_seed(0))
         assert (a.step_map == torch.arange(8)).all() and (b.step_map == torch.arange(8)).all()
         assert torch.equal(a.sequences, b.sequences) == (temperature == 0)
 
@@ -115,8 +116,8 @@ def test_block_rollout_in_ar_order_is_scored_with_the_samplers_own_log_probs(fam
 
     model.get_output_embeddings().register_forward_hook(never_mask)
     ids, mask = left_pad(PROMPTS, f.pad_token_id)
-    decoding = DecodingConfig(gen_length=9, steps=f.block_size, temperature=1.0, remasking="left_to_right",
-                              whole_last_block=False)
+    decoding = DecodingConfig(gen_length=9, steps=f.block_size, temperature=1.0,
+                              block={"remasking": "left_to_right"}, whole_last_block=False)
     out = generate(model, ids, mask, decoding, torch.Generator().manual_seed(0))
     batch = SimpleNamespace(sequences=out.sequences, attention_mask=out.attention_mask,
                             prompt_length=out.prompt_length, step_map=out.step_map, block_size=f.block_size,

@@ -115,18 +115,25 @@ def test_the_suite_covers_dares_table_for_every_family():
 
 
 def test_presets_decode_like_dare_unless_a_setting_is_given():
-    from dare.config import EvalRunConfig, load
+    from dare.config import ConfigError, EvalRunConfig, load
     from dare.eval import _same_decoding, decoding_for, explicit_decoding
 
     plain = load(EvalRunConfig, None, ["eval.engine=opencompass"])
     decoding, preset = decoding_for(plain, "llada", "gsm8k")
-    assert (decoding.gen_length, decoding.block_length, decoding.steps, decoding.cache) == (256, 8, 256, "prefix")
+    assert (decoding.gen_length, decoding.block_length, decoding.steps) == (256, 8, 256)
+    assert decoding.masked.cache == "prefix"
     assert _same_decoding(decoding, preset)
     given = ["eval.engine=opencompass", "eval.decoding.steps=128"]  # 128 is also the field's default
     decoding, preset = decoding_for(load(EvalRunConfig, None, given), "llada", "gsm8k", explicit_decoding(None, given))
     assert decoding.steps == 128 and decoding.block_length == 8 and not _same_decoding(decoding, preset)
     llada2, _ = decoding_for(plain, "llada2", "math")
-    assert (llada2.sampler, llada2.gen_length, llada2.threshold) == ("block", 512, 0.95)
+    assert (llada2.sampler, llada2.gen_length, llada2.block.threshold) == ("block", 512, 0.95)
+    given = ["eval.engine=opencompass", "eval.decoding.masked={cache: none}"]  # one option of the preset's section
+    decoding, _ = decoding_for(load(EvalRunConfig, None, given), "llada", "gsm8k", explicit_decoding(None, given))
+    assert (decoding.sampler, decoding.masked.cache, decoding.masked.remasking) == ("masked", "none", "low_confidence")
+    given = ["eval.engine=opencompass", "eval.decoding.block.threshold=0.9"]  # a llada checkpoint: the masked sampler
+    with pytest.raises(ConfigError, match="eval.decoding.block.threshold is an option of the block sampler"):
+        decoding_for(load(EvalRunConfig, None, given), "llada", "gsm8k", explicit_decoding(None, given))
     embedded = load(EvalRunConfig, None, ["eval.benchmarks=[addition]"])  # preset auto: none when embedded
     assert decoding_for(embedded, "llada", "gsm8k") == (embedded.eval.decoding, None)
 

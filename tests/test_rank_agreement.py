@@ -45,7 +45,7 @@ def test_threshold_decoding_with_different_step_counts_per_rank(trained_tiny, ch
     """Dual cache + threshold on the trained tiny LLaDA: a block is decoded until it is clean, so the forwards
     depend on the model's confidence; rank 0 gets the prompt that needs the fewest, rank 1 the one that needs
     the most."""
-    decoding = dict(gen_length=8, block_length=4, steps=8, cache="dual", threshold=0.3, temperature=0.0)
+    decoding = dict(gen_length=8, block_length=4, steps=8, masked={"cache": "dual", "threshold": 0.3}, temperature=0.0)
     rows = load_split("addition", "test")[:40]
     prompts = encode_chat(char_tok, [r["prompt"] for r in rows])
     nfe = [_alone(trained_tiny, [p], DecodingConfig(**decoding)).nfe for p in prompts]
@@ -63,7 +63,7 @@ def test_block_sampler_with_prompts_of_different_lengths_per_rank(tmp_path):
     tok = char_tokenizer("0123456789+=", "sdar")
     model = new_model("sdar", tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64), 0).eval()
     prompts = [[[5]], [[5, 9, 7, 10, 6, 11, 8, 9, 7]]]
-    decoding = dict(gen_length=6, steps=4, temperature=0.0, eos_early_stop=True)
+    decoding = dict(gen_length=6, steps=4, temperature=0.0, block={"eos_early_stop": True})
     alone = [_alone(model, p, DecodingConfig(**decoding)) for p in prompts]
     assert alone[0].nfe != alone[1].nfe
     outs = _two_ranks(model, tok, prompts, decoding, tmp_path)

@@ -89,9 +89,11 @@ BLOCK_CASES = {  # (family, seed, decoding) -> the original's outputs for PROMPT
 }
 
 
-def _settings(text: str) -> dict:
-    return {k: (int(v) if k in ("steps", "max_post_steps") else float(v))
-            for k, v in (kv.split("=") for kv in text.split())}
+def _settings(text: str, **options) -> dict:
+    """"steps=4 threshold=0.5 ..." as DecodingConfig keywords: `steps` and the block sampler's options."""
+    values = {k: (int(v) if k in ("steps", "max_post_steps") else float(v))
+              for k, v in (kv.split("=") for kv in text.split())}
+    return {"steps": values.pop("steps"), "block": {**values, **options}}
 
 
 @pytest.mark.parametrize("family, seed, settings", list(BLOCK_CASES), ids=[" ".join(map(str, k)) for k in BLOCK_CASES])
@@ -102,7 +104,7 @@ def test_block_sampler_matches_the_original_token_for_token(family, seed, settin
     counters (the batch gives each row what the original gives it alone)."""
     model = sharp(family, seed)
     expected = BLOCK_CASES[(family, seed, settings)]
-    got = decode(model, DecodingConfig(gen_length=16, cache=cache, **_settings(settings)))
+    got = decode(model, DecodingConfig(gen_length=16, **_settings(settings, cache=cache)))
     for row, want in zip(got, expected):
         assert row[:len(want)] == want
         if len(want) < 16:  # the original stops after its first EOS
@@ -116,11 +118,12 @@ def test_block_sampler_ignores_top_p_and_top_k_at_temperature_zero():
     from dare.rollout.block import choose
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])  # the last id plays MASK
-    token, p = choose(logits, DecodingConfig(temperature=0.0, top_p=0.5, top_k=1), mask_id=3, generator=None)
+    token, p = choose(logits, DecodingConfig(temperature=0.0, block={"top_p": 0.5, "top_k": 1}), mask_id=3,
+                      generator=None)
     assert token.tolist() == [0]
     assert p.item() == pytest.approx(math.exp(2) / (math.exp(2) + math.exp(1) + 1 + math.exp(-1)))
     model = sharp("llada2", 2)
-    filtered = decode(model, DecodingConfig(gen_length=16, steps=4, threshold=0.5, top_p=0.3, top_k=2))
+    filtered = decode(model, DecodingConfig(gen_length=16, steps=4, block={"threshold": 0.5, "top_p": 0.3, "top_k": 2}))
     for row, want in zip(filtered, BLOCK_CASES[("llada2", 2, "steps=4 threshold=0.5")]):
         assert row[:len(want)] == want
 
@@ -249,7 +252,7 @@ def test_parallel_decoding_without_a_cache_matches_fast_dllm(case):
     name, value = rule.split("=")
     rows, nfe, batched, batched_nfe = FAST_DLLM_CASES[case]
     model = sharp("llada", seed)
-    decoding = DecodingConfig(gen_length=16, block_length=BL, steps=steps, cache="none", **{name: float(value)})
+    decoding = DecodingConfig(gen_length=16, block_length=BL, steps=steps, masked={"cache": "none", name: float(value)})
     assert decode(model, decoding) == _tokens(rows)
     assert [generate(model, *left_pad([p], 0), decoding).nfe for p in PROMPTS] == nfe
     ids, mask = left_pad(EQUAL, facts(model).pad_token_id)
@@ -336,8 +339,8 @@ def test_prefix_window_and_margin_match_tracerls_llada_rollout(case):
     seed, steps, horizon, remasking, threshold = case
     rows, maps, batched, batched_maps = FURTHER_HORIZON_CASES[case]
     model = never_mask(sharp("llada", seed))
-    decoding = DecodingConfig(gen_length=16, block_length=4, steps=steps, cache="prefix", further_horizon=horizon,
-                              remasking=remasking, threshold=threshold)
+    decoding = DecodingConfig(gen_length=16, block_length=4, steps=steps, masked=dict(
+        cache="prefix", further_horizon=horizon, remasking=remasking, threshold=threshold))
     decoding.validate()
     out = generate(model, *left_pad(PROMPTS, facts(model).pad_token_id), decoding)
     assert out.responses.tolist() == _tokens(rows)
@@ -352,33 +355,35 @@ def test_the_window_changes_what_the_sampler_decodes():
     whole suffix (as the original does: the pins above), and past the canvas's end it is the whole suffix."""
     model = never_mask(sharp("llada", 3))
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
-    maps = {h: generate(model, ids, mask, DecodingConfig(gen_length=16, block_length=4, steps=16, cache="prefix",
-                                                         further_horizon=h, threshold=0.5)).step_map
+    maps = {h: generate(model, ids, mask, DecodingConfig(gen_length=16, block_length=4, steps=16, masked=dict(
+                cache="prefix", further_horizon=h, threshold=0.5))).step_map
             for h in (0, 4, 128)}
     assert not torch.equal(maps[4], maps[0]) and torch.equal(maps[128], maps[0])
 
 
 def test_further_horizon_and_margin_are_checked_before_decoding():
-    from dare.config import ConfigError, Invalid, RLConfig, load
+    from dare.config import ConfigError, Invalid, ModelConfig, RLConfig, load
 
     with pytest.raises(Invalid, match="window on the masked sampler's prefix cache"):
-        DecodingConfig(further_horizon=8, cache="dual").validate()
+        DecodingConfig(masked=dict(further_horizon=8, cache="dual")).validate()
     with pytest.raises(Invalid, match="must be >= 0"):
-        DecodingConfig(further_horizon=-1, cache="prefix").validate()
-    with pytest.raises(Invalid, match="margin remasking is an option of the masked sampler"):
-        DecodingConfig(remasking="margin", sampler="block").validate()
+        DecodingConfig(masked=dict(further_horizon=-1, cache="prefix")).validate()
+    with pytest.raises(ConfigError, match=r"block\.remasking: must be one of \['low_confidence', 'left_to_right'\]"):
+        load(DecodingConfig, overrides=["sampler=block", "block.remasking=margin"])  # margin: the masked sampler's
 
     @dataclass
     class Run:
+        model: ModelConfig = field(default_factory=ModelConfig)
         rl: RLConfig = field(default_factory=RLConfig)
 
-    with pytest.raises(ConfigError, match=r"rl\.decoding\.further_horizon.*set cache=prefix"):
-        load(Run, overrides=["rl.decoding.further_horizon=128"])
-    load(Run, overrides=["rl.decoding.further_horizon=128", "rl.decoding.cache=prefix", "rl.decoding.remasking=margin"])
-    model = sharp("sdar", 0)  # sampler=auto picks the block sampler, which has neither option
-    for settings in (dict(cache="prefix", further_horizon=4), dict(remasking="margin")):
-        with pytest.raises(UserError, match="options of the masked sampler.*block sampler"):
-            decode(model, DecodingConfig(gen_length=8, **settings))
+    with pytest.raises(ConfigError, match=r"rl\.decoding\.masked\.further_horizon.*set masked\.cache=prefix"):
+        load(Run, overrides=["rl.decoding.masked.further_horizon=128"])
+    load(Run, overrides=["rl.decoding.masked.further_horizon=128", "rl.decoding.masked.cache=prefix",
+                         "rl.decoding.masked.remasking=margin"])
+    for settings in (["rl.decoding.masked.cache=prefix", "rl.decoding.masked.further_horizon=4"],
+                     ["rl.decoding.masked.remasking=margin"]):  # sampler=auto picks the block sampler on SDAR
+        with pytest.raises(ConfigError, match="option of the masked sampler.*decodes with the block sampler"):
+            load(Run, overrides=["model.family=sdar", *settings])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -416,7 +421,8 @@ LLADA_CASES = {  # (seed, eos bias, eot bias, gen, block, steps) -> LLaDA genera
 def test_llada_reference_sampler_matches_the_original_with_eos_eot_confidence(case):
     seed, eos_bias, eot_bias, G, BL, steps = case
     model = llada_with_end_tokens(seed, eos_bias, eot_bias)
-    got = decode(model, DecodingConfig(gen_length=G, block_length=BL, steps=steps, confidence_eos_eot_inf=True))
+    got = decode(model, DecodingConfig(gen_length=G, block_length=BL, steps=steps,
+                                       masked={"confidence_eos_eot_inf": True}))
     assert got == LLADA_CASES[case]
 
 
@@ -429,12 +435,12 @@ def test_confidence_eos_eot_inf_by_hand():
 
     logits = torch.tensor([[[9.0, 1.0, 3.0, 1.0], [1.0, 9.0, 3.0, 1.0], [1.0, 1.0, 3.0, 1.0]]], dtype=torch.float64)
     masked = torch.ones(1, 3, dtype=torch.bool)
-    cold = DecodingConfig(confidence_eos_eot_inf=True, temperature=0.0)
+    cold = DecodingConfig(masked={"confidence_eos_eot_inf": True}, temperature=0.0)
     x0, conf = predict(logits, masked, cold, None, eos_id=0, eot_id=1)
     assert x0.tolist() == [[0, 1, 2]]
     assert conf[0, :2].tolist() == [0.0, 0.0]
     assert conf[0, 2].item() == pytest.approx(math.exp(3) / (math.exp(3) + math.exp(1)))  # tokens 2 and 3 remain
-    warm = DecodingConfig(confidence_eos_eot_inf=True, temperature=1e-6)
+    warm = DecodingConfig(masked={"confidence_eos_eot_inf": True}, temperature=1e-6)
     x0, conf = predict(logits, masked, warm, torch.Generator().manual_seed(0), eos_id=0, eot_id=1)
     assert x0.tolist() == [[0, 1, 2]]
     assert conf[0, 0].item() == pytest.approx(math.exp(9) / (math.exp(9) + math.exp(3) + math.exp(1)))
@@ -463,8 +469,13 @@ def eos_at(seed: int, where: tuple, G: int):
 
 
 CJ_MODELS = {"even": ((3, 6, 10, 12, 15), dict(gen_length=16, block_length=8, steps=8)),
-             "ass1": ((1, 4, 6, 10, 12, 15), dict(gen_length=16, steps=4, schedule="ass", ass_blocks=1)),
-             "ass3": ((1, 4, 6, 10, 12, 18), dict(gen_length=19, steps=4, schedule="ass", ass_blocks=3))}
+             "ass1": ((1, 4, 6, 10, 12, 15), dict(gen_length=16, steps=4, masked=dict(schedule="ass", ass_blocks=1))),
+             "ass3": ((1, 4, 6, 10, 12, 18), dict(gen_length=19, steps=4, masked=dict(schedule="ass", ass_blocks=3)))}
+
+
+def _eoser(settings: dict, gamma: float = 1.0) -> DecodingConfig:
+    """A CJ_MODELS layout with EOSER from `gamma` (1: off)."""
+    return DecodingConfig(**{**settings, "masked": {**settings.get("masked", {}), "eos_gamma_min": gamma}})
 # (seed, layout, eos_gamma_min) -> (tokens, step maps) of the ORIGINAL, yjyddq/EOSER-ASS-RL@5affb4e
 # `eval/generate.py`: `eoser_generate` (even, gamma_min 0.2), `generate` (even, 1.0), `eoser_ass_generate`
 # (gamma_min 0.01) and `ass_generate` (1.0) with `block_num` 1 or 3, T = 0, one prompt at a time (batch
@@ -516,7 +527,7 @@ def test_eoser_and_ass_match_the_original_token_for_token(case):
     where, settings = CJ_MODELS[layout]
     model = eos_at(seed, where, settings["gen_length"])
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
-    out = generate(model, ids, mask, DecodingConfig(**settings, eos_gamma_min=gamma))
+    out = generate(model, ids, mask, _eoser(settings, gamma))
     tokens, step_maps = CJ_CASES[case]
     assert out.responses.tolist() == tokens
     assert out.step_map.tolist() == step_maps
@@ -530,8 +541,8 @@ def test_eoser_changes_what_the_sampler_decodes():
             where, settings = CJ_MODELS[layout]
             model = eos_at(seed, where, settings["gen_length"])
             ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
-            damped = generate(model, ids, mask, DecodingConfig(**settings, eos_gamma_min=gamma)).step_map
-            plain = generate(model, ids, mask, DecodingConfig(**settings)).step_map
+            damped = generate(model, ids, mask, _eoser(settings, gamma)).step_map
+            plain = generate(model, ids, mask, _eoser(settings)).step_map
             assert not torch.equal(damped, plain), (seed, layout)
             assert CJ_CASES[(seed, layout, gamma)][1] != CJ_CASES[(seed, layout, 1.0)][1], (seed, layout)
 
@@ -543,31 +554,35 @@ def test_ass_plan_and_eos_gamma_by_hand():
     assert ass_plan(256, 8, 4) == [(31, [0, 1, 2, 3, 4], [1, 2, 4, 8, 16]), (32, [5], [32]), (64, [6], [64]),
                                    (129, [7], [129])]
     assert ass_plan(19, 4, 3) == [(3, [0, 1], [1, 2]), (4, [2], [4]), (12, [3], [12])]
-    even = DecodingConfig(gen_length=16, block_length=8, steps=8, eos_gamma_min=0.2)
+    even = DecodingConfig(gen_length=16, block_length=8, steps=8, masked={"eos_gamma_min": 0.2})
     # the index inside the block over the TOTAL steps: block 2's steps restart at 0.2 and stop at 0.2 + 0.8 * 3/7
     assert [eos_gamma(even, i, 4 + i) for i in range(4)] == pytest.approx([0.2 + 0.8 * i / 7 for i in range(4)])
-    ass = DecodingConfig(gen_length=16, steps=4, schedule="ass", eos_gamma_min=0.01)
+    ass = DecodingConfig(gen_length=16, steps=4, masked={"schedule": "ass", "eos_gamma_min": 0.01})
     assert [eos_gamma(ass, 0, s) for s in range(4)] == pytest.approx([0.01 + 0.99 * (2 ** (s + 1) - 1) / 16
                                                                        for s in range(4)])
     assert eos_gamma(DecodingConfig(), 0, 0) == 1.0  # off
 
 
 def test_ass_and_eoser_settings_are_checked_before_decoding():
-    from dare.config import Invalid
+    from dare.config import ConfigError, Invalid, ModelConfig, RLConfig, load
 
     with pytest.raises(Invalid, match=r"steps must be floor\(log2 gen_length\) = 4 for gen_length 16, got 5"):
-        DecodingConfig(gen_length=16, steps=5, schedule="ass").validate()
+        DecodingConfig(gen_length=16, steps=5, masked={"schedule": "ass"}).validate()
     with pytest.raises(Invalid, match=r"must be in \[1, steps = 4\]"):
-        DecodingConfig(gen_length=16, steps=4, schedule="ass", ass_blocks=5).validate()
+        DecodingConfig(gen_length=16, steps=4, masked={"schedule": "ass", "ass_blocks": 5}).validate()
     with pytest.raises(Invalid, match="no parallel rule"):
-        DecodingConfig(gen_length=16, steps=4, schedule="ass", threshold=0.9).validate()
+        DecodingConfig(gen_length=16, steps=4, masked={"schedule": "ass", "threshold": 0.9}).validate()
     with pytest.raises(Invalid, match="eos_gamma_min <= eos_gamma_max"):
-        DecodingConfig(eos_gamma_min=0.5, eos_gamma_max=0.4).validate()
-    DecodingConfig(gen_length=19, block_length=32, steps=4, schedule="ass").validate()  # block_length unused
-    sdar = sharp("sdar", 0)
-    ids, mask = left_pad(PROMPTS, facts(sdar).pad_token_id)
-    with pytest.raises(UserError, match="options of the masked sampler.*block sampler"):
-        generate(sdar, ids, mask, DecodingConfig(gen_length=8, steps=4, eos_gamma_min=0.01))
+        DecodingConfig(masked={"eos_gamma_min": 0.5, "eos_gamma_max": 0.4}).validate()
+    DecodingConfig(gen_length=19, block_length=32, steps=4, masked={"schedule": "ass"}).validate()  # block_length unused
+
+    @dataclass
+    class Run:
+        model: ModelConfig = field(default_factory=ModelConfig)
+        rl: RLConfig = field(default_factory=RLConfig)
+
+    with pytest.raises(ConfigError, match="option of the masked sampler.*decodes with the block sampler"):
+        load(Run, overrides=["model.family=sdar", "rl.decoding.masked.eos_gamma_min=0.01"])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -625,7 +640,7 @@ def test_mdpo_sampler_and_rcr_match_the_original_token_for_token(case):
     model = soft_llada(seed)
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
     out = generate(model, ids, mask, DecodingConfig(sampler="maskgit", gen_length=G, block_length=BL, steps=steps,
-                                                    top_p=top_p or 1.0, rcr=rcr))
+                                                    maskgit={"top_p": top_p or 1.0, "rcr": rcr}))
     tokens, step_maps = MDPO_CASES[case]
     assert out.responses.tolist() == tokens
     assert out.step_map.tolist() == step_maps
@@ -638,7 +653,7 @@ def test_rcr_changes_what_the_sampler_decodes():
         ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
         for G, BL, steps, top_p in ((16, 8, 8, None), (10, 10, 4, 0.95)):
             runs = [generate(model, ids, mask, DecodingConfig(sampler="maskgit", gen_length=G, block_length=BL,
-                                                              steps=steps, top_p=top_p or 1.0, rcr=rcr))
+                                                              steps=steps, maskgit={"top_p": top_p or 1.0, "rcr": rcr}))
                     for rcr in (False, True)]
             assert not (torch.equal(runs[0].responses, runs[1].responses)
                         and torch.equal(runs[0].step_map, runs[1].step_map)), (seed, G)
@@ -653,10 +668,10 @@ def test_maskgit_quota_is_the_floor_rule():
 
 
 def test_rcr_is_an_option_of_the_mdpo_sampler_for_bidirectional_models():
-    from dare.config import Invalid
+    from dare.config import ConfigError, load
 
-    with pytest.raises(Invalid, match="set sampler=maskgit"):
-        DecodingConfig(sampler="masked", rcr=True).validate()
+    with pytest.raises(ConfigError, match="maskgit.rcr=True .* option of the maskgit sampler"):
+        load(DecodingConfig, overrides=["sampler=masked", "maskgit.rcr=true"])
     sdar = sharp("sdar", 0)
     ids, mask = left_pad(PROMPTS, facts(sdar).pad_token_id)
     with pytest.raises(UserError, match="sampler=maskgit: this sampler decodes bidirectional"):
@@ -677,8 +692,8 @@ MDPO_STEPS = {
 def test_mdpo_sampler_records_the_original_predictions_and_confidences(rcr):
     model = soft_llada(0)
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
-    out = generate(model, ids, mask, DecodingConfig(sampler="maskgit", gen_length=8, block_length=4, steps=4, rcr=rcr,
-                                                    record_trajectory=True))
+    out = generate(model, ids, mask, DecodingConfig(sampler="maskgit", gen_length=8, block_length=4, steps=4,
+                                                    maskgit={"rcr": rcr}, record_trajectory=True))
     predictions, confidences = MDPO_STEPS[rcr]
     assert out.predictions.transpose(0, 1).tolist() == predictions
     assert torch.allclose(out.confidences.transpose(0, 1), torch.tensor(confidences), atol=2e-6)
@@ -746,7 +761,7 @@ def test_agrpo_sampler_matches_the_original_token_for_token(case):
     model = eos_first_block(G) if seed == "first_block_eos" else soft_llada(seed)
     ids, mask = left_pad(AGRPO_PROMPTS, facts(model).pad_token_id)
     out = generate(model, ids, mask, DecodingConfig(sampler="truncated", gen_length=G, block_length=BL, steps=steps,
-                                                    remasking=remasking))
+                                                    truncated={"remasking": remasking}))
     tokens, step_maps, logps, entropies = AGRPO_CASES[case]
     assert out.responses.tolist() == tokens
     assert out.step_map.tolist() == step_maps
@@ -759,8 +774,8 @@ def test_agrpo_sampler_records_the_support_it_drew_from():
     recorded log-prob is that of the truncated, tempered distribution."""
     model = soft_llada(1)
     ids, mask = left_pad(AGRPO_PROMPTS, facts(model).pad_token_id)
-    decoding = DecodingConfig(sampler="truncated", gen_length=8, block_length=4, steps=4, temperature=0.7, top_k=3,
-                              remasking="random", record_trajectory=True)
+    decoding = DecodingConfig(sampler="truncated", gen_length=8, block_length=4, steps=4, temperature=0.7,
+                              truncated={"top_k": 3, "remasking": "random"}, record_trajectory=True)
     out = generate(model, ids, mask, decoding, torch.Generator().manual_seed(0))
     assert (out.supports.sum(-1) == 3).all()
     assert out.supports.gather(-1, out.responses[..., None]).all()

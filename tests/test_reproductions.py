@@ -89,15 +89,17 @@ def test_a_sweeps_evaluation_matches_a_target_of_its_folder():
 
 def test_a_protocols_decoding_fields_decide_same_decoding(tmp_path):
     """CJ-GRPO's targets fix the ASS schedule and EOSER: the same block, steps and temperature with even
-    steps is not the paper's protocol; an unknown decoding field is refused by name."""
+    steps is not the paper's protocol; an unknown decoding field is refused by name. The evaluation hands
+    the decoding over in its flat form (`dare.decoding.flat`: the names of a result's decoding record)."""
     from dare.app.targets import load_targets
-    from dare.config import DecodingConfig, to_dict
+    from dare.config import DecodingConfig
+    from dare.decoding import flat
     from dare.utils import UserError
 
     t = load_targets(ROOT / "cj_grpo" / "targets.yaml")
     bench = {"name": "gsm8k", "split": "test", "n_shot": 0}
-    ass = to_dict(DecodingConfig(gen_length=256, block_length=256, steps=8, temperature=0.0, schedule="ass",
-                                 eos_gamma_min=0.01))
+    ass = flat(DecodingConfig(gen_length=256, block_length=256, steps=8, temperature=0.0,
+                              masked={"schedule": "ass", "eos_gamma_min": 0.01}), "llada")
     assert t.reference("gsm8k.yaml", bench, ass)["same_decoding"] is True
     assert t.reference("gsm8k.yaml", bench, {**ass, "schedule": "even"})["same_decoding"] is False
     assert t.reference("gsm8k.yaml", bench, {**ass, "eos_gamma_min": 1.0})["same_decoding"] is False

@@ -143,7 +143,7 @@ def test_the_eval_hash_changes_only_with_what_changes_the_numbers():
     same = [  # other benchmarks in the call, output paths, logging, a setting spelled out at its default
         load(EvalRunConfig, overrides=["eval.decoding.gen_length=4", "eval.decoding.block_length=4",
                                        "eval.benchmarks=[addition,gsm8k]", "run.out_dir=/tmp/x", "run.log_every=3",
-                                       f"eval.decoding.cache={DecodingConfig().cache}"])]
+                                       f"eval.decoding.masked.cache={DecodingConfig().masked.cache}"])]
     for cfg in same:
         assert result_hash(cfg, "addition", cfg.eval.decoding) == h
     steps = load(EvalRunConfig, overrides=["eval.decoding.gen_length=4", "eval.decoding.block_length=4",

@@ -58,8 +58,8 @@ def test_the_trainer_replays_the_reference_sampler_exactly_and_the_dual_cache_me
     this trained tiny model (measured 0.023 vs 8e-8), so the logged gap tells them apart."""
     common = dict(gen_length=8, block_length=4, steps=8, temperature=0.9)
     reference = _agreement(trained_tiny, char_tok, DecodingConfig(**common))
-    threshold = _agreement(trained_tiny, char_tok, DecodingConfig(**common, threshold=0.9))
-    dual = _agreement(trained_tiny, char_tok, DecodingConfig(**common, cache="dual", threshold=0.9))
+    threshold = _agreement(trained_tiny, char_tok, DecodingConfig(**common, masked={"threshold": 0.9}))
+    dual = _agreement(trained_tiny, char_tok, DecodingConfig(**common, masked={"cache": "dual", "threshold": 0.9}))
     assert reference < 1e-5 and threshold < 1e-5
     assert dual > 5e-3 and dual > 1000 * reference
 

@@ -74,7 +74,7 @@ def test_no_mask_left_and_step_accounting(trained_tiny):
 
 def test_seeded_sampling_is_deterministic(tiny_model):
     ids, mask = batch()
-    p = params(temperature=1.0, remasking="random")
+    p = params(temperature=1.0, masked={"remasking": "random"})
     a = generate(tiny_model, ids, mask, p, torch.Generator().manual_seed(7)).responses
     b = generate(tiny_model, ids, mask, p, torch.Generator().manual_seed(7)).responses
     c = generate(tiny_model, ids, mask, p, torch.Generator().manual_seed(8)).responses
@@ -102,7 +102,7 @@ def test_gumbel_argmax_follows_the_temperature():
 
 def test_cfg_and_response_mask(trained_tiny):
     ids, mask = batch()
-    out = generate(trained_tiny, ids, mask, params(cfg_scale=1.0))
+    out = generate(trained_tiny, ids, mask, params(masked={"cfg_scale": 1.0}))
     assert out.nfe == 4 and not (out.responses == facts(trained_tiny).mask_token_id).any()
     r = torch.tensor([[3, 1, 4, 1], [3, 3, 3, 3], [1, 2, 2, 2]])
     assert response_mask(r, 1).tolist() == [[True, True, False, False], [True] * 4, [True, False, False, False]]

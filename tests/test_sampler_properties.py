@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from dare.config import DecodingConfig
+from dare.decoding import from_flat
 from dare.models import facts
 from dare.rollout import generate, left_pad
 from dare.utils import UserError
@@ -92,7 +93,7 @@ def test_no_mask_is_left_in_a_completion(case, temperature):
     ids, mask = left_pad(PROMPTS, f.pad_token_id)
     if settings.get("tree"):  # one tree per group of prod(widths) identical prompts
         ids, mask = ids[:1].repeat(4, 1), mask[:1].repeat(4, 1)
-    decoding = DecodingConfig(gen_length=G, temperature=temperature, **settings)
+    decoding = DecodingConfig(**from_flat({"gen_length": G, "temperature": temperature, **settings}))
     if refused:
         with pytest.raises(UserError):
             decoding.validate()
@@ -114,5 +115,5 @@ def test_the_regression_case_decodes_every_block_until_it_is_clean():
     commits fewer tokens a step than the even split would (here 2 steps for 8 masks), none left masked."""
     model = _model("llada")
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
-    out = generate(model, ids, mask, DecodingConfig(gen_length=G, block_length=4, steps=2, threshold=0.99))
+    out = generate(model, ids, mask, DecodingConfig(gen_length=G, block_length=4, steps=2, masked={"threshold": 0.99}))
     assert out.nfe > 2 and not (out.responses == facts(model).mask_token_id).any()

@@ -43,8 +43,8 @@ def rollout_batch(model, decoding, seed=0):
     return out, batch
 
 
-@pytest.mark.parametrize("settings", [dict(gen_length=11, steps=3, schedule="ass", eos_gamma_min=0.01),
-                                      dict(gen_length=12, steps=3, schedule="ass", ass_blocks=3),
+@pytest.mark.parametrize("settings", [dict(gen_length=11, steps=3, masked=dict(schedule="ass", eos_gamma_min=0.01)),
+                                      dict(gen_length=12, steps=3, masked=dict(schedule="ass", ass_blocks=3)),
                                       dict(gen_length=8, block_length=4, steps=8)])
 def test_cj_grpo_scores_each_token_in_the_state_the_sampler_committed_it_from(settings):
     """For every step s, the trainer's input is the sampler's canvas before step s (the recorded
@@ -182,7 +182,7 @@ def test_cj_grpo_loss_hand_computed_and_ratio_one_at_the_old_policy():
 
 def test_cj_grpo_refuses_token_editing():
     cfg = run_config("cj_grpo")
-    cfg.rl.decoding.editing_threshold = 0.5
+    cfg.rl.decoding.block.editing_threshold = 0.5
     with pytest.raises(ValueError, match="editing_threshold"):
         cj.check_config(cfg)
 
@@ -212,8 +212,8 @@ def test_mdpo_step_advantages_equal_the_reference_code():
 
 def mdpo_batch(rcr: bool):
     model = tiny_llada()
-    decoding = DecodingConfig(sampler="maskgit", gen_length=8, block_length=4, steps=4, temperature=1.0, rcr=rcr,
-                              record_trajectory=True)
+    decoding = DecodingConfig(sampler="maskgit", gen_length=8, block_length=4, steps=4, temperature=1.0,
+                              maskgit={"rcr": rcr}, record_trajectory=True)
     out, batch = rollout_batch(model, decoding, seed=2)
     from dataclasses import replace
     batch = replace(batch, mask_token_id=facts(model).mask_token_id, predictions=out.predictions.transpose(0, 1),

@@ -4,7 +4,8 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dare.config import DataConfig, DecodingConfig, LoraConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import (DataConfig, DecodingConfig, LoraConfig, ModelConfig, RLConfig, RunConfig, TrainConfig,
+                         TruncatedOptions, check)
 
 
 @dataclass
@@ -47,5 +48,5 @@ class Config:
     rl: RLConfig = field(default_factory=lambda: RLConfig(
         prompts_per_step=16, group_size=8, num_iterations=1,
         decoding=DecodingConfig(sampler="truncated", gen_length=384, block_length=12, steps=128, temperature=0.6,
-                                top_p=0.99, top_k=150, remasking="random")))
+                                truncated=TruncatedOptions(top_p=0.99, top_k=150, remasking="random"))))
     algo: AGRPO = field(default_factory=AGRPO)

@@ -3,7 +3,7 @@ GSM8K), with the paper's decoding (EOSER + ASS), unless noted."""
 
 from dataclasses import dataclass, field
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import DataConfig, DecodingConfig, MaskedOptions, ModelConfig, RLConfig, RunConfig, TrainConfig, check
 
 
 @dataclass
@@ -32,6 +32,6 @@ class Config:
     # schedule in floor(log2 256) = 8 steps in one block (train.yaml block_num 1) with EOSER from 0.01 to 1.
     rl: RLConfig = field(default_factory=lambda: RLConfig(
         prompts_per_step=16, group_size=6, num_iterations=12,
-        decoding=DecodingConfig(gen_length=256, steps=8, temperature=1.0, schedule="ass", ass_blocks=1,
-                                eos_gamma_min=0.01, eos_gamma_max=1.0)))
+        decoding=DecodingConfig(gen_length=256, steps=8, temperature=1.0, masked=MaskedOptions(
+            schedule="ass", ass_blocks=1, eos_gamma_min=0.01, eos_gamma_max=1.0))))
     algo: CJGRPO = field(default_factory=CJGRPO)

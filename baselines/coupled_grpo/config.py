@@ -4,7 +4,7 @@ AceCode-89K hard split), unless noted."""
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import DataConfig, DecodingConfig, DreamOptions, ModelConfig, RLConfig, RunConfig, TrainConfig, check
 
 
 @dataclass
@@ -45,6 +45,6 @@ class Config:
     # diffusion_generate, alg entropy, 256 tokens in 256 steps, temperature 1.0, top_p 0.95.
     rl: RLConfig = field(default_factory=lambda: RLConfig(
         prompts_per_step=8, group_size=10, num_iterations=2,
-        decoding=DecodingConfig(sampler="dream", gen_length=256, block_length=256, steps=256, alg="entropy",
-                               temperature=1.0, top_p=0.95)))
+        decoding=DecodingConfig(sampler="dream", gen_length=256, block_length=256, steps=256, temperature=1.0,
+                                dream=DreamOptions(alg="entropy", top_p=0.95))))
     algo: CoupledGRPO = field(default_factory=CoupledGRPO)

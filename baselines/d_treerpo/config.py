@@ -4,7 +4,8 @@ defaults for the self-distillation, unless noted."""
 
 from dataclasses import dataclass, field
 
-from dare.config import DataConfig, DecodingConfig, LoraConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import (DataConfig, DecodingConfig, LoraConfig, MaskedOptions, ModelConfig, RLConfig, RunConfig,
+                         TrainConfig, check)
 
 
 @dataclass
@@ -47,5 +48,5 @@ class Config:
     rl: RLConfig = field(default_factory=lambda: RLConfig(
         prompts_per_step=32, group_size=16, num_iterations=12,
         decoding=DecodingConfig(sampler="masked", gen_length=256, block_length=32, steps=128, temperature=0.9,
-                                cache="none", tree=(4, 4))))
+                                tree=(4, 4), masked=MaskedOptions(cache="none"))))
     algo: DTreeRPO = field(default_factory=DTreeRPO)

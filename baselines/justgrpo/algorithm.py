@@ -45,10 +45,11 @@ def check_config(cfg) -> None:
     if cfg.rl.group_size < 2:
         raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group-normalized advantage needs at least 2 "
                          "completions")
-    if d.sampler not in ("auto", "masked", "block") or d.threshold or d.factor:
+    if d.sampler not in ("auto", "masked", "block") or d.masked.threshold or d.masked.factor or d.block.threshold:
         raise ValueError(f"rl.decoding: JustGRPO rolls out in AR order (its likelihood's order), one token per step "
                          f"with the masked or block sampler and no threshold/factor rule (got sampler={d.sampler}, "
-                         f"threshold={d.threshold}, factor={d.factor})")
+                         f"masked.threshold={d.masked.threshold}, masked.factor={d.masked.factor}, "
+                         f"block.threshold={d.block.threshold})")
 
 
 def check_ar_order(batch) -> None:

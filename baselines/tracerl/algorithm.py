@@ -66,9 +66,9 @@ RECIPE = "rl"
 
 
 def check_config(cfg) -> None:
-    if cfg.rl.decoding.editing_threshold > 0:
-        raise ValueError("rl.decoding.editing_threshold > 0: token editing rewrites committed tokens, so the step "
-                         "map no longer gives the states the sampler saw; TraceRL needs each token committed once")
+    if cfg.rl.decoding.block.editing_threshold > 0:
+        raise ValueError("rl.decoding.block.editing_threshold > 0: token editing rewrites committed tokens, so the "
+                         "step map no longer gives the states the sampler saw; TraceRL needs each token committed once")
     if cfg.rl.group_size < 2:
         raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group z-score needs at least 2 completions")
 

@@ -3,7 +3,8 @@ unless noted."""
 
 from dataclasses import dataclass, field
 
-from dare.config import ADDED, DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import (ADDED, BlockOptions, DataConfig, DecodingConfig, MaskedOptions, ModelConfig, RLConfig,
+                         RunConfig, TrainConfig, check)
 
 
 @dataclass
@@ -57,5 +58,6 @@ class Config:
     # 4 denoising steps per block, dynamic low-confidence threshold 0.9.
     rl: RLConfig = field(default_factory=lambda: RLConfig(
         prompts_per_step=64, group_size=16, num_iterations=1,
-        decoding=DecodingConfig(gen_length=2000, steps=4, temperature=1.0, threshold=0.9)))
+        decoding=DecodingConfig(gen_length=2000, steps=4, temperature=1.0,  # auto: masked or block, 0.9 either way
+                                masked=MaskedOptions(threshold=0.9), block=BlockOptions(threshold=0.9))))
     algo: TraceRL = field(default_factory=TraceRL)

@@ -32,6 +32,8 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
+from dare import decoding as decoding_options
+from dare.decoding import BlockOptions, DreamOptions, MaskedOptions, MaskgitOptions, TruncatedOptions
 from dare.utils import UserError, YAMLAliasError, load_yaml, shown_value
 from dare.data import TASKS
 from dare.models import ATTENTION
@@ -65,6 +67,8 @@ class Invalid(Exception):
 
 _failed: contextvars.ContextVar[list | None] = contextvars.ContextVar("_failed", default=None)
 """While `load` runs a section's `validate()`: the failed checks so far (so all of them are reported)."""
+_model_family: contextvars.ContextVar[str | None] = contextvars.ContextVar("_model_family", default=None)
+"""While `load` validates a config with a valid `model.family`: that family (sampler=auto's choice follows it)."""
 
 
 def check(condition: bool, message: str, *keys: str) -> None:
@@ -186,157 +190,77 @@ class DataConfig:
 @dataclass
 class DecodingConfig:
     """How the sampler decodes (`dare.rollout`): `rl.decoding` for RL rollouts, `eval.decoding` for
-evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's protocol on LLaDA.
+    evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's protocol on LLaDA.
 
-    `sampler` picks the algorithm ("auto": from the model's facts: block-causal models get the
-    block sampler, others the masked-diffusion one); the rest are its options. Fields a sampler
-    does not use are ignored by it (and listed in its module docstring)."""
+    The fields here are the settings every sampler reads and the rollout's shape the RL loop sets
+    (`record_trajectory`, `tree`, `whole_last_block`); each sampler's options are its own section, named
+    after it (`masked`, `block`, `dream`, `maskgit`, `truncated`: `rl.decoding.masked.threshold=0.9`), defined
+    and checked by its module in `dare.decoding`. A sampler reads only its own section: the loader rejects an
+    option set for a sampler that does not run. The config hash covers the flat form of the section (every
+    setting by its name before the options had sections, `dare.decoding.flat`), so runs keep their hash."""
 
-    sampler: Literal["auto", "masked", "dream", "block", "lmdeploy", "maskgit", "truncated"] = "auto"
+    sampler: Literal["auto", "masked", "dream", "block", "maskgit", "truncated"] = "auto"
     """masked: LLaDA's semi-autoregressive sampler with Fast-dLLM's caches and parallel decoding;
     dream: Dream's `diffusion_generate` algorithms; block: SDAR/LLaDA2 block diffusion; maskgit: MDPO's
     sampler (MaskGIT schedule, top-p/top-k confidences, optional running-confidence remasking `rcr`);
     truncated: AGRPO's (gen_length / steps tokens per step, top-k/top-p truncation, the drawn log-probs,
-    entropies and supports recorded)."""
+    entropies and supports recorded). auto: from the model's facts, block-causal models get the block
+    sampler, others the masked one."""
     gen_length: int = 256
     block_length: int = 32
-    """Semi-AR block (masked sampler). The block sampler uses the model's own block size."""
+    """Semi-AR block (masked, maskgit and truncated samplers). The block sampler uses the model's own block
+    size; Dream's sampler has none."""
     steps: int = 128
-    """Masked: total steps over all blocks. Block: denoising steps per block. Dream: total steps."""
-    remasking: Literal["low_confidence", "random", "entropy", "left_to_right", "margin"] = "low_confidence"
-    """Which masked positions a step commits: the most confident, random ones, (truncated sampler) the
-    lowest-entropy ones, (masked and block samplers) the leftmost ones: with one token per step that is
-    autoregressive order (JustGRPO's rollouts), or (masked sampler) those with the largest margin between
-    their two most probable tokens (TraceRL's `margin_confidence` target, `llada_rl_rollout.py`)."""
+    """Masked, maskgit, truncated, Dream: total steps over all blocks. Block: denoising steps per block."""
     temperature: float = 0.0
-    cfg_scale: float = 0.0
-    cache: Literal["auto", "none", "prefix", "dual"] = "auto"
-    """KV cache. Masked sampler: Fast-dLLM's prefix (before the block) or dual (prefix and suffix)
-    cache; auto = none (the reference). Block sampler: auto/prefix/dual = the exact cache of
-    committed blocks, none = recompute the whole prefix every step (LLaDA2's HF `generate`)."""
-    threshold: float = 0.0
-    """Parallel decoding: commit every masked token whose confidence reaches it (at least one per
-    step); 0 = off (fixed quota). Block sampler: its dynamic rule (threshold, else the quota)."""
-    factor: float = 0.0
-    """Fast-dLLM's factor rule (masked sampler): commit the n most confident with c_m >= 1 - f/(m+1); 0 = off."""
-    alg: Literal["origin", "maskgit_plus", "topk_margin", "entropy"] = "maskgit_plus"
-    """Dream sampler: which confidence orders the unmasking."""
-    alg_temp: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    eps: float = 1e-3
-    """Dream's timestep schedule: linspace(1, eps, steps + 1)."""
-    logits_eos_inf: bool = False
-    """LLaDA option: never predict EOS."""
-    confidence_eos_eot_inf: bool = False
-    """LLaDA option: EOS/EoT predictions get confidence -inf (committed last)."""
-    eos_early_stop: bool = False
-    """Block sampler: stop once every row has committed an EOS (the rest is filled with EOS)."""
-    editing_threshold: float = 0.0
-    """Block sampler, LLaDA2.1 token editing: re-write a committed token of the current block whose
-    prediction changed with probability above this; 0 = off."""
-    max_post_steps: int = 16
     record_trajectory: bool = False
     """Keep the response after every step (CJ-GRPO, MDPO, TraceRL need the trajectory)."""
-    schedule: Literal["even", "ass"] = field(default="even", metadata=ADDED)
-    """Masked sampler: how many tokens each step commits. even: each block's masks split evenly over
-    its steps (LLaDA); ass: CJ-GRPO's ascending step size, step i commits 2^i tokens and the last step
-    the rest, with steps = floor(log2 gen_length) and `ass_blocks` blocks carved from the largest
-    powers of two (`block_length` is not used then; `dare.rollout.llada.ass_plan`)."""
-    ass_blocks: int = field(default=1, metadata=ADDED)
-    """ASS: the number of blocks (CJ-GRPO's `block_num`)."""
-    eos_gamma_min: float = field(default=1.0, metadata=ADDED)
-    """EOSER (CJ-GRPO's EOS early rejection), masked sampler: the confidence of a position whose
-    prediction is EOS is multiplied by gamma, which rises from `eos_gamma_min` to `eos_gamma_max` over
-    the steps (`dare.rollout.llada.eos_gamma`); 1 and 1 = off. CJ-GRPO trains with 0.01."""
-    eos_gamma_max: float = field(default=1.0, metadata=ADDED)
-    rcr: bool = field(default=False, metadata=ADDED)
-    """maskgit sampler: running-confidence remasking (committed tokens whose confidence falls behind are
-    re-masked and decoded again; `dare.rollout.maskgit`)."""
-    tree: tuple[int, ...] = field(default=(), metadata=ADDED)
+    tree: tuple[int, ...] = ()
     """Tree rollouts (masked sampler, d-TreeRPO): the branching width of each level, e.g. (4, 4). The
     steps are split evenly over the levels; every node continues decoding its parent's canvas for its
     level's steps, so siblings share the parent's state exactly. Rows come in groups of prod(tree)
     identical prompts, one tree per group, whose leaves fill the group's rows in path order
     (`dare.rollout.tree`); () = independent rollouts."""
-    further_horizon: int = field(default=0, metadata=ADDED)
-    """Masked sampler with the prefix cache: every step after a block's first forward runs the block and only
-    this many positions after it on the cache (the rest of the canvas is not seen: TraceRL's LLaDA rollout,
-    `llada_rl_rollout.py`, `further_horizon`, 128 in `rl_llada.yaml`); 0 = everything after the block
-    (Fast-dLLM)."""
-    whole_last_block: bool = field(default=True, metadata=ADDED)
-    """Block sampler: decode the last block whole, past `gen_length` (both originals do); False ends
-    the canvas at `gen_length`, so a trainer that scores the `gen_length` tokens sees exactly the
-    blocks the sampler decoded (RL on block models: `dare.train.rl`)."""
+    whole_last_block: bool = True
+    """Block sampler: decode the last block whole, past `gen_length` (both originals do); False ends the canvas
+    at `gen_length`, so a trainer that scores the `gen_length` tokens sees exactly the blocks the sampler
+    decoded (the RL loop sets it for block models: `dare.train.rl`)."""
+    masked: MaskedOptions = field(default_factory=MaskedOptions)
+    """The masked sampler's options (`dare.decoding.masked`)."""
+    block: BlockOptions = field(default_factory=BlockOptions)
+    """The block sampler's options (`dare.decoding.block`)."""
+    dream: DreamOptions = field(default_factory=DreamOptions)
+    """Dream's sampler's options (`dare.decoding.dream`)."""
+    maskgit: MaskgitOptions = field(default_factory=MaskgitOptions)
+    """The maskgit sampler's options (`dare.decoding.maskgit`)."""
+    truncated: TruncatedOptions = field(default_factory=TruncatedOptions)
+    """The truncated sampler's options (`dare.decoding.truncated`)."""
+
+    def __post_init__(self):
+        for name, cls in decoding_options.OPTIONS.items():  # `masked={"threshold": 0.9}` builds the section
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                setattr(self, name, cls(**value))
 
     def validate(self):
+        """The common settings' rules, then the options' rules of the sampler that runs: the one this section
+        selects, for sampler=auto the one the config's `model.family` picks (`load` knows it), else both of
+        `dare.decoding.AUTO` (without the masked sampler's block layout, which waits for the model)."""
+        family = _model_family.get()
         check(self.gen_length > 0, "must be positive", "gen_length")
         check(self.block_length > 0, "must be positive", "block_length")
-        if self.sampler in ("masked", "maskgit"):
-            self.validate_blocks()
-        check(self.remasking != "entropy" or self.sampler == "truncated", "entropy remasking is an option of AGRPO's "
-              "sampler: set sampler=truncated", "remasking", "sampler")
-        check(self.remasking != "left_to_right" or self.sampler in ("auto", "masked", "block"), "left-to-right "
-              "order is an option of the masked and block samplers", "remasking", "sampler")
-        check(self.remasking != "left_to_right" or not (self.threshold or self.factor), "left-to-right order commits "
-              "a fixed count per step: no threshold or factor rule", "remasking", "threshold")
-        check(self.remasking != "left_to_right" or (self.eos_gamma_min, self.eos_gamma_max) == (1.0, 1.0),
-              "left-to-right order ranks positions, not confidences: EOSER (eos_gamma_min/max) would reorder it",
-              "remasking", "eos_gamma_min")
-        check(self.remasking != "margin" or self.sampler in ("auto", "masked"), "margin remasking is an option of "
-              "the masked sampler", "remasking", "sampler")
-        check(self.further_horizon >= 0, "must be >= 0 (0: everything after the block)", "further_horizon")
-        check(not self.further_horizon or (self.cache == "prefix" and self.sampler in ("auto", "masked")),
-              "the horizon is a window on the masked sampler's prefix cache: set cache=prefix", "further_horizon",
-              "cache")
         check(self.steps > 0, "must be positive", "steps")
         check(self.temperature >= 0, "must be >= 0", "temperature")
-        check(self.cfg_scale >= 0, "must be >= 0", "cfg_scale")
-        check(0 <= self.threshold <= 1, "must be in [0, 1]", "threshold")
-        check(self.factor >= 0, "must be >= 0", "factor")
-        check(not (self.threshold and self.factor), "choose one parallel rule: threshold or factor", "threshold",
-              "factor")
-        check(not (self.cfg_scale and self.cache in ("prefix", "dual")), "classifier-free guidance is not combined "
-              "with a KV cache", "cfg_scale", "cache")
-        check(0 < self.top_p <= 1, "must be in (0, 1]", "top_p")
-        check(self.top_k >= 0, "must be >= 0", "top_k")
-        check(0 < self.eps < 1, "must be in (0, 1)", "eps")
-        check(0 <= self.editing_threshold <= 1, "must be in [0, 1]", "editing_threshold")
-        check(not self.rcr or self.sampler == "maskgit", "running-confidence remasking is an option of MDPO's sampler: "
-              "set sampler=maskgit", "rcr", "sampler")
-        check(0 <= self.eos_gamma_min <= self.eos_gamma_max, "need 0 <= eos_gamma_min <= eos_gamma_max",
-              "eos_gamma_min", "eos_gamma_max")
         if self.tree:
             check(all(w >= 1 for w in self.tree) and len(self.tree) <= self.steps,
                   f"widths must be >= 1, at most steps ({self.steps}) levels", "tree")
             check(self.steps <= self.gen_length, f"tree levels are counted in steps: every step must commit a token "
                   f"(steps {self.steps} <= gen_length {self.gen_length})", "tree", "steps")
-            check(self.sampler in ("auto", "masked") and self.cache in ("auto", "none") and not self.threshold
-                  and not self.factor, "tree rollouts continue the masked sampler's fixed schedule: sampler "
-                  "masked, no KV cache, no parallel rule (threshold, factor)", "tree", "sampler", "cache")
-        if self.schedule == "ass":
-            check(self.gen_length >= 2 and self.steps == self.gen_length.bit_length() - 1,
-                  f"the ascending schedule commits 1, 2, 4, ... tokens: steps must be floor(log2 gen_length) = "
-                  f"{max(self.gen_length.bit_length() - 1, 1)} for gen_length {self.gen_length}, got {self.steps}",
-                  "steps", "schedule")
-            check(1 <= self.ass_blocks <= self.steps, f"must be in [1, steps = {self.steps}]", "ass_blocks")
-            check(self.threshold == 0 and self.factor == 0, "the ascending schedule fixes each step's count: "
-                  "no parallel rule (threshold, factor)", "schedule", "threshold", "factor")
-
-    def validate_blocks(self):
-        """The masked sampler's semi-AR layout (the only sampler that uses `block_length`: the block
-        sampler takes the model's own block, Dream's has none). Checked here for sampler=masked, for
-        sampler=auto where the config names a bidirectional `model.family` (`check_across_sections`), and
-        otherwise by the sampler once the model is loaded. The ascending schedule makes its own blocks."""
-        if self.schedule == "ass":
-            return
-        check(self.gen_length % self.block_length == 0,
-              f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
-              "gen_length", "block_length")
-        n_blocks = self.gen_length // self.block_length
-        check(self.steps > 0 and self.steps % n_blocks == 0,
-              f"steps ({self.steps}) must be a positive multiple of the number of blocks ({n_blocks})",
-              "steps", "gen_length", "block_length")
+            check(decoding_options.resolve(self.sampler, family) in (None, "masked"), "tree rollouts continue the "
+                  "masked sampler's fixed schedule: sampler masked" + (f" (model.family={family} decodes with the "
+                  "block sampler)" if family and self.sampler == "auto" else ""), "tree", "sampler")
+        for rule in decoding_options.rules(self, family):
+            check(*rule)
 
 
 @dataclass
@@ -551,7 +475,12 @@ def load(cls, path: str | Path | None = None, overrides: typing.Iterable[str] = 
             _override(cfg, item, origins, problems)
         except ConfigError as e:
             problems.append(str(e))
-    _validate_tree(cfg, "", origins, problems)
+    family = getattr(getattr(cfg, "model", None), "family", None)
+    token = _model_family.set(family if family in ATTENTION else None)
+    try:
+        _validate_tree(cfg, "", origins, problems)
+    finally:
+        _model_family.reset(token)
     problems += _across_sections(cfg, origins)
     if problems:
         raise ConfigError.of(problems)
@@ -593,10 +522,18 @@ def _hints(obj) -> dict[str, Any]:
 
 RENAMED = {"rl.rollout": "rl.decoding"}
 """Keys that were renamed: old dotted prefix -> new. A config with an old key fails with the new name
-(one name per concept: the decoding settings are `decoding` in training, evaluation and rollout)."""
+(one name per concept: the decoding settings are `decoding` in training, evaluation and rollout). The
+decoding options that moved into their sampler's section (`rl.decoding.threshold` ->
+`rl.decoding.masked.threshold`) fail the same way, with the section of the config's sampler
+(`dare.decoding.renamed`)."""
 
 
-def _unknown(key: str, candidates: typing.Iterable[str], source: str) -> ConfigError:
+def _unknown(key: str, candidates: typing.Iterable[str], source: str, section=None) -> ConfigError:
+    """The error of an unknown `key` (dotted, from the top) met in config section `section`: a renamed key's
+    new name, else the closest known key."""
+    name = key.rsplit(".", 1)[-1]
+    if isinstance(section, DecodingConfig) and name in decoding_options.OWNERS:
+        return ConfigError(f"{source}: {decoding_options.renamed(key, name, section.sampler)}")
     for old, new in RENAMED.items():
         if key == old or key.startswith(old + "."):
             return ConfigError(f"{source}: '{key}' was renamed to '{new + key[len(old):]}'; rename it in the "
@@ -633,7 +570,7 @@ def _merge(obj, data: Mapping, prefix: str, source: str, origins: dict, problems
 def _merge_one(obj, key, value, prefix: str, source: str, origins: dict, problems: list[str]) -> None:
     """Set one field (or merge one subsection) of `obj`; raises the ConfigError of a bad key or value."""
     if not isinstance(key, str) or key not in _fields(obj):
-        raise _unknown(prefix + str(key), _all_keys(obj, prefix), source)
+        raise _unknown(prefix + str(key), _all_keys(obj, prefix), source, obj)
     current = getattr(obj, key)
     if dataclasses.is_dataclass(current):
         if not isinstance(value, Mapping):
@@ -652,7 +589,7 @@ def _set_dotted(cfg, key: str, value, source: str, origins: dict, problems: list
     for i, part in enumerate(parts):
         fields = _fields(obj)
         if part not in fields:
-            raise _unknown(key, _all_keys(cfg), source)
+            raise _unknown(key, _all_keys(cfg), source, obj)
         if i == len(parts) - 1:
             current = getattr(obj, part)
             if dataclasses.is_dataclass(current):
@@ -787,11 +724,18 @@ def _run_check(fn, obj, prefix: str, origins: dict) -> list[str]:
 
 def _invalid_message(e: Invalid, obj, prefix: str, origins: dict) -> str:
     """`invalid config: <key>: <rule> [<key>=<value> (from <file | command line | defaults>), ...]`."""
-    where = ", ".join(f"{prefix}{k}={shown_value(getattr(obj, k, '?'))} (from {origins.get(prefix + k, 'defaults')})"
-                      for k in e.keys if "." not in k)
+    where = ", ".join(f"{prefix}{k}={shown_value(_get(obj, k))} (from {origins.get(prefix + k, 'defaults')})"
+                      for k in e.keys)
     keys = [prefix + k for k in e.keys]
     return (f"invalid config: {keys[0] if keys else prefix.rstrip('.')}: {e.message}"
             + (f" [{where}]" if where else ""))
+
+
+def _get(obj, key: str):
+    """The value of dotted `key` (`masked.threshold`) under section `obj`; '?' where there is none."""
+    for part in key.split("."):
+        obj = getattr(obj, part, "?")
+    return obj
 
 
 def check_across_sections(cfg, origins: dict | None = None) -> None:
@@ -805,9 +749,10 @@ def _across_sections(cfg, origins: dict) -> list[str]:
     """Rules that join two sections, checked before any model is built:
     - `train.reference_sync_every` needs a reference copy, which LoRA does not have (its reference
       is the base with the adapter disabled);
-    - sampler=auto picks the sampler from the model: where the config names a bidirectional
-      `model.family` it is the masked sampler, whose block layout is checked (block-causal families
-      use their own block, so their `block_length` is not checked)."""
+    - a decoding section's options are those of the sampler that runs (sampler=auto: the one the config's
+      `model.family` picks, both of `dare.decoding.AUTO` where it names none): an option set in a file or on
+      the command line for a sampler that does not run is an error. (The options of the sampler that runs
+      are checked by `DecodingConfig.validate`, which `load` tells the family.)"""
     problems = []
     model, train = getattr(cfg, "model", None), getattr(cfg, "train", None)
     if model is not None and train is not None and getattr(train, "reference_sync_every", 0) and model.lora.rank > 0:
@@ -816,19 +761,34 @@ def _across_sections(cfg, origins: dict) -> list[str]:
             f"{origins.get('train.reference_sync_every', 'defaults')}) with model.lora.rank={model.lora.rank}: "
             "under LoRA the reference is the base with the adapter disabled, which a TR-DPO update cannot move; "
             "train without LoRA or set train.reference_sync_every=0")
-    if ATTENTION.get(getattr(model, "family", None)) != "bidirectional":
-        return problems
+    family = getattr(model, "family", None)
 
     def walk(obj, prefix):
+        if isinstance(obj, DecodingConfig):
+            problems.extend(_unused_options(obj, prefix, family, origins))
+            return
         for name in _fields(obj):
             value = getattr(obj, name)
-            if isinstance(value, DecodingConfig) and value.sampler == "auto":
-                problems.extend(_run_check(value.validate_blocks, value, f"{prefix}{name}.", origins))
-            elif dataclasses.is_dataclass(value):
+            if dataclasses.is_dataclass(value):
                 walk(value, f"{prefix}{name}.")
 
     walk(cfg, "")
     return problems
+
+
+def _unused_options(d: DecodingConfig, prefix: str, family: str | None, origins: dict) -> list[str]:
+    """The options of decoding section `d` (at `prefix`) set for a sampler that does not run."""
+    runs = decoding_options.resolve(d.sampler, family if family in ATTENTION else None)
+    if runs:
+        decodes = f"the {runs} sampler ({prefix}sampler={d.sampler}" + (
+            f", model.family={family})" if d.sampler == "auto" else ")")
+    else:
+        decodes = f"the masked or the block sampler ({prefix}sampler=auto, as the model says)"
+    return [f"invalid config: {prefix}{key}={shown_value(_get(d, key))} (from {origins[prefix + key]}) is an "
+            f"option of the {sampler} sampler, and this config decodes with {decodes}: set {prefix}sampler or drop "
+            "the option"
+            for key, sampler in decoding_options.unused_options(d, family if family in ATTENTION else None,
+                                                                lambda k: prefix + k in origins)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -836,7 +796,14 @@ def _across_sections(cfg, origins: dict) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def to_dict(cfg, *, hashed_only: bool = False) -> dict:
+def to_dict(cfg, *, hashed_only: bool = False, _family: str | None = None) -> dict:
+    """The config as plain data. `hashed_only`: what the config hash covers (no `NOHASH` field, no `ADDED`
+    field at its default, every decoding section in its flat form: `dare.decoding.hashed`, its sampler=auto
+    resolved by the config's `model.family`)."""
+    if hashed_only and isinstance(cfg, DecodingConfig):
+        return decoding_options.hashed(cfg, _family)
+    if _family is None:
+        _family = getattr(getattr(cfg, "model", None), "family", None)
     out = {}
     for f in dataclasses.fields(cfg):
         if hashed_only and not f.metadata.get("hash", True):
@@ -845,7 +812,7 @@ def to_dict(cfg, *, hashed_only: bool = False) -> dict:
         if hashed_only and f.metadata.get("hash") == "unless_default" and value == _default(f):
             continue
         if dataclasses.is_dataclass(value):
-            value = to_dict(value, hashed_only=hashed_only)
+            value = to_dict(value, hashed_only=hashed_only, _family=_family)
         elif isinstance(value, tuple):
             value = list(value)
         out[f.name] = value

@@ -28,25 +28,26 @@ from dare.results import metric_from_values, write_result
 from dare.utils import (REPO_ROOT, UserError, atomic_write, atomic_write_json, command_line, fingerprint, now,
                         package_versions, runs_dir, shown_path)
 
-# strategy -> decoding overrides (on top of gen_length/block_length; vanilla: steps = gen_length / 2)
+# strategy -> decoding overrides (dotted keys below the decoding section, on top of gen_length/block_length;
+# vanilla: steps = gen_length / 2)
 MASKED_STRATEGIES = {
-    "vanilla": {"cache": "none"},
-    "prefix_cache": {"cache": "prefix"},
-    "dual_cache": {"cache": "dual"},
-    "parallel": {"cache": "none", "threshold": 0.9},
-    "prefix_cache+parallel": {"cache": "prefix", "threshold": 0.9},
-    "dual_cache+parallel": {"cache": "dual", "threshold": 0.9},
+    "vanilla": {"masked.cache": "none"},
+    "prefix_cache": {"masked.cache": "prefix"},
+    "dual_cache": {"masked.cache": "dual"},
+    "parallel": {"masked.cache": "none", "masked.threshold": 0.9},
+    "prefix_cache+parallel": {"masked.cache": "prefix", "masked.threshold": 0.9},
+    "dual_cache+parallel": {"masked.cache": "dual", "masked.threshold": 0.9},
     # the trajectory methods' decoding options (usable by any method and by evaluation)
-    "eoser": {"cache": "none", "eos_gamma_min": 0.01},  # CJ-GRPO's EOS early rejection
-    "ass": {"cache": "none", "schedule": "ass"},  # CJ-GRPO's ascending step size: floor(log2 gen_length) steps
+    "eoser": {"masked.cache": "none", "masked.eos_gamma_min": 0.01},  # CJ-GRPO's EOS early rejection
+    "ass": {"masked.cache": "none", "masked.schedule": "ass"},  # CJ-GRPO's ascending step size: log2 gen_length steps
     "maskgit": {"sampler": "maskgit"},  # MDPO's sampler
-    "maskgit+rcr": {"sampler": "maskgit", "rcr": True},  # with running-confidence remasking
+    "maskgit+rcr": {"sampler": "maskgit", "maskgit.rcr": True},  # with running-confidence remasking
 }
 BLOCK_STRATEGIES = {  # SDAR: denoising steps = block size (one token per step) unless parallel
-    "vanilla": {"cache": "none"},
-    "block_cache": {"cache": "auto"},
-    "parallel": {"cache": "none", "threshold": 0.9},
-    "block_cache+parallel": {"cache": "auto", "threshold": 0.9},
+    "vanilla": {"block.cache": "none"},
+    "block_cache": {"block.cache": "auto"},
+    "parallel": {"block.cache": "none", "block.threshold": 0.9},
+    "block_cache+parallel": {"block.cache": "auto", "block.threshold": 0.9},
 }
 
 
@@ -130,9 +131,9 @@ def rollout_benchmark(checkpoint: str | None, overrides: list[str], repeats: int
         rows, vanilla = [], None
         for name, kw in strategies.items():
             steps = (f.block_size if kind == "block" else base.gen_length // 2)
-            if kw.get("schedule") == "ass":
+            if kw.get("masked.schedule") == "ass":
                 steps = base.gen_length.bit_length() - 1
-            chosen = {**_changed(base), "steps": steps, "sampler": kind, **kw}
+            chosen = {**_changed(base, kw.get("sampler", kind)), "steps": steps, "sampler": kind, **kw}
             params = load_config(DecodingConfig, None, [f"{k}={v}" for k, v in chosen.items()])
             times, outcome = [], None
             while len(times) < repeats or (sum(times) < min_seconds and len(times) < MAX_REPEATS):
@@ -220,8 +221,8 @@ def released_benchmark(family: str, overrides: list[str], device: str = "cuda", 
     for strategy in RELEASED_STRATEGIES[kind]:
         kw = {**(MASKED_STRATEGIES if kind == "masked" else BLOCK_STRATEGIES)[strategy]}
         steps = f.block_size if kind == "block" else base.gen_length // 2
-        params = load_config(DecodingConfig, None, [f"{k}={v}" for k, v in
-                                                    {**_changed(base), "steps": steps, "sampler": kind, **kw}.items()])
+        params = load_config(DecodingConfig, None, [f"{k}={v}" for k, v in {
+            **_changed(base, kw.get("sampler", kind)), "steps": steps, "sampler": kind, **kw}.items()])
         with torch.no_grad():
             generate(model, prompts[:1], prompt_mask[:1], load_config(  # warm-up: kernels, allocator
                 DecodingConfig, None, [f"{k}={v}" for k, v in {**_changed(params), "gen_length": params.block_length
@@ -254,9 +255,16 @@ def released_benchmark(family: str, overrides: list[str], device: str = "cuda", 
     return report
 
 
-def _changed(cfg) -> dict:
-    default = to_dict(DecodingConfig())
-    return {k: v for k, v in to_dict(cfg).items() if v != default[k]}
+def _changed(cfg, sampler: str | None = None) -> dict:
+    """The decoding settings that differ from the defaults, by dotted key below the section (`masked.cache`);
+    with `sampler`, only the common settings and that sampler's options (the others' options are not read)."""
+    def leaves(d, prefix=""):
+        for k, v in d.items():
+            yield from leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [(prefix + k, v)]
+
+    default = dict(leaves(to_dict(DecodingConfig())))
+    return {k: v for k, v in leaves(to_dict(cfg)) if v != default[k]
+            and (sampler is None or "." not in k or k.split(".")[0] == sampler)}
 
 
 def _write_result(ckpt: Path, model, label: str, task: str, params, outcome: dict, row: dict, folder: Path) -> Path:
@@ -404,11 +412,11 @@ def vrpo_memory(n_ts=(1, 4, 16), pairs: int = 4, length: int = 224, width: int =
 # the accelerations on, and with none (DARE's comparison: verl's default pipeline). The demo LLaDA
 # decodes with the dual cache at the reference's fixed quota: threshold decoding commits fewer
 # tokens per forward on this out-of-distribution length (see `dare bench rollout`), so it is
-# not used; on a model trained for long responses add rl.decoding.threshold=0.9.
+# not used; on a model trained for long responses add rl.decoding.masked.threshold=0.9.
 RL_PIPELINES = {
-    "naive": ["rl.decoding.cache=none", "rl.decoding.threshold=0", "train.packing=false", "train.logit_chunk=0",
-              "rl.recompute_old_logps=true"],
-    "accelerated": ["rl.decoding.cache=dual", "rl.decoding.threshold=0.9", "train.packing=true",
+    "naive": ["rl.decoding.masked.cache=none", "rl.decoding.masked.threshold=0", "train.packing=false",
+              "train.logit_chunk=0", "rl.recompute_old_logps=true"],
+    "accelerated": ["rl.decoding.masked.cache=dual", "rl.decoding.masked.threshold=0.9", "train.packing=true",
                     "train.logit_chunk=1024", "rl.recompute_old_logps=false"],
 }
 

@@ -4,7 +4,8 @@
     base_model: LLaDA-8B-Instruct
     eval: {split: test, block_length: 32, steps_per_token: 0.5, temperature: 0.0, n_shot: 0}  # the paper's protocol
                                   # (temperature may list the values a best-of report chose from; an optional
-                                  # `decoding: {schedule: ass, ...}` names other decoding fields it fixes)
+                                  # `decoding: {schedule: ass, ...}` names other decoding settings it fixes,
+                                  # by the flat names of a result's decoding record: `dare.decoding.FLAT`)
     tolerance: 2.0                # points
     targets:
       - {config: gsm8k.yaml, benchmark: gsm8k, gen_length: 256, value: 79.8}   # percent, as printed
@@ -18,13 +19,12 @@ the decoding fields `eval.decoding` lists).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from dare.config import DecodingConfig
+from dare.decoding import FLAT
 from dare.utils import UserError, load_yaml, shown_value
 
 KEYS = {"paper", "base_model", "eval", "tolerance", "targets"}
@@ -84,7 +84,7 @@ def load_targets(path: str | Path) -> Targets:
         raise UserError(f"{path}: paper needs arxiv and table")
     if not EVAL_KEYS - {"n_shot", "decoding"} <= set(data["eval"] or {}):
         raise UserError(f"{path}: eval needs {sorted(EVAL_KEYS - {'n_shot', 'decoding'})} (the paper's protocol)")
-    fields = {f.name for f in dataclasses.fields(DecodingConfig)}
+    fields = set(FLAT)  # a result's decoding record names every setting flat (`threshold`, not `masked.threshold`)
     unknown = set((data["eval"].get("decoding") or {})) - fields
     if unknown:
         raise UserError(f"{path}: eval.decoding: unknown decoding fields {sorted(unknown)}")

@@ -14,13 +14,18 @@ Two engines (`eval.engine`):
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
+from dare import decoding as decoding_options
 from dare.config import ConfigError, DecodingConfig, EvalRunConfig, config_hash, did_you_mean, read_yaml, to_dict
 from dare.config import load as load_config
 from dare.config import save as save_config
@@ -120,8 +125,10 @@ DECODING_MAIN = ("gen_length", "block_length", "steps", "remasking", "temperatur
 
 def decoding_record(decoding, sampler: str) -> dict:
     """The result's `decoding` section: the sampler that ran, the main settings, and every other
-    setting that differs from its default under `extra` (so results stay comparable)."""
-    d, default = to_dict(decoding), to_dict(DecodingConfig())
+    setting that differs from its default under `extra` (so results stay comparable); every setting by its
+    flat name (`dare.decoding.flat`: `threshold`, not `masked.threshold`), the options those of the sampler
+    that ran."""
+    d, default = decoding_options.flat(decoding, runs=sampler), decoding_options.flat(DecodingConfig())
     extra = {k: v for k, v in d.items() if k not in DECODING_MAIN and k not in ("sampler", "threshold")
              and v != default[k]}
     return {"sampler": sampler, **{k: d[k] for k in DECODING_MAIN}, "threshold": d["threshold"] or None,
@@ -191,16 +198,17 @@ def _changed(values: dict, defaults: dict) -> dict:
     return out
 
 
-def result_hash(cfg, benchmark: str, decoding) -> str:
+def result_hash(cfg, benchmark: str, decoding, family: str | None = None) -> str:
     """What one benchmark's numbers depend on: the benchmark, and every evaluation setting (split,
     samples, batch size, engine, dtype, seed) and decoding setting that differs from its default.
     Left out: output paths and logging, the other benchmarks evaluated in the same call, and every
     setting at its default, so adding a setting whose default keeps the old behaviour leaves
-    existing hashes (and the results' run ids) as they were."""
+    existing hashes (and the results' run ids) as they were. The decoding enters in its flat form
+    (`dare.decoding.flat`, sampler=auto's options those of the sampler the checkpoint's `family` runs)."""
     given = _changed(to_dict(cfg, hashed_only=True), to_dict(EvalRunConfig(), hashed_only=True))
     for key in ("benchmarks", "decoding", "preset"):  # the decoding enters resolved, per benchmark
         given.get("eval", {}).pop(key, None)
-    resolved = _changed(to_dict(decoding), to_dict(DecodingConfig()))
+    resolved = _changed(decoding_options.flat(decoding, family), decoding_options.flat(DecodingConfig()))
     canonical = json.dumps({"eval": given, "benchmark": benchmark, "decoding": resolved}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -214,27 +222,57 @@ def default_out_dir(checkpoint: Path, digest: str) -> Path:
     return runs_dir() / "eval" / f"{_slug(checkpoint.name)}-{checkpoint_fingerprint(checkpoint)[:8]}" / digest[:12]
 
 
+def _leaf_keys(data, prefix: str = "") -> set[str]:
+    """The dotted keys of the leaves of a (nested) mapping: {"masked": {"cache": ...}} -> {"masked.cache"}."""
+    if not isinstance(data, dict):
+        return {prefix.rstrip(".")}
+    return set().union(*(_leaf_keys(v, f"{prefix}{k}.") for k, v in data.items())) if data else set()
+
+
 def explicit_decoding(config_path, overrides) -> set[str]:
-    """The `eval.decoding` fields the user set: in the config file or as `eval.decoding.X=` overrides."""
-    keys = {o.split("=", 1)[0].strip()[len("eval.decoding."):] for o in overrides
-            if o.strip().startswith("eval.decoding.")}
+    """The `eval.decoding` fields the user set, dotted below the section (`gen_length`, `masked.threshold`): in
+    the config file or as `eval.decoding.X=` overrides (a section given as a mapping: each of its keys)."""
+    keys = set()
+    for o in overrides:
+        key, _, raw = o.partition("=")
+        if key.strip().startswith("eval.decoding."):
+            try:
+                value = yaml.safe_load(raw) if raw.strip() else None
+            except yaml.YAMLError:
+                value = None
+            keys |= _leaf_keys(value if isinstance(value, dict) else None, key.strip()[len("eval.decoding."):] + ".")
     if config_path is not None:
-        keys |= set(((read_yaml(config_path).get("eval") or {}).get("decoding") or {}))
+        keys |= _leaf_keys((read_yaml(config_path).get("eval") or {}).get("decoding") or {})
     return keys
 
 
 def decoding_for(cfg, family: str, name: str, explicit: set[str] = frozenset()):
     """(DecodingConfig, the preset's settings or None) of one benchmark: DARE's settings for the
     family under `eval.preset` dare (auto with the opencompass engine), with the `eval.decoding`
-    fields the user set (`explicit`) applied on top; otherwise `eval.decoding` as given."""
+    fields the user set (`explicit`) applied on top; otherwise `eval.decoding` as given. An option the
+    user set for a sampler this checkpoint does not run (sampler=auto picks it from the family) is an error."""
     from dare.eval import suite
 
     preset = cfg.eval.preset if cfg.eval.preset != "auto" else ("dare" if cfg.eval.engine == "opencompass" else "none")
     protocol = suite.protocol_decoding(family, name) if preset == "dare" else None
+    sampler = (cfg.eval.decoding.sampler if protocol is None or "sampler" in explicit
+               else protocol.get("sampler", "auto"))
+    given = replace(cfg.eval.decoding, sampler=sampler)  # the user's settings with the sampler that will run
+    unused = decoding_options.unused_options(given, family, lambda k: k in explicit)
+    if unused:
+        raise ConfigError(f"eval.decoding.{unused[0][0]} is an option of the {unused[0][1]} sampler; a {family} "
+                          f"checkpoint decodes {name} with the {decoding_options.resolve(sampler, family)} sampler "
+                          f"(sampler={sampler}): set eval.decoding.sampler or drop the option")
     if protocol is None:
         return cfg.eval.decoding, None
-    given = to_dict(cfg.eval.decoding)
-    return load_config(DecodingConfig, data={**protocol, **{k: given[k] for k in explicit}}), protocol
+    values, merged = to_dict(cfg.eval.decoding), copy.deepcopy(protocol)
+    for key in explicit:
+        *sections, leaf = key.split(".")
+        source, target = values, merged
+        for part in sections:
+            source, target = source[part], target.setdefault(part, {})
+        target[leaf] = source[leaf]
+    return load_config(DecodingConfig, data=merged), protocol
 
 
 def _same_decoding(decoding, protocol: dict | None) -> bool:
@@ -316,7 +354,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
     plans = {n: decoding_for(cfg, family, n, explicit) for n in cfg.eval.benchmarks}  # all checked up front
     digest = config_hash(cfg)
     if any(preset for _, preset in plans.values()):  # a preset edited since must not reuse old results
-        resolved = json.dumps({n: to_dict(d) for n, (d, _) in plans.items()}, sort_keys=True)
+        resolved = json.dumps({n: decoding_options.flat(d, family) for n, (d, _) in plans.items()}, sort_keys=True)
         digest = hashlib.sha256((digest + resolved).encode()).hexdigest()
     out = Path(out_dir or cfg.run.out_dir or default_out_dir(checkpoint, digest)).resolve()
     targets = {name: out / f"result_{name}.json" for name in cfg.eval.benchmarks}
@@ -340,7 +378,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
 
     def reference_of(name, benchmark):
         if meta:  # a model we trained: the reproduction's paper number, when the caller has one
-            return reference(benchmark, to_dict(plans[name][0])) if reference else None
+            return reference(benchmark, decoding_options.flat(plans[name][0], family)) if reference else None
         ref = suite.reference(family, model_info["name"], name)
         # DARE ran its table through OpenCompass: our embedded prompts are another protocol, and so
         # is a benchmark whose config differs from DARE's (`deviation`)
@@ -352,8 +390,8 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
         samples_path = out / f"samples_{name}.jsonl"
         atomic_write(samples_path, "".join(json.dumps(s) + "\n" for s in samples))
         result = build_result(meta=meta, model_info=model_info, benchmark=benchmark, decoding=plans[name][0],
-                              outcome=outcome, eval_hash=result_hash(cfg, name, plans[name][0]), seed=cfg.run.seed,
-                              samples_path=samples_path,
+                              outcome=outcome, eval_hash=result_hash(cfg, name, plans[name][0], family),
+                              seed=cfg.run.seed, samples_path=samples_path,
                               command=command, reference=reference_of(name, benchmark))
         write_result(result, targets[name])
         acc = ", ".join(f"{m['name']}={m['value']:.4f}" for m in result["metrics"])

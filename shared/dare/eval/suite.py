@@ -73,7 +73,10 @@ def protocol_decoding(family: str, benchmark: str) -> dict | None:
     proto = family_protocol(family)
     if benchmark not in proto["benchmarks"]:
         return None
-    return {**proto.get("defaults", {}), **proto["benchmarks"][benchmark]}
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in proto.get("defaults", {}).items()}
+    for key, value in proto["benchmarks"][benchmark].items():  # a sampler's options section merges key by key
+        merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
+    return merged
 
 
 def reference(family: str, model_name: str, benchmark: str) -> dict | None:

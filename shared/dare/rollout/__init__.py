@@ -6,7 +6,8 @@
 never attended, so a row decodes exactly as it would alone at temperature 0 (sampled decoding
 draws the batch's noise from one generator). `decoding` is a `DecodingConfig`; its `sampler`
 chooses the algorithm ("auto": the block sampler for block-causal models, the masked-diffusion
-sampler otherwise):
+sampler otherwise), and each sampler reads its own options section (`decoding.masked`, `decoding.block`, ...,
+defined and checked at config load by `dare.decoding`):
 
     masked   LLaDA's reference sampler + Fast-dLLM prefix/dual cache, threshold/factor parallel
              decoding (`dare.rollout.llada`); Dream runs here too through its aligned logits
@@ -33,19 +34,10 @@ from dare.rollout.core import RolloutOutput, decode_responses, left_pad, respons
 from dare.models import facts
 from dare.utils import UserError
 
-def _lmdeploy(model, prompt_ids, prompt_mask, decoding, generator=None):
-    """The lmdeploy engine for SDAR on GPU is not in this checkout: lmdeploy needs CUDA and
-    torch<=2.12.1 (the project pins 2.13), so it can neither be installed nor tested here."""
-    try:
-        import lmdeploy  # noqa: F401
-    except Exception:
-        raise UserError("decoding.sampler=lmdeploy: lmdeploy is not installed (it needs CUDA and torch<=2.12.1, "
-                        "so it cannot run on this machine); use sampler=block, the in-process engine") from None
-    raise UserError("decoding.sampler=lmdeploy: the lmdeploy engine is not implemented yet; use sampler=block")
-
-
-SAMPLERS = {"masked": llada.generate, "dream": dream.generate, "block": block.generate, "lmdeploy": _lmdeploy,
-            "maskgit": maskgit.generate, "truncated": truncated.generate}
+SAMPLERS = {"masked": llada.generate, "dream": dream.generate, "block": block.generate, "maskgit": maskgit.generate,
+            "truncated": truncated.generate}
+"""Sampler name -> its `generate`; each reads the common settings of `decoding` and its own options section
+(`decoding.<name>`, defined and checked at config load by `dare.decoding.<name>`)."""
 
 
 def sampler_name(model, decoding) -> str:
@@ -74,14 +66,6 @@ def generate(model, prompt_ids, prompt_mask, decoding, generator=None) -> Rollou
     if name in BIDIRECTIONAL_ONLY and facts(model).attention == "block_causal":
         raise UserError(f"decoding.sampler={name}: this sampler decodes bidirectional (masked) models; this model is "
                         "block-causal: use sampler=block")
-    eoser = (decoding.eos_gamma_min, decoding.eos_gamma_max) != (1.0, 1.0)
-    if name != "masked" and (decoding.schedule != "even" or eoser):
-        raise UserError(f"decoding: the ascending schedule (schedule=ass) and EOSER (eos_gamma_min/max) are options "
-                        f"of the masked sampler (LLaDA-style, as CJ-GRPO defines them); this model decodes with the "
-                        f"{name} sampler")
-    if name != "masked" and (decoding.further_horizon or decoding.remasking == "margin"):
-        raise UserError(f"decoding: further_horizon and remasking=margin are options of the masked sampler (TraceRL's "
-                        f"LLaDA rollout); this model decodes with the {name} sampler")
     if decoding.tree and name != "masked":
         raise UserError(f"decoding.tree: tree rollouts branch the masked sampler's canvas (LLaDA-style); this model "
                         f"decodes with the {name} sampler")

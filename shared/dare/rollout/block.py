@@ -29,6 +29,8 @@ prompts of different lengths.
     row's block is unmasked, it runs up to `max_post_steps` more steps while edits happen. The
     post-step counter and the stop are per row: a row decodes the same in a batch as alone.
 
+The options named here are `decoding.block`'s (defined and checked by `dare.decoding.block`).
+
 Batching: each row's prompt is placed so that its first token starts a block column (left
 padding by whole blocks), so one column chunk is one block for every row; rows with longer
 prompts simply have more prompt tokens in the chunk, and a row whose canvas ends earlier is done
@@ -83,10 +85,11 @@ def choose(logits: torch.Tensor, decoding, mask_id: int, generator) -> tuple[tor
         token = allowed.argmax(dim=-1)
         return token, F.softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
     allowed = allowed / decoding.temperature
-    if decoding.top_k > 0:
-        allowed = top_k_logits(allowed, decoding.top_k)
-    if decoding.top_p < 1:
-        allowed = top_p_logits(allowed, decoding.top_p)
+    o = decoding.block  # this sampler's options (`dare.decoding.block`)
+    if o.top_k > 0:
+        allowed = top_k_logits(allowed, o.top_k)
+    if o.top_p < 1:
+        allowed = top_p_logits(allowed, o.top_p)
     probs = F.softmax(allowed, dim=-1)
     token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
     return token, probs.gather(1, token[:, None]).squeeze(1)
@@ -95,7 +98,7 @@ def choose(logits: torch.Tensor, decoding, mask_id: int, generator) -> tuple[tor
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decoding,
              generator: torch.Generator | None = None) -> RolloutOutput:
-    f = facts(model)
+    f, o = facts(model), decoding.block  # o: this sampler's options (`dare.decoding.block`)
     if f.block_size is None:
         raise ValueError("the block sampler needs a block-causal model (SDAR, LLaDA2); use sampler=masked")
     device = next(model.parameters()).device
@@ -128,8 +131,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     logp_canvas = torch.zeros((B, W), dtype=torch.float32, device=device)
     model_logp_canvas = torch.zeros((B, W), dtype=torch.float32, device=device)  # untempered (commit_logps)
     quota = schedule(bs, decoding.steps)
-    editing = decoding.editing_threshold > 0
-    cached = decoding.cache != "none"
+    editing = o.editing_threshold > 0
+    cached = o.cache != "none"
 
     cache, nfe, step, done_cols = KVCache(), 0, 0, 0
     trajectory = []
@@ -148,7 +151,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             unmasked = ~masked.any(dim=1)
             if editing:  # LLaDA2.1: count the steps after unmasking, per row
                 post += (unmasked & ~done).long()
-                done |= post > decoding.max_post_steps
+                done |= post > o.max_post_steps
             else:
                 done |= unmasked
             if not any_rank(not done.all(), device, collective):
@@ -161,13 +164,13 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             x0, conf = choose(logits.reshape(B * bs, -1), decoding, mask_id, generator)
             x0, conf = x0.view(B, bs), conf.view(B, bs).double()
             k = masked.sum(dim=1).clamp(max=quota[min(i, decoding.steps - 1)])
-            order = conf if decoding.remasking != "left_to_right" else -torch.arange(bs, device=device).double()
+            order = conf if o.remasking != "left_to_right" else -torch.arange(bs, device=device).double()
             commit = commit_quota(torch.where(masked, order, -torch.inf), k)
-            if decoding.threshold > 0:
-                above = masked & (conf > decoding.threshold)
+            if o.threshold > 0:
+                above = masked & (conf > o.threshold)
                 commit = torch.where((above.sum(dim=1) >= k)[:, None], above, commit)
             if editing:
-                edit = decoded[:, cols] & ~masked & (conf > decoding.editing_threshold) & (x0 != x[:, cols])
+                edit = decoded[:, cols] & ~masked & (conf > o.editing_threshold) & (x0 != x[:, cols])
                 commit |= edit
                 finished = unmasked & ~edit.any(dim=1)  # nothing left to unmask or edit: this row stops
             commit &= ~done[:, None]
@@ -187,7 +190,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             model(x[:, cols], valid[:, cols], past_key_values=cache, use_cache=True)  # commit the block's keys
             nfe += 1
         done_cols = (c + 1) * bs
-        if decoding.eos_early_stop and not any_rank(not _all_finished(x.gather(1, gen_cols), mask_id, f.stop_ids),
+        if o.eos_early_stop and not any_rank(not _all_finished(x.gather(1, gen_cols), mask_id, f.stop_ids),
                                                     device, collective):
             response = x.gather(1, gen_cols)
             x.scatter_(1, gen_cols, torch.where(response == mask_id, f.eos_token_id, response))

@@ -159,7 +159,8 @@ def predict(logits, masked, decoding, generator, eos_id=None, eot_id=None,
     otherwise never end on a model that predicts MASK (trained checkpoints do not). It is removed from
     the choice of x0 only; the confidence is the probability of x0 among all tokens, as in the
     references, so a model that never predicts MASK decodes exactly as they do."""
-    if decoding.logits_eos_inf and eos_id is not None:
+    o = decoding.masked  # the masked sampler's options (`dare.decoding.masked`)
+    if o.logits_eos_inf and eos_id is not None:
         logits = logits.clone()
         logits[..., eos_id] = -torch.inf
     choice = logits
@@ -167,17 +168,17 @@ def predict(logits, masked, decoding, generator, eos_id=None, eot_id=None,
         choice = logits.clone()
         choice[..., forbid] = -torch.inf
     x0 = gumbel_argmax(choice, decoding.temperature, generator)
-    if decoding.remasking == "low_confidence":
-        if decoding.confidence_eos_eot_inf:
+    if o.remasking == "low_confidence":
+        if o.confidence_eos_eot_inf:
             removed = [t for t in ([eot_id] + ([eos_id] if decoding.temperature == 0 else [])) if t is not None]
             logits = logits.clone()
             logits[..., removed] = -torch.inf
         probs = F.softmax(logits.to(torch.float64), dim=-1)
         conf = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1)
-    elif decoding.remasking == "margin":
+    elif o.remasking == "margin":
         top2 = F.softmax(logits.to(torch.float64), dim=-1).topk(2, dim=-1).values
         conf = top2[..., 0] - top2[..., 1]
-    elif decoding.remasking == "left_to_right":  # the leftmost masked positions first
+    elif o.remasking == "left_to_right":  # the leftmost masked positions first
         conf = -torch.arange(x0.shape[-1], dtype=torch.float64, device=logits.device).expand(x0.shape)
     else:
         conf = torch.rand(x0.shape, dtype=torch.float64, device=logits.device, generator=generator)
@@ -232,8 +233,10 @@ def commit_factor(conf: torch.Tensor, factor: float) -> torch.Tensor:
 
 
 def commit_rule(conf: torch.Tensor, decoding, quota: torch.Tensor) -> torch.Tensor:
-    if decoding.threshold > 0:
-        return commit_threshold(conf, decoding.threshold)
-    if decoding.factor > 0:
-        return commit_factor(conf, decoding.factor)
+    """The masked sampler's commit: its threshold or factor rule (`decoding.masked`), else the quota."""
+    o = decoding.masked
+    if o.threshold > 0:
+        return commit_threshold(conf, o.threshold)
+    if o.factor > 0:
+        return commit_factor(conf, o.factor)
     return commit_quota(conf, quota)

@@ -44,16 +44,17 @@ def top_k_logits(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return logits.masked_fill(remove, torch.finfo(logits.dtype).min)
 
 
-def sample_tokens(logits, decoding, generator, margin=False, neg_entropy=False):
-    """Dream's `sample_tokens`: (confidence, x0) for each row of `logits` (N, V)."""
-    if decoding.temperature > 0:
-        logits = logits / decoding.temperature
-    if decoding.top_p < 1:
-        logits = top_p_logits(logits, decoding.top_p)
-    if decoding.top_k > 0:
-        logits = top_k_logits(logits, decoding.top_k)
+def sample_tokens(logits, temperature: float, options, generator, margin=False, neg_entropy=False):
+    """Dream's `sample_tokens`: (confidence, x0) for each row of `logits` (N, V); `options` the calling
+    sampler's (its `top_p`, `top_k`: `decoding.dream` or `decoding.maskgit`)."""
+    if temperature > 0:
+        logits = logits / temperature
+    if options.top_p < 1:
+        logits = top_p_logits(logits, options.top_p)
+    if options.top_k > 0:
+        logits = top_k_logits(logits, options.top_k)
     probs = F.softmax(logits, dim=-1)
-    if decoding.temperature > 0:
+    if temperature > 0:
         x0 = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         confidence = torch.gather(probs, -1, x0[:, None]).squeeze(-1)
     else:
@@ -69,13 +70,13 @@ def sample_tokens(logits, decoding, generator, margin=False, neg_entropy=False):
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decoding,
              generator: torch.Generator | None = None) -> RolloutOutput:
-    f = facts(model)
+    f, o = facts(model), decoding.dream  # o: this sampler's options (`dare.decoding.dream`)
     G, mask_id = decoding.gen_length, f.mask_token_id
     x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
     (B, P), device = prompt_ids.shape, x.device
     collective = sharded(model)  # FSDP: every rank makes the same forwards
     step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
-    timesteps = torch.linspace(1, decoding.eps, decoding.steps + 1, device=device)
+    timesteps = torch.linspace(1, o.eps, decoding.steps + 1, device=device)
     trajectory, nfe = [], 0
 
     for i in range(decoding.steps):
@@ -88,25 +89,25 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
         mask_logits[:, mask_id] = -torch.inf  # never "reveal" a MASK (trained checkpoints never predict it)
         t, s = timesteps[i], timesteps[i + 1]
         before = x.clone()
-        if decoding.alg == "origin":
+        if o.alg == "origin":
             p_transfer = float(1 - s / t) if i < decoding.steps - 1 else 1.0
             x0 = torch.full_like(x[masked], mask_id)
             reveal = torch.rand(x0.shape, device=device, generator=generator) < p_transfer
             if reveal.any():
-                x0[reveal] = sample_tokens(mask_logits[reveal], decoding, generator)[1]
+                x0[reveal] = sample_tokens(mask_logits[reveal], decoding.temperature, o, generator)[1]
             x[masked] = x0
         else:
-            confidence, x0 = sample_tokens(mask_logits, decoding, generator, margin=decoding.alg == "topk_margin",
-                                           neg_entropy=decoding.alg == "entropy")
+            confidence, x0 = sample_tokens(mask_logits, decoding.temperature, o, generator,
+                                           margin=o.alg == "topk_margin", neg_entropy=o.alg == "entropy")
             n_masked = masked.sum() / masked.shape[0]  # the batch average, as the reference
             n = int(n_masked * (1 - s / t)) if i < decoding.steps - 1 else int(n_masked)
             full = torch.full(x.shape, -torch.inf, dtype=logits.dtype, device=device)
             full[masked] = confidence
             if n > 0:
-                if decoding.alg_temp == 0:
+                if o.alg_temp == 0:
                     chosen = torch.topk(full, n).indices
                 else:
-                    chosen = torch.multinomial(F.softmax(full / decoding.alg_temp, dim=-1), n, generator=generator)
+                    chosen = torch.multinomial(F.softmax(full / o.alg_temp, dim=-1), n, generator=generator)
                 proposal = torch.full_like(x, mask_id)
                 proposal[masked] = x0
                 rows = torch.arange(B, device=device)[:, None].expand_as(chosen)

@@ -9,7 +9,7 @@ pad-aware, for every bidirectional family (LLaDA, LLaDA-MoE; Dream through its a
     U(0,1) ("random"), -inf outside the current block and on committed positions; commit the
     quota's most confident positions per row.
 
-Fast-dLLM options:
+Fast-dLLM options (this sampler's options are `decoding.masked`, defined and checked by `dare.decoding.masked`):
 - `cache="prefix"`: one full forward per block fills the KV cache (and makes the block's first
   commit); the cache is cut to the prefix and every later step runs the block and everything
   after it on top of it. `cache="dual"`: the full cache is kept and each step runs only the
@@ -93,10 +93,11 @@ def eos_gamma(decoding, local_step: int, global_step: int) -> float:
     """EOSER's factor on an EOS prediction's confidence at a step (1 when off): linear in the step
     index inside the block over the total step count (even schedule), (2^(s+1) - 1) / 2^S of the
     global step s (ascending schedule); the maximum when there is one step."""
-    lo, hi, S = decoding.eos_gamma_min, decoding.eos_gamma_max, decoding.steps
+    o = decoding.masked
+    lo, hi, S = o.eos_gamma_min, o.eos_gamma_max, decoding.steps
     if (lo, hi) == (1.0, 1.0) or S <= 1:
         return hi
-    if decoding.schedule == "ass":
+    if o.schedule == "ass":
         return lo + (hi - lo) * (2 ** (global_step + 1) - 1) / 2 ** S
     return lo + (hi - lo) * min(max(local_step, 0), S - 1) / (S - 1)
 
@@ -111,14 +112,14 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
     (the output's `steps_done`); None: no cap, every block is decoded until it is clean (with a parallel
     rule the step count is not `decoding.steps`). Continuing follows the fixed schedule: no cache, no
     parallel rule."""
-    f = facts(model)
-    if (start is not None or until is not None) and (decoding.cache in ("prefix", "dual") or decoding.threshold > 0
-                                                     or decoding.factor > 0):
+    f, o = facts(model), decoding.masked  # o: this sampler's options (`dare.decoding.masked`)
+    if (start is not None or until is not None) and (o.cache in ("prefix", "dual") or o.threshold > 0
+                                                     or o.factor > 0):
         raise UserError("decoding: a rollout that stops or continues mid-way (tree rollouts) follows the fixed "
                         "schedule: cache none, no threshold or factor")
     G = decoding.gen_length
-    if decoding.schedule == "ass":
-        plan = ass_plan(G, decoding.steps, decoding.ass_blocks)
+    if o.schedule == "ass":
+        plan = ass_plan(G, decoding.steps, o.ass_blocks)
     else:
         BL = decoding.block_length
         n_blocks = G // BL
@@ -156,7 +157,7 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         nonlocal step
         block = x[:, lo:hi]
         masked = block == mask_id
-        until_clean = decoding.cache in ("prefix", "dual") or decoding.threshold > 0 or decoding.factor > 0
+        until_clean = o.cache in ("prefix", "dual") or o.threshold > 0 or o.factor > 0
         x0, conf = predict(logits, masked, decoding, generator, f.eos_token_id, f.eot_token_id,
                            forbid=mask_id if until_clean else None)
         if gamma != 1.0:  # EOSER
@@ -177,12 +178,12 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         hi, n = lo + size, len(counts)
         quota = torch.tensor(counts, device=device).expand(B, n)
         gamma = [eos_gamma(decoding, i, steps[i]) for i in range(n)]
-        parallel = decoding.threshold > 0 or decoding.factor > 0
+        parallel = o.threshold > 0 or o.factor > 0
         i = sum(g < first for g in steps)  # steps of this block a continued canvas has already made
-        if decoding.cache not in ("prefix", "dual"):  # "auto" / "none": the reference, no cache
+        if o.cache not in ("prefix", "dual"):  # "auto" / "none": the reference, no cache
             while (parallel or i < n) and step < until and any_rank((x[:, lo:hi] == mask_id).any(), device,
                                                                     collective):
-                logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, decoding.cfg_scale)
+                logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, o.cfg_scale)
                 nfe += 1
                 commit(lo, hi, logits[:, lo:hi], quota[:, min(i, n - 1)], (0, P + G), gamma[min(i, n - 1)])
                 i += 1
@@ -196,18 +197,18 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         i = 1
         start = lo - 1 if shift else lo  # a shifted model reads position s's logit at s - 1
         cache = out.past_key_values
-        if decoding.cache == "prefix":
+        if o.cache == "prefix":
             cache.truncate(start)
-        end = min(hi + decoding.further_horizon, P + G) if decoding.further_horizon else P + G  # the prefix window
+        end = min(hi + o.further_horizon, P + G) if o.further_horizon else P + G  # the prefix window
         while any_rank((x[:, lo:hi] == mask_id).any(), device, collective):
-            if decoding.cache == "prefix":
+            if o.cache == "prefix":
                 raw = model(x[:, start:end], attention_mask[:, start:end], past_key_values=cache).logits
             else:
                 raw = model(x[:, start:hi], attention_mask[:, start:hi], past_key_values=cache,
                             replace_position=start).logits
             nfe += 1
             commit(lo, hi, raw[:, :size], quota[:, min(i, n - 1)],
-                   (lo, end) if decoding.cache == "prefix" else (lo, hi), gamma[min(i, n - 1)])
+                   (lo, end) if o.cache == "prefix" else (lo, hi), gamma[min(i, n - 1)])
             i += 1
         lo = hi
 

@@ -50,7 +50,7 @@ def maskgit_quota(masks: int, steps: int) -> list[int]:
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decoding,
              generator: torch.Generator | None = None) -> RolloutOutput:
-    f = facts(model)
+    f, o = facts(model), decoding.maskgit  # o: this sampler's options (`dare.decoding.maskgit`)
     G, BL = decoding.gen_length, decoding.block_length
     n_blocks = G // BL
     if G % BL or decoding.steps % n_blocks:
@@ -71,7 +71,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             masked = x == mask_id
             logits = token_logits(model, x, attention_mask)[:, P:]
             nfe += 1
-            predicted, x0 = sample_tokens(logits.reshape(-1, logits.shape[-1]), decoding, generator)
+            predicted, x0 = sample_tokens(logits.reshape(-1, logits.shape[-1]), decoding.temperature, o,
+                                          generator)
             predicted, x0 = predicted.view(B, G).double(), x0.view(B, G)
             conf = torch.full((B, L), -torch.inf, dtype=torch.float64, device=device)
             conf[:, P:hi] = predicted[:, :hi - P]
@@ -79,11 +80,11 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             proposal = torch.cat([x[:, :P], torch.where(masked[:, P:], x0, x[:, P:])], dim=1)
             if decoding.record_trajectory:  # MDPO's x0-hat at this step: every masked position predicted
                 predictions.append(proposal[:, P:].clone())
-            k = sum(quota[i:]) if decoding.rcr else quota[i]
+            k = sum(quota[i:]) if o.rcr else quota[i]
             chosen = commit_quota(conf, torch.full((B,), k, device=device))
             x = torch.where(chosen, proposal, x)
             step_map[chosen[:, P:]] = step
-            if decoding.rcr:
+            if o.rcr:
                 stored = torch.where(chosen, conf, stored)
                 if i < spb - 1:
                     ranked = torch.where(stored == 0, 1.0, stored)
@@ -94,7 +95,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             step += 1
             if decoding.record_trajectory:
                 trajectory.append(x[:, P:].clone())
-                confidences.append((stored[:, P:] if decoding.rcr else predicted).float())
+                confidences.append((stored[:, P:] if o.rcr else predicted).float())
 
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,

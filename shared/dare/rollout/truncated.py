@@ -37,13 +37,14 @@ def truncate(logits: torch.Tensor, decoding) -> tuple[torch.Tensor, torch.Tensor
     if decoding.temperature == 0:
         return logits, support
     logits = logits / decoding.temperature
-    if decoding.top_k and decoding.top_k < logits.shape[-1]:  # a k beyond the vocabulary keeps it all
-        remove = logits < logits.topk(decoding.top_k)[0][..., -1, None]
+    o = decoding.truncated  # this sampler's options (`dare.decoding.truncated`)
+    if o.top_k and o.top_k < logits.shape[-1]:  # a k beyond the vocabulary keeps it all
+        remove = logits < logits.topk(o.top_k)[0][..., -1, None]
         logits = logits.masked_fill(remove, -torch.inf)
         support &= ~remove
-    if decoding.top_p < 1.0:
+    if o.top_p < 1.0:
         ranked, order = logits.sort(descending=True)
-        drop = ranked.softmax(dim=-1).cumsum(dim=-1) > decoding.top_p
+        drop = ranked.softmax(dim=-1).cumsum(dim=-1) > o.top_p
         drop[..., 0] = False
         remove = torch.zeros_like(support).scatter(-1, order, drop)
         logits = logits.masked_fill(remove, -torch.inf)
@@ -93,9 +94,9 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             logp = torch.log_softmax(logits, dim=-1)
             entropy = -torch.where(logp.isfinite(), logp.exp() * logp, 0.0).sum(dim=-1)
             drawn = logp.gather(-1, x0[..., None]).squeeze(-1)
-            if decoding.remasking == "low_confidence":
+            if decoding.truncated.remasking == "low_confidence":
                 score = drawn.clone()
-            elif decoding.remasking == "random":
+            elif decoding.truncated.remasking == "random":
                 score = torch.rand(drawn.shape, device=device, generator=generator).to(drawn.dtype)
             else:
                 score = -entropy

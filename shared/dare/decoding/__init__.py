@@ -1,0 +1,178 @@
+"""Each sampler's own decoding options, one module per sampler, torch-free so that configs load and
+validate without torch (the samplers themselves live in `dare.rollout`).
+
+A decoding section (`rl.decoding`, `eval.decoding`, the `decoding` of `dare.rollout.generate`: a
+`dare.config.DecodingConfig`) holds the settings every sampler reads (`sampler`, `gen_length`,
+`block_length`, `steps`, `temperature`), the rollout's shape that the RL loop sets (`record_trajectory`,
+`tree`, `whole_last_block`), and one options section per sampler, named after it
+(`rl.decoding.masked.threshold`, `rl.decoding.block.editing_threshold`, `rl.decoding.maskgit.rcr`,
+`rl.decoding.truncated.top_k`, `eval.decoding.dream.alg`). Each module here defines its sampler's options
+dataclass and `check(options, decoding)`, the rules of those options given the common settings;
+`DecodingConfig.validate` runs the check of the sampler that runs (for sampler=auto the one the config's
+`model.family` picks, both of `AUTO` while no family is known), and the config loader rejects an option set
+for a sampler that does not run (`unused_options`).
+
+The flat form (`flat`) is the layout before the options moved to their samplers: one mapping of every
+setting by its old name, each option read from the section of the sampler that runs. It is what the config
+hash covers (so runs keep their hash and their folder) and what a result's `decoding` record is written
+from; `from_flat` reads it back into the new layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from dare.decoding import block, dream, masked, maskgit, truncated
+from dare.decoding.block import BlockOptions
+from dare.decoding.dream import DreamOptions
+from dare.decoding.masked import MaskedOptions
+from dare.decoding.maskgit import MaskgitOptions
+from dare.decoding.truncated import TruncatedOptions
+from dare.models.registry import ATTENTION
+
+SAMPLERS = {m.NAME: m for m in (masked, block, dream, maskgit, truncated)}
+"""Sampler name -> its options module (the options dataclass and `check`, its rules)."""
+OPTIONS = {"masked": MaskedOptions, "block": BlockOptions, "dream": DreamOptions, "maskgit": MaskgitOptions,
+           "truncated": TruncatedOptions}
+"""Sampler name -> its options dataclass, in the order of the decoding section's fields."""
+AUTO = ("masked", "block")
+"""What sampler=auto runs: the block sampler on block-causal models, the masked sampler on the others."""
+
+COMMON = ("sampler", "gen_length", "block_length", "steps", "temperature", "record_trajectory", "tree",
+          "whole_last_block")
+"""The decoding section's own fields besides the option sections: the settings every sampler reads, and the
+rollout's shape that the RL loop sets for the sampler (`record_trajectory`, `tree`, `whole_last_block`)."""
+
+FLAT = {"sampler": "auto", "gen_length": 256, "block_length": 32, "steps": 128, "remasking": "low_confidence",
+        "temperature": 0.0, "cfg_scale": 0.0, "cache": "auto", "threshold": 0.0, "factor": 0.0,
+        "alg": "maskgit_plus", "alg_temp": 0.0, "top_p": 1.0, "top_k": 0, "eps": 1e-3, "logits_eos_inf": False,
+        "confidence_eos_eot_inf": False, "eos_early_stop": False, "editing_threshold": 0.0, "max_post_steps": 16,
+        "record_trajectory": False, "schedule": "even", "ass_blocks": 1, "eos_gamma_min": 1.0,
+        "eos_gamma_max": 1.0, "rcr": False, "tree": (), "further_horizon": 0, "whole_last_block": True}
+"""The flat layout's names and defaults, in its order (every option's default is its section's)."""
+FLAT_ADDED = ("schedule", "ass_blocks", "eos_gamma_min", "eos_gamma_max", "rcr", "tree", "further_horizon",
+              "whole_last_block")
+"""Flat settings added after results were published: hashed only when they differ from their default."""
+
+OWNERS: dict[str, tuple[str, ...]] = {}
+"""Option name -> the samplers that have it (`top_k`: block, dream, maskgit, truncated)."""
+for _name, _cls in OPTIONS.items():
+    for _f in dataclasses.fields(_cls):
+        OWNERS.setdefault(_f.name, ())
+        OWNERS[_f.name] += (_name,)
+
+
+def resolve(sampler: str, family: str | None = None) -> str | None:
+    """The sampler that runs: `sampler` itself, or for auto the one the model family's attention picks
+    (None when the family is not known)."""
+    if sampler != "auto":
+        return sampler
+    attention = ATTENTION.get(family) if family else None
+    if attention is None:
+        return None
+    return "block" if attention == "block_causal" else "masked"
+
+
+def used(sampler: str, family: str | None = None) -> tuple[str, ...]:
+    """The samplers whose options may apply: the one that runs, or both of `AUTO` while it is not known."""
+    name = resolve(sampler, family)
+    return (name,) if name else AUTO
+
+
+def rules(d, family: str | None = None):
+    """The option rules of decoding section `d` (a `DecodingConfig`) for the sampler that runs (both of `AUTO`
+    for sampler=auto without a family), as (holds, message, *keys); the masked sampler's block layout only
+    once it is known to run."""
+    for name in used(d.sampler, family):
+        if name == "masked":
+            yield from masked.check(d.masked, d, layout=resolve(d.sampler, family) == "masked")
+        else:
+            yield from SAMPLERS[name].check(getattr(d, name), d)
+
+
+def unused_options(d, family: str | None, given) -> list[tuple[str, str]]:
+    """(key, sampler) of every option of `d` that `given(key)` says was set (in a file or on the command line),
+    to something other than its default, in the section of a sampler that does not run; keys relative to
+    the decoding section."""
+    runs = used(d.sampler, family)
+    out = []
+    for name, cls in OPTIONS.items():
+        if name in runs:
+            continue
+        default = cls()
+        for f in dataclasses.fields(cls):
+            key = f"{name}.{f.name}"
+            if given(key) and getattr(getattr(d, name), f.name) != getattr(default, f.name):
+                out.append((key, name))
+    return out
+
+
+def flat(d, family: str | None = None, *, runs: str | None = None) -> dict[str, Any]:
+    """Decoding section `d` in the flat layout (`FLAT`'s names and order): the common settings, and each
+    option from the section of the sampler that runs (`runs`, else resolved from `family`; its default where
+    that sampler has no such option). With sampler=auto and no known family, an option both `AUTO` samplers
+    have is one value where their sections agree, else {sampler: value} for each."""
+    runs = runs or resolve(d.sampler, family)
+    out = {}
+    for name, default in FLAT.items():
+        if name in COMMON:
+            value = getattr(d, name)
+        elif runs is not None:
+            value = getattr(getattr(d, runs), name) if runs in OWNERS[name] else default
+        else:
+            values = {s: getattr(getattr(d, s), name) for s in AUTO if s in OWNERS[name]}
+            distinct = set(values.values())
+            value = default if not values else distinct.pop() if len(distinct) == 1 else values
+        out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def hashed(d, family: str | None = None) -> dict[str, Any]:
+    """What the config hash covers of decoding section `d`: its flat form without the later settings
+    (`FLAT_ADDED`) at their default, exactly the dict hashed before the options moved to their samplers."""
+    return {k: v for k, v in flat(d, family).items()
+            if k not in FLAT_ADDED or v != (list(FLAT[k]) if isinstance(FLAT[k], tuple) else FLAT[k])}
+
+
+def from_flat(values: Mapping[str, Any], family: str | None = None) -> dict[str, Any]:
+    """A decoding mapping in the flat layout (a run's recorded config, an old YAML) in the new one: the
+    common settings as they are, each option in the section of every sampler that may run and has it
+    (`used`: for sampler=auto and no `family` both of `AUTO`, as the option applied to whichever ran),
+    where that section accepts the value. An option no such sampler has was ignored by the sampler; it is
+    kept, in its first owner's section, when it is not its default."""
+    out: dict[str, Any] = {k: v for k, v in values.items() if k in COMMON}
+    runs = used(values.get("sampler", "auto"), family)
+    for name, value in values.items():
+        if name in COMMON:
+            continue
+        if name not in OWNERS:
+            raise KeyError(name)
+        targets = [s for s in runs if s in OWNERS[name] and _accepts(s, name, value)]
+        if not targets and value != FLAT[name]:
+            targets = [OWNERS[name][0]]
+        for s in targets:
+            out.setdefault(s, {})[name] = value
+    return out
+
+
+def _accepts(sampler: str, name: str, value) -> bool:
+    """Whether the option's type in that sampler's section admits the value (a Literal's choices)."""
+    import typing
+
+    hint = typing.get_type_hints(OPTIONS[sampler])[name]
+    return typing.get_origin(hint) is not typing.Literal or value in typing.get_args(hint)
+
+
+def renamed(key: str, name: str, sampler: str) -> str:
+    """The one-line message for old flat option `name` given as `key` (`rl.decoding.top_k`): its new key in the
+    section of the config's `sampler` (for auto: of the samplers auto may run; otherwise of every sampler that
+    has the option)."""
+    prefix = key[:len(key) - len(name)]
+    owners = [s for s in used(sampler) if s in OWNERS[name]] or list(OWNERS[name])
+    new = " or ".join(f"'{prefix}{s}.{name}'" for s in owners)
+    if len(owners) == 1:
+        return (f"'{key}' was renamed to {new}; rename it in the config (YAML `{name}:` under `decoding:` -> "
+                f"under `{owners[0]}:` in `decoding:`)")
+    auto = " (sampler=auto: masked on bidirectional models, block on block-causal ones)" if sampler == "auto" else ""
+    return f"'{key}' was renamed to {new}: the section of the sampler that decodes{auto}; rename it in the config"
