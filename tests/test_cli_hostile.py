@@ -265,16 +265,16 @@ def test_a_train_failing_before_its_first_step_leaves_no_run_folder(tmp_path, ca
 
 
 def test_a_train_crashing_after_its_first_step_keeps_its_folder(tmp_path, monkeypatch):
-    from dare.train import common
+    from dare.train import loop
 
-    original = common.Loop.end_step
+    original = loop.Loop.end_step
 
     def crash_at_step_2(self, done, *args, **kwargs):
         original(self, done, *args, **kwargs)
         if done == 2:
             raise RuntimeError("simulated crash")
 
-    monkeypatch.setattr(common.Loop, "end_step", crash_at_step_2)
+    monkeypatch.setattr(loop.Loop, "end_step", crash_at_step_2)
     out = tmp_path / "runs" / "r1"
     with pytest.raises(RuntimeError, match="simulated crash"):
         main(["train", "sft", f"run.out_dir={out}", "train.steps=3", "run.save_every=1", "run.log_every=1", *TINY])

@@ -22,7 +22,7 @@ micro-batch (`(loss * U_s).sum() / U_s.sum() / steps`): with a fixed schedule ev
 same number of tokens per step, so the two agree; with threshold decoding they weight differently.
 As the code does it, every completion position is in the loss, tokens after EOS included
 (`completion_mask` is never applied). The paper's decoding companions, EOSER and the ascending
-step-size schedule (ASS), are sampler options (`rl.decoding.eos_gamma_min`, `rl.decoding.schedule=ass`)
+step-size schedule (ASS), are sampler options (`rl.decoding.masked.eos_gamma_min`, `rl.decoding.masked.schedule=ass`)
 usable by any method and by evaluation (`dare.rollout.llada`).
 
 One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):

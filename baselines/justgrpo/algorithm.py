@@ -57,7 +57,7 @@ def check_ar_order(batch) -> None:
     the one the AR-prefix likelihood scores): masked sampler with block_length=1 (or remasking=
     left_to_right) and steps=gen_length; block sampler with remasking=left_to_right and steps=block size."""
     if (batch.step_map < 0).any():
-        raise ValueError("rl.decoding.eos_early_stop: the rollout filled positions it never sampled with EOS, which "
+        raise ValueError("rl.decoding.block.eos_early_stop: the rollout filled positions it never sampled with EOS, which "
                          "JustGRPO would train as sampled tokens (it scores every position): set eos_early_stop=false")
     if not (batch.step_map[:, 1:] > batch.step_map[:, :-1]).all():
         raise ValueError("rl.decoding: the rollout did not commit one token per step from left to right, which "
