@@ -65,7 +65,8 @@ def _batch():
 def value_targets(values, batch, cfg):
     """TraceRL's (token advantages, returns, value mask) from `values` as the values before the update."""
     batch.old_values = values
-    return tracerl.value_targets(batch, cfg)
+    t = tracerl.value_targets(batch, cfg)
+    return t["token_advantages"], t["returns"], t["value_mask"]
 
 
 VALUES = torch.tensor([[0.2, 0.4, 0.1, 0.3], [0.5, -0.5, 0.25, 9.0], [1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
@@ -121,7 +122,7 @@ def test_gae_identities_of_the_reference():
     assert mask.tolist() == [[True] * 4, [True] * 3 + [False], [False] * 4, [False] * 4]  # kept groups' loss tokens
 
 
-def test_value_loss_hand_computed_with_its_clip(monkeypatch):
+def test_value_loss_hand_computed_with_its_clip():
     """0.5 max((V - R)^2, (V_old + clip(V - V_old, +-0.2) - R)^2), summed over the kept groups' loss
     tokens, / (L1 = 4 x B = 4). Row 0: V = (0.5, -0.1, 0.3, 0) from 0, R = (1, 0, 0, 0):
     0.5 (0.64 + 0.01 + 0.09 + 0) = 0.37; row 1 sits on its targets; rows 2, 3 are dropped."""
@@ -129,7 +130,7 @@ def test_value_loss_hand_computed_with_its_clip(monkeypatch):
     batch.old_values = torch.zeros(4, 4)
     mask = torch.tensor([[True] * 4, [True] * 3 + [False], [False] * 4, [False] * 4])
     returns = torch.tensor([[1.0, 0, 0, 0], [0.3, 0.3, 0.3, 0.3], [5.0] * 4, [5.0] * 4])
-    monkeypatch.setattr(tracerl, "value_targets", lambda b, c: (None, returns, mask))  # injected returns
+    batch.extras.update(returns=returns, value_mask=mask)  # injected targets
     values = torch.tensor([[0.5, -0.1, 0.3, 0.0], [0.3, 0.3, 0.3, 7.0], [0.0] * 4, [0.0] * 4])
     batch.old_values[1] = 0.3
     loss, metrics = tracerl.value_loss(values, batch, None, run_config("tracerl"))
@@ -177,15 +178,14 @@ def test_tracerl_with_the_value_model_trains_it_checkpoints_it_and_resumes_exact
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_the_policy_loss_takes_the_token_advantages_when_there_are_some(monkeypatch):
+def test_the_policy_loss_takes_the_token_advantages_when_there_are_some():
     """With a value model, A_k replaces the row's A_i in TraceRL's clipped objective."""
     cfg = run_config("tracerl", epsilon=0.2, beta=0.0)
     mask = torch.tensor([[True, True, False]])
     token_adv = torch.tensor([[2.0, -1.0, 5.0]])
     batch = SimpleNamespace(advantages=torch.tensor([9.0]), old_values=torch.zeros(1, 3), response_mask=mask,
                             num_tokens=2.0, num_sequences=1, responses=torch.zeros(1, 3), block_size=4,
-                            extras={"targets": mask})
-    monkeypatch.setattr(tracerl, "value_targets", lambda b, c: (token_adv, None, None))  # A_k from the values
+                            extras={"targets": mask, "token_advantages": token_adv})  # A_k from the values
     old = torch.tensor([[-1.0, -2.0, -3.0]])
     new = old + torch.tensor([[0.5, 0.1, 0.0]])
     loss, _ = tracerl.loss(new, old, None, batch, None, cfg)

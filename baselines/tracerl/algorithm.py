@@ -42,7 +42,7 @@ the update; both on the kept groups only.
 
 One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
     rollout (step map) -> rewards -> advantages(rewards, cfg) -> prepare: the trace rounds, targets, kept groups
-    -> [value model: token_values (old values) -> mu x value_loss updates (token advantages, returns)]
+    -> [value model: token_values (old values) -> prepare: token advantages, returns -> mu x value_loss]
     -> old token_logps (one forward per round) -> mu x [token_logps -> loss -> optimizer step]
 
 Deviations (README.md): one optimizer step per rollout batch (the value model: mu); on block models
@@ -101,12 +101,12 @@ def uses_reference(cfg) -> bool:
 def prepare(batch, cfg):
     """The trace (nothing is drawn): extras "rounds", each position's trace round (B, P + G; -1 on the prompt,
     `noise.NEVER` where no step committed: masked in every round), "targets" (B, G) the tokens the loss scores
-    (`targets`), "kept" (B,) the rows of kept groups; and `kept_groups`."""
-    rounds = noise.rollout_rounds(batch, cfg.algo.shrink)
-    groups = kept(batch.rewards.view(-1, batch.group_size), cfg)
-    return replace(batch, kept_groups=groups, extras={
-        "rounds": rounds, "targets": targets(batch, rounds, cfg),
-        "kept": groups.expand(-1, batch.group_size).reshape(-1)})
+    (`targets`), "kept" (B,) the rows of kept groups; and `kept_groups`. Once the value model's values are in
+    `batch.old_values` (the loop prepares again), also "token_advantages", "returns", "value_mask" (`value_targets`)."""
+    rounds, groups = noise.rollout_rounds(batch, cfg.algo.shrink), kept(batch.rewards.view(-1, batch.group_size), cfg)
+    batch = replace(batch, kept_groups=groups, extras={"rounds": rounds, "targets": targets(batch, rounds, cfg),
+                                                       "kept": groups.expand(-1, batch.group_size).reshape(-1)})
+    return batch if batch.old_values is None else replace(batch, extras={**batch.extras, **value_targets(batch, cfg)})
 
 
 def targets(batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
@@ -160,10 +160,10 @@ def trace_steps(batch) -> torch.Tensor:
 
 
 def value_targets(batch, cfg):
-    """(token advantages, returns, value mask), all (B, G), from the values before the update
+    """{"token_advantages", "returns", "value_mask"}, all (B, G), from the values before the update
     (`batch.old_values`): step-level GAE over the trace steps (module docstring; train_sdar_value.py
     `compute_returns_and_advantages_from_fragments`), 0 outside the loss and on the rows of dropped groups;
-    the mask: the kept groups' targets. Row by row, so a micro-batch's rows give the whole batch's values."""
+    the mask: the kept groups' targets. Once per step, on the whole batch (`prepare`)."""
     gamma, lam, values = cfg.algo.gamma, cfg.algo.lam, batch.old_values
     steps = trace_steps(batch)
     kept = batch.extras["kept"]
@@ -185,13 +185,13 @@ def value_targets(batch, cfg):
             A_star[t] = r_star[t] - v_star[t] + gamma * v_star[t + 1] + gamma * lam * A_star[t + 1]
         ret[i, on] = r + gamma * R_star[s + 1]
         adv[i, on] = r - v + gamma * v_star[s + 1] + gamma * lam * A_star[s + 1]
-    return adv, ret, batch.extras["targets"] & kept[:, None]
+    return {"token_advantages": adv, "returns": ret, "value_mask": batch.extras["targets"] & kept[:, None]}
 
 
 def value_loss(values, batch, z, cfg):
     """TraceRL's clipped value loss on the kept groups' loss tokens, normalized like the policy's."""
-    c, old, (_, target, mask) = cfg.algo.value_clip, batch.old_values, value_targets(batch, cfg)
-    mask = mask.float()
+    c, old, target = cfg.algo.value_clip, batch.old_values, batch.extras["returns"]
+    mask = batch.extras["value_mask"].float()
     clipped = old + (values - old).clamp(-c, c)
     per_token = 0.5 * torch.maximum((values - target) ** 2, (clipped - target) ** 2)
     norm = batch.responses.shape[1] * max(batch.num_sequences, 1)
@@ -204,7 +204,7 @@ def value_loss(values, batch, z, cfg):
 def loss(logps, old_logps, ref_logps, batch, z, cfg):
     eps, beta = cfg.algo.epsilon, cfg.algo.beta
     mask = batch.extras["targets"].float()
-    adv = value_targets(batch, cfg)[0] if batch.old_values is not None else batch.advantages[:, None]
+    adv = batch.extras.get("token_advantages", batch.advantages[:, None])
     log_ratio = (logps - old_logps).clamp(-10.0, 10.0)
     ratio = torch.exp(log_ratio)
     policy, clipped = clipped_token_objective(ratio, adv, eps, eps)

@@ -34,7 +34,9 @@ Three rules hold for every hook:
                                                                       deterministically, in `batch.extras` (trace rounds,
                                                                       step advantages, tree weights) and, when it trains on
                                                                       some groups only, `batch.kept_groups` ((P, 1) bool;
-                                                                      a step that keeps none makes no update)
+                                                                      a step that keeps none makes no update); with a
+                                                                      value model, called once more when its values are
+                                                                      in `batch.old_values` (token advantages, returns)
                  sample_noise(batch, generator, cfg)     optional     a `dare.train.noise.Draw`, once per inner iteration;
                                                                       the default `Draw()` draws nothing: the rollout fixes
                                                                       the inputs (then one draw serves the mu updates, and
@@ -60,7 +62,7 @@ Three rules hold for every hook:
                                                                       and then the two hooks below are required:
                  token_values(value_model, batch, noise, cfg)         (B, G) values of the completion tokens; the loop
                                                                       keeps those before the update in `batch.old_values`
-                                                                      (whole batch, after `prepare`)
+                                                                      (whole batch, after `prepare`) and prepares again
                  value_loss(values, batch, noise, cfg)                (loss, metrics) (a micro-batch's rows)
 
 Each hook has one meaning: `prepare` derives, `sample_noise` draws, `token_logps`/`token_values` score,

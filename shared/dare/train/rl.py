@@ -9,7 +9,7 @@
 
 With a value model (the algorithm's `value_model(cfg)` hook returns its settings; `dare.train.critic`),
 after the noise draws: the values before the update on the first draw (token_values, on the whole batch,
-into `batch.old_values`, from which the algorithm's losses derive their token advantages and returns),
+into `batch.old_values`; then `prepare` once more, deriving the token advantages and returns from them),
 then mu value-model updates (value_loss), then the policy's as above: the order of TraceRL's
 `rl.py` (value step, then policy step, both on the advantages of the values before the update).
 
@@ -257,7 +257,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                     with torch.no_grad(), critic.autocast():
                         old_values = torch.cat(per_micro(lambda b, z: hooks.token_values(critic.model, b, z, cfg),
                                                          batch, noises[0], micro))
-                    batch = replace(batch, old_values=old_values)
+                    batch = hooks.prepare(replace(batch, old_values=old_values), cfg)  # again, with the values
                 n = batch.sequences.shape[0]
                 minis = mini_batches(batch, cfg.rl.mini_batches, dist,
                                      lambda mb, rows: float(hooks.loss_units(mb, take(unique[0], rows, n), cfg)))
