@@ -54,14 +54,17 @@ class SoftmaxTopKMoE(nn.Module):
     """Qwen3-MoE / OLMoE sparse block: softmax router in float32, top-k, optional renormalisation
     of the k weights, weights cast back to the activation dtype; experts are SwiGLU MLPs.
     With `expert_bias` (LLaDA-MoE) a persistent bias is added to the softmax probabilities
-    before the top-k, and so also to the weights, as in the original."""
+    before the top-k, and so also to the weights, as in the original.
+
+    Each chosen expert's output times its weight is summed per token in the activation dtype, in
+    ascending expert order (the original's `index_add_` loop over the experts)."""
 
     def __init__(self, hidden: int, intermediate: int, n_experts: int, top_k: int, norm_topk_prob: bool,
                  expert_bias: bool = False):
         super().__init__()
         self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
         self.gate = nn.Linear(hidden, n_experts, bias=False)
-        self.experts = nn.ModuleList(SwiGLU(hidden, intermediate) for _ in range(n_experts))
+        self.experts = Experts(SwiGLU(hidden, intermediate) for _ in range(n_experts))
         if expert_bias:
             self.register_buffer("expert_bias", torch.zeros(n_experts))
 
@@ -76,17 +79,111 @@ class SoftmaxTopKMoE(nn.Module):
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(x.dtype)
-        return run_experts(self.experts, x, chosen, weights).reshape(shape), router_logits
+        y = self.experts(x, chosen) * weights[..., None]  # (T, k, H)
+        order = chosen.argsort(dim=-1)  # each token's experts in ascending id: the original's order of sums
+        y = y.gather(1, order[..., None].expand_as(y))
+        out = torch.zeros_like(x)
+        for slot in range(self.top_k):  # k adds in sequence (top_k <= 8 in every released config)
+            out = out + y[:, slot]
+        return out.reshape(shape), router_logits
 
 
-def run_experts(experts: nn.ModuleList, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum_k weights[t, k] * experts[chosen[t, k]](x[t]), computing each expert only on its tokens."""
-    out = torch.zeros_like(x)
-    for e in torch.unique(chosen).tolist():
-        token, slot = torch.where(chosen == e)
-        y = experts[e](x[token]) * weights[token, slot, None]
-        out.index_add_(0, token, y.to(x.dtype))
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Rows of `x` (N, in) sorted by group, group g being rows [offsets[g-1], offsets[g]); -> (N, out)
+    with row r of group g = x[r] @ w[g].T (w: (G, out, in)). `torch._grouped_mm` where the running torch
+    has it (one kernel, no host sync: CUTLASS for bfloat16 on sm90+; torch's own per-group fallback
+    otherwise), else (an older torch, or float64) one matmul per group after one host read of the offsets."""
+    if hasattr(torch, "_grouped_mm") and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return torch._grouped_mm(x, w.transpose(1, 2), offs=offsets)
+    out, start = x.new_empty(x.shape[0], w.shape[1]), 0
+    for g, end in enumerate(offsets.tolist()):
+        out[start:end] = x[start:end] @ w[g].T
+        start = end
     return out
+
+
+class Experts(nn.ModuleList):
+    """The routed experts of a MoE layer: a list of SwiGLU MLPs, so that the checkpoints' names
+    (`experts.{e}.{gate,up,down}_proj.weight`) are the parameters' names, run as grouped matrix
+    products: `experts(x, chosen)` -> (T, k, H), slot j of token t being `experts[chosen[t, j]](x[t])`.
+
+    Tokens are sorted by expert (on the device: no host sync), each projection is one grouped
+    product over the (E, out, in) stack of the experts' weights, and the outputs are unsorted.
+    Without weight gradients (a rollout, or frozen experts under LoRA) the stack is the parameters'
+    own storage: the first such forward re-points each expert's weights into one stacked tensor per
+    projection (`pack`, same memory, same `Parameter` objects), unless the weights are views of a larger
+    buffer (FSDP's gathered parameters), where the stack is built per forward. With weight gradients
+    it is built per forward with `torch.stack`, so the gradients reach each expert's parameters.
+    `impl = "loop"` runs one expert after another (the former implementation; the reference of the
+    tests and of `dare bench experts`)."""
+
+    impl = "grouped"
+
+    def forward(self, x: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        if self.impl == "loop":
+            return self._loop(x, chosen)
+        T, k = chosen.shape
+        flat = chosen.reshape(-1)
+        order = flat.argsort(stable=True)  # (T * k,) slots sorted by expert
+        offsets = torch.bincount(flat, minlength=len(self)).cumsum(0).to(torch.int32)
+        rows = x[order // k]
+        gate, up, down = self.stacked()
+        h = F.silu(grouped_mm(rows, gate, offsets)) * grouped_mm(rows, up, offsets)
+        y = grouped_mm(h, down, offsets)
+        return torch.empty_like(y).index_copy_(0, order, y).view(T, k, -1)
+
+    def _loop(self, x: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros(*chosen.shape, x.shape[-1])
+        for e in torch.unique(chosen).tolist():
+            token, slot = torch.where(chosen == e)
+            out[token, slot] = self[e](x[token])
+        return out
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(E, out, in) weights of the three projections."""
+        first = self[0].gate_proj.weight
+        if torch.is_grad_enabled() and first.requires_grad:
+            return tuple(torch.stack([getattr(e, p).weight for e in self]) for p in PROJECTIONS)
+        if not self._packed() and not self.pack():
+            return tuple(torch.stack([getattr(e, p).weight.detach() for e in self]) for p in PROJECTIONS)
+        return self.__dict__["_stacks"]
+
+    def _packed(self) -> bool:
+        stacks = self.__dict__.get("_stacks")
+        if stacks is None:
+            return False
+        last = len(self) - 1
+        return all(getattr(self[i], p).weight.data_ptr() == s[i].data_ptr()
+                   for s, p in zip(stacks, PROJECTIONS) for i in (0, last))
+
+    def pack(self) -> bool:
+        """Make each expert's weights views of one (E, out, in) tensor per projection; False (and nothing
+        done) where a weight does not own its storage or the experts' weights differ in dtype or device."""
+        stacks = []
+        for p in PROJECTIONS:
+            ws = [getattr(e, p).weight for e in self]
+            if any(w.untyped_storage().nbytes() != w.nbytes or w.storage_offset() or not w.is_contiguous()
+                   or w.dtype != ws[0].dtype or w.device != ws[0].device or type(w) is not nn.Parameter
+                   for w in ws):
+                return False
+            stack = torch.stack([w.detach() for w in ws])
+            for w, view in zip(ws, stack):
+                w.data = view
+            stacks.append(stack)
+        self.__dict__["_stacks"] = tuple(stacks)
+        return True
+
+    def _apply(self, fn, recurse=True):  # .to(), .cuda(), .half(): the stacks are rebuilt at the next pack
+        self.__dict__.pop("_stacks", None)
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self):  # a copy (deepcopy, pickle) packs its own weights again
+        state = dict(super().__getstate__())
+        state.pop("_stacks", None)
+        return state
 
 
 class QwenDecoderLayer(nn.Module):

@@ -41,7 +41,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig
 
 from dare.models.registry import ModelFacts
-from dare.models.blocks import SwiGLU
+from dare.models.blocks import Experts, SwiGLU
 from dare.models.core import (
     DLLMPreTrainedModel, Layout, RMSNorm, Rotary, apply_rope, attend,
 )
@@ -185,7 +185,7 @@ class LLaDA2MoeSparseMoeBlock(nn.Module):
     def __init__(self, c: LLaDA2MoeConfig):
         super().__init__()
         self.gate = LLaDA2MoeGate(c)
-        self.experts = nn.ModuleList(SwiGLU(c.hidden_size, c.moe_intermediate_size) for _ in range(c.num_experts))
+        self.experts = Experts(SwiGLU(c.hidden_size, c.moe_intermediate_size) for _ in range(c.num_experts))
         if c.num_shared_experts is not None:
             self.shared_experts = SwiGLU(c.hidden_size, c.moe_intermediate_size * c.num_shared_experts)
 
@@ -193,10 +193,7 @@ class LLaDA2MoeSparseMoeBlock(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         chosen, weights, router_logits = self.gate(flat)
-        per_slot = flat.new_zeros(*chosen.shape, shape[-1])  # (T, k, H): each chosen expert's output
-        for e in torch.unique(chosen).tolist():
-            token, slot = torch.where(chosen == e)
-            per_slot[token, slot] = self.experts[e](flat[token])
+        per_slot = self.experts(flat, chosen)  # (T, k, H): each chosen expert's output
         y = (per_slot.float() * weights[..., None]).sum(dim=1).to(x.dtype).reshape(shape)
         if hasattr(self, "shared_experts"):
             y = y + self.shared_experts(x)
