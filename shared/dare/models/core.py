@@ -40,7 +40,9 @@ import contextlib
 import contextvars
 import functools
 import sys
-from dataclasses import dataclass
+import warnings
+import weakref
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -154,7 +156,8 @@ class Layout:
     positions: torch.Tensor
     """(B, Lq) RoPE positions of the queries."""
     mask: torch.Tensor | None
-    """(B, 1, Lq, Lk) bool, True where a query may see a key; None when every query sees every key."""
+    """(B, 1, Lq, Lk) bool (or (B, 1, 1, Lk): key padding only), True where a query may see a key; None when
+    every query sees every key, and with backend flex, which builds its block mask from `visibility`."""
     backend: str
     cu_seqlens: torch.Tensor | None = None
     max_seqlen: int = 0
@@ -166,6 +169,9 @@ class Layout:
     _flex_mask: object = None
     sequence_group: object = None
     """The process group of a sequence-parallel forward (`sequence_parallel`); None otherwise."""
+    visibility: Visibility | None = None
+    """The per-token vectors `mask` is made of; None when every query sees every key (or the caller gave
+    the mask as a 4-D tensor)."""
 
     def cached(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """The keys/values this layer attends to, updating the cache as `cache_mode` says."""
@@ -190,17 +196,66 @@ class Layout:
 
 def visible(q_pos, k_pos, k_valid, block_size=None, q_doc=None, k_doc=None, q_noisy=None, k_noisy=None):
     """Which keys each query sees (broadcasting query tensors (.., Lq, 1) against keys (.., 1, Lk))."""
+    qb, kb = (None, None) if block_size is None else (q_pos // block_size, k_pos // block_size)
+    return visible_by_block(qb, kb, k_valid, q_doc, k_doc, q_noisy, k_noisy)
+
+
+def visible_by_block(qb, kb, k_valid, q_doc=None, k_doc=None, q_noisy=None, k_noisy=None):
+    """`visible` from each query's and key's block (position // block_size; None: bidirectional)."""
     ok = k_valid
     if q_doc is not None:
         ok = ok & (q_doc == k_doc)
-    if block_size is not None:
-        qb, kb = q_pos // block_size, k_pos // block_size
+    if qb is not None:
         if q_noisy is None:
             ok = ok & (kb <= qb)
         else:  # block-diffusion training layout [x_t ; x_0]
             rule = torch.where(q_noisy, torch.where(k_noisy, kb == qb, kb < qb), ~k_noisy & (kb <= qb))
             ok = ok & rule
     return ok
+
+
+@dataclass
+class Visibility:
+    """A layout's mask as per-token vectors, which `visible_by_block` turns into each (query, key) pair's
+    answer: key validity, and where the rule needs them each query's and key's block (`blocks`: position
+    // block size), packed sequence (`doc`) and half of the block-diffusion input (`noisy`); query
+    validity where padded query rows see every key. Vectors are (B, Lq) or (B, Lk) (B = 1 for a packed
+    input). `dense()` is the (B, 1, Lq, Lk) mask SDPA takes ((B, 1, 1, Lk) for key padding only);
+    `mask_mod()` indexes the vectors for FlexAttention, so its block mask is built without an (Lq, Lk)
+    tensor (and with no division in the kernel)."""
+
+    k_valid: torch.Tensor
+    q_block: torch.Tensor | None = None
+    k_block: torch.Tensor | None = None
+    q_valid: torch.Tensor | None = None
+    q_doc: torch.Tensor | None = None
+    k_doc: torch.Tensor | None = None
+    q_noisy: torch.Tensor | None = None
+    k_noisy: torch.Tensor | None = None
+
+    def _rule(self, q, k):
+        """The rule over the vectors, each query vector passed through `q` and each key vector through `k`."""
+        ok = visible_by_block(q(self.q_block), k(self.k_block), k(self.k_valid), q(self.q_doc), k(self.k_doc),
+                              q(self.q_noisy), k(self.k_noisy))
+        return ok if self.q_valid is None else ok | ~q(self.q_valid)
+
+    def dense(self) -> torch.Tensor:
+        rows = lambda t: None if t is None else t[:, :, None]  # noqa: E731
+        cols = lambda t: None if t is None else t[:, None, :]  # noqa: E731
+        return self._rule(rows, cols)[:, None]
+
+    def mask_mod(self):
+        """FlexAttention's `mask_mod(b, h, q_idx, kv_idx)`: the rule at one pair, read from the vectors."""
+
+        def mod(b, h, q_idx, kv_idx):
+            return self._rule(lambda t: None if t is None else t[b, q_idx],
+                              lambda t: None if t is None else t[b, kv_idx])
+
+        return mod
+
+
+def blocks(positions: torch.Tensor, block_size: int | None) -> torch.Tensor | None:
+    return None if block_size is None else positions // block_size
 
 
 def _positions_from_mask(valid: torch.Tensor, start: torch.Tensor | int = 0) -> torch.Tensor:
@@ -216,6 +271,7 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
     dev = input_ids.device
     block = model.dllm_block_size()
     backend = model.attn_backend
+    own_positions = position_ids is None  # positions we count, so that their blocks are known from shapes
     if attention_mask is not None and attention_mask.dim() == 4:
         # An explicit (B, 1, Lq, Lk) mask, as the originals' callers build them: bool (True = visible)
         # or additive float (0 = visible, -inf / dtype.min = hidden; LLaDA2.1's +1 counts as visible).
@@ -244,12 +300,11 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
         for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
             p = position_ids[0, s:e]
             segs.append(None if block is None else visible(p[:, None], p[None, :], one, block)[None, None])
-        mask = None
-        if backend == "flex":  # one mask over the whole pack, block-sparse in FlexAttention
-            mask = visible(position_ids[0][:, None], position_ids[0][None, :], one, block, doc[:, None], doc[None, :])
-            mask = mask[None, None]
-        return Layout(position_ids, mask, backend, cu_seqlens=cu.to(torch.int32),
-                      max_seqlen=int(lengths.max()) if len(lengths) else 0, segment_masks=segs)
+        # FlexAttention: one block mask over the whole pack (block-sparse), from the positions and doc ids
+        b = blocks(position_ids, block)
+        vis = Visibility(torch.ones(1, L, dtype=torch.bool, device=dev), b, b, q_doc=doc[None], k_doc=doc[None])
+        return Layout(position_ids, None, backend, cu_seqlens=cu.to(torch.int32),
+                      max_seqlen=int(lengths.max()) if len(lengths) else 0, segment_masks=segs, visibility=vis)
 
     given = attention_mask is not None
     valid = attention_mask.bool().clone() if given else torch.ones(B, L, dtype=torch.bool, device=dev)
@@ -267,10 +322,9 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
         position_ids = torch.cat([pos, pos], dim=1)
         k_valid = torch.cat([v1, v1], dim=1)
         noisy = (torch.arange(L, device=dev) < half).expand(B, L)
-        mask = visible(position_ids[:, :, None], position_ids[:, None, :], k_valid[:, None, :], block,
-                       q_noisy=noisy[:, :, None], k_noisy=noisy[:, None, :])
-        mask = mask | ~k_valid[:, :, None]
-        return Layout(position_ids, mask[:, None], backend)
+        b = blocks(position_ids, block)
+        vis = Visibility(k_valid, b, b, q_valid=k_valid, q_noisy=noisy, k_noisy=noisy)
+        return Layout(position_ids, None if backend == "flex" else vis.dense(), backend, visibility=vis)
 
     cache = past_key_values
     if cache is not None and len(cache) == 0 and cache_mode == "read":
@@ -304,16 +358,65 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
     else:
         raise ValueError(f"cache_mode must be 'append', 'read' or 'replace' with a non-empty cache; got {cache_mode!r}")
 
-    mask = None
-    if block is not None or not bool(k_valid.all()):
-        if block is None and bool(k_valid.any(dim=1).all()):
-            mask = k_valid[:, None, None, :]  # key padding only (every row has a real key to see)
+    # No mask when every query sees every key; key padding only when the block rule hides nothing; the
+    # whole rule otherwise. Decided from shapes where possible, and from facts about the masks that are
+    # read once per tensor (a cache between two fills, a padding mask passed again at every step).
+    if cache is None:  # the keys' validity, in parts: the cache (which now holds every key), the new tokens
+        parts = [attention_mask] if given else []
+    elif cache_mode == "read":
+        parts = [cache.valid] + ([attention_mask] if given else [])
+    else:
+        parts = [k_valid]  # the cache's validity
+    vis, plain = None, _block_rule_hides_nothing(block, own_positions, cache, cache_mode, L)
+    if not (plain and all(_fact(t, "all") for t in parts)):
+        if plain and any(_fact(t, "every row") for t in parts):
+            vis = Visibility(k_valid)  # key padding only (every row has a real key to see)
         else:
-            q_valid = valid
-            mask = visible(position_ids[:, :, None], k_pos[:, None, :], k_valid[:, None, :], block)
-            mask = (mask | ~q_valid[:, :, None])[:, None]
-    return Layout(position_ids, mask, backend, cache=cache, cache_mode=cache_mode if cache is not None else None,
-                  replace_start=replace_start)
+            vis = Visibility(k_valid, blocks(position_ids, block), blocks(k_pos, block), q_valid=valid)
+    return Layout(position_ids, None if vis is None or backend == "flex" else vis.dense(), backend, cache=cache,
+                  cache_mode=cache_mode if cache is not None else None, replace_start=replace_start, visibility=vis)
+
+
+def _block_rule_hides_nothing(block, own_positions: bool, cache: KVCache | None, cache_mode, L: int) -> bool:
+    """Whether the block-causal rule lets every query see every key (bidirectional models: always). So it
+    does when the queries lie in one block and no key is in a later one: L <= block new tokens at positions
+    we count from a block start (no cache, or every row's cached length a whole number of blocks), over
+    [cache ; new]. A replaced window also sees the cached suffix after it, in later blocks."""
+    if block is None:
+        return True
+    if not own_positions or L > block or cache_mode == "replace":
+        return False
+    if cache is None:
+        return True
+    before = cache.valid[:, :len(cache) - L] if cache_mode == "append" else cache.valid
+    return before.shape[1] == 0 or _fact(before, ("block start", block))
+
+
+_FACT_QUESTIONS = {
+    "all": lambda t: bool(t.all()),
+    "every row": lambda t: bool(t.any(dim=1).all()),  # every row has a real key
+}
+_FACTS: dict = {}  # id(tensor or its base) -> (weak reference to it, {(question, view, version): answer})
+
+
+def _fact(t: torch.Tensor, question) -> bool:
+    """The answer to `question` about the (B, L) validity tensor `t`: `_FACT_QUESTIONS[question]`, or
+    ("block start", n): every row's count of real tokens is a multiple of n (its next position starts a
+    block). Reading it is a host sync on CUDA, so the answer is kept for this tensor (or this view of it)
+    until it is changed in place: a cache is looked at once per fill, a mask given at every step once."""
+    ask = _FACT_QUESTIONS.get(question) or (lambda x: bool((x.sum(dim=1) % question[1] == 0).all()))
+    if t.is_inference() or torch.compiler.is_compiling():  # (no version counter to tell a change)
+        return ask(t)
+    base = t if t._base is None else t._base
+    entry = _FACTS.get(id(base))
+    if entry is None or entry[0]() is not base:
+        entry = _FACTS[id(base)] = (weakref.ref(base, lambda _, i=id(base): _FACTS.pop(i, None)), {})
+    key = (question, t.storage_offset(), tuple(t.shape), t.stride(), t._version)
+    if key not in entry[1]:
+        if len(entry[1]) > 64:
+            entry[1].clear()
+        entry[1][key] = ask(t)
+    return entry[1][key]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -369,7 +472,50 @@ def resolve_backend(requested: str | None, *, explicit: bool) -> str:
     return name
 
 
-def _sdpa(q, k, v, mask):
+FUSED_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+
+
+@contextlib.contextmanager
+def fused_attention_only():
+    """Inside, SDPA may run only its fused kernels (flash, memory-efficient, cuDNN): a call that would
+    need the math kernel (slow, and memory quadratic in the length) raises instead of running it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([getattr(SDPBackend, name) for name in FUSED_KERNELS]):
+        yield
+
+
+@functools.cache
+def _fused_kernel_takes_gqa(device: torch.device, dtype: torch.dtype, masked: bool) -> bool:
+    """Whether SDPA on this CUDA device has a fused kernel for grouped-query attention (`enable_gqa`: fewer
+    key/value heads than query heads) with these inputs; tried once on tiny tensors. In torch 2.5 to 2.13
+    only flash-attention takes GQA, and it takes no mask and no float32: the memory-efficient kernel,
+    which does, needs as many key/value heads as query heads, so SDPA would fall to the math kernel."""
+    q = torch.zeros(1, 2, 16, 64, device=device, dtype=dtype)
+    kv = torch.zeros(1, 1, 16, 64, device=device, dtype=dtype)
+    mask = torch.ones(1, 1, 16, 16, dtype=torch.bool, device=device) if masked else None
+    try:
+        with warnings.catch_warnings(), fused_attention_only():
+            warnings.simplefilter("ignore")  # (each kernel that declines says why)
+            F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, enable_gqa=True)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def _sdpa(q, k, v, mask, *, repeat_kv: bool | None = None):
+    """SDPA of q (B, Hq, Lq, D) over k, v (B, Hkv, Lk, D) with a bool mask (or None). Fewer key/value
+    heads: `enable_gqa`, unless no fused kernel would take it (on CUDA with a mask, or in float32), where
+    the keys and values are first repeated to q's heads so that the memory-efficient kernel runs instead
+    of the math one (`repeat_kv` decides instead, for tests). The memory-efficient kernel takes the bool
+    mask as it is: SDPA turns it into an additive one in q's dtype and pads its last dimension itself."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        if repeat_kv is None:
+            repeat_kv = q.is_cuda and (torch.compiler.is_compiling()
+                                       or not _fused_kernel_takes_gqa(q.device, q.dtype, mask is not None))
+        if repeat_kv:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False,
                                           enable_gqa=q.shape[1] != k.shape[1])
 
@@ -381,13 +527,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout) ->
     group = layout.sequence_group
     if group is not None:
         heads = [_seq_to_heads(t, group) for t in (q, k, v)]
-        out = attend(*heads, Layout(layout.positions, layout.mask, layout.backend))  # (B, L, Hq/P, D)
+        inner = replace(layout, sequence_group=None)
+        out = attend(*heads, inner)  # (B, L, Hq/P, D)
+        layout._flex_mask = inner._flex_mask  # (built once per forward, as without sequence parallelism)
         return _heads_to_seq(out.transpose(1, 2), group).transpose(1, 2)
     if layout.backend == "flash":
         out = _flash(q, k, v, layout)
         if out is not None:
             return out
-    if layout.backend == "flex" and layout.mask is not None:
+    if layout.backend == "flex" and (layout.visibility is not None or layout.mask is not None):
         return _flex(q, k, v, layout).transpose(1, 2)
     if layout.cu_seqlens is not None:  # packed: each sequence on its own, no compute across them
         out = torch.empty_like(q)
@@ -492,15 +640,22 @@ class _GatherPositions(torch.autograd.Function):
 
 
 def _flex(q, k, v, layout: Layout):
+    """FlexAttention over the layout's block mask, built once per forward (shared by the layers) from the
+    per-token vectors of `layout.visibility` (only a 4-D mask the caller gave is indexed as it is)."""
     flex_attention, create_block_mask = flex_attention_functions()
-    if layout._flex_mask is None:  # built once per forward, shared by the layers
+    if layout._flex_mask is None:
         B, Lq, Lk = q.shape[0], q.shape[2], k.shape[2]
-        dense = layout.mask[:, 0].expand(B, Lq, Lk)
+        if layout.visibility is not None:
+            mask_mod = layout.visibility.mask_mod()
+        else:
+            dense = layout.mask[:, 0].expand(B, Lq, Lk)
 
-        def mask_mod(b, h, qi, ki):
-            return dense[b, qi, ki]
+            def mask_mod(b, h, qi, ki):
+                return dense[b, qi, ki]
 
-        layout._flex_mask = create_block_mask(mask_mod, B, None, Lq, Lk, device=str(q.device))
+        if q.device.type == "cuda":  # compiled: no (B, Lq, Lk) tensor is made on the way either
+            create_block_mask = _compiled_create_block_mask()
+        layout._flex_mask = create_block_mask(mask_mod, B, None, Lq, Lk, device=q.device)
     if q.device.type == "cuda":  # the fused kernel; eager flex_attention is a slow reference on GPU
         flex_attention = _compiled_flex()
     return flex_attention(q, k, v, block_mask=layout._flex_mask, enable_gqa=q.shape[1] != k.shape[1])
@@ -509,6 +664,11 @@ def _flex(q, k, v, layout: Layout):
 @functools.cache
 def _compiled_flex():
     return torch.compile(flex_attention_functions()[0], dynamic=True)
+
+
+@functools.cache
+def _compiled_create_block_mask():
+    return torch.compile(flex_attention_functions()[1])
 
 
 def _flash(q, k, v, layout: Layout):
