@@ -16,6 +16,14 @@ training layout `[x_t ; x_0]` (BD3-LM / SDAR) adds the three rules: x_t sees onl
 x_t, x_t sees strictly earlier blocks of x_0, x_0 is block-causal over x_0 and never sees x_t.
 Padded query rows see every key (so no row is empty); their outputs are never used.
 
+Backends. No mask is passed where every query sees every key (an unpadded bidirectional input, one block
+read over a cache that ends on a block boundary); key padding alone where the block rule hides nothing.
+Otherwise the rule is kept as per-token vectors (`Visibility`): SDPA and flash-attn's fallback take the
+dense (B, 1, Lq, Lk) mask made from them, FlexAttention a block mask whose mask_mod indexes them (built
+once per forward, compiled on CUDA). On CUDA SDPA stays on its fused kernels: grouped-query attention that
+no fused kernel takes (a mask, or float32) repeats the key/value heads first; `fused_attention_only()`
+makes a call that would need the math kernel fail instead.
+
 Sequence parallelism (Ulysses, `sequence_parallel(group)` around a forward): every rank of the group
 holds the whole input and its layout, but embeds, runs the layers on, and keeps the activations of only
 its contiguous 1/P of the positions; in attention an all-to-all trades the sequence split for a head
@@ -486,18 +494,16 @@ def fused_attention_only():
 
 
 @functools.cache
-def _fused_kernel_takes_gqa(device: torch.device, dtype: torch.dtype, masked: bool) -> bool:
-    """Whether SDPA on this CUDA device has a fused kernel for grouped-query attention (`enable_gqa`: fewer
-    key/value heads than query heads) with these inputs; tried once on tiny tensors. In torch 2.5 to 2.13
-    only flash-attention takes GQA, and it takes no mask and no float32: the memory-efficient kernel,
-    which does, needs as many key/value heads as query heads, so SDPA would fall to the math kernel."""
+def _fused_kernel_takes_gqa(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether SDPA on this CUDA device has a fused kernel for unmasked grouped-query attention
+    (`enable_gqa`: fewer key/value heads than query heads) in `dtype`; tried once on tiny tensors. In
+    torch 2.5 to 2.13 flash-attention takes it in float16 and bfloat16, and no fused kernel in float32."""
     q = torch.zeros(1, 2, 16, 64, device=device, dtype=dtype)
     kv = torch.zeros(1, 1, 16, 64, device=device, dtype=dtype)
-    mask = torch.ones(1, 1, 16, 16, dtype=torch.bool, device=device) if masked else None
     try:
         with warnings.catch_warnings(), fused_attention_only():
             warnings.simplefilter("ignore")  # (each kernel that declines says why)
-            F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, enable_gqa=True)
+            F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
     except (RuntimeError, TypeError):
         return False
     return True
@@ -505,15 +511,16 @@ def _fused_kernel_takes_gqa(device: torch.device, dtype: torch.dtype, masked: bo
 
 def _sdpa(q, k, v, mask, *, repeat_kv: bool | None = None):
     """SDPA of q (B, Hq, Lq, D) over k, v (B, Hkv, Lk, D) with a bool mask (or None). Fewer key/value
-    heads: `enable_gqa`, unless no fused kernel would take it (on CUDA with a mask, or in float32), where
-    the keys and values are first repeated to q's heads so that the memory-efficient kernel runs instead
-    of the math one (`repeat_kv` decides instead, for tests). The memory-efficient kernel takes the bool
-    mask as it is: SDPA turns it into an additive one in q's dtype and pads its last dimension itself."""
+    heads: `enable_gqa` (flash-attention takes it), except on CUDA with a mask or where no fused kernel
+    takes it (float32): there the keys and values are first repeated to q's heads, so that the
+    memory-efficient kernel runs, which needs equal heads, instead of the math one (`repeat_kv` decides
+    instead, for tests). The memory-efficient kernel takes the bool mask as it is: SDPA turns it into an
+    additive one in q's dtype and pads its last dimension to the kernel's alignment itself."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         if repeat_kv is None:
-            repeat_kv = q.is_cuda and (torch.compiler.is_compiling()
-                                       or not _fused_kernel_takes_gqa(q.device, q.dtype, mask is not None))
+            repeat_kv = q.is_cuda and (mask is not None or torch.compiler.is_compiling()
+                                       or not _fused_kernel_takes_gqa(q.device, q.dtype))
         if repeat_kv:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False,
