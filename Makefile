@@ -21,7 +21,7 @@ GPU_COMPILE := --quiet --generate-hashes --no-config --python-version 3.11 --pyt
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test data checklist leaderboard setup eval-env lock lock-gpu sandbox browser slurm clean-venv help
+.PHONY: demo test data checklist leaderboard gpu-check setup eval-env lock lock-gpu sandbox browser slurm clean-venv help
 
 # `make help` lists every target with the `## ` description on its line (tests/test_cli.py checks
 # that each target has one).
@@ -85,6 +85,12 @@ data: $(TRAIN)/.installed ## build every offline task under data/ from code (byt
 	$(TRAIN)/bin/dare data build
 
 # What CONTRIBUTING.md asks of a baseline folder, without the eval environment or the suite.
+# The GPU acceptance command (`dare bench gpu`, issue 47): on a machine with a CUDA device, the train venv when it
+# exists, else python3 with this checkout's shared/ on the path (the GPU machines carry their wheels, no venv).
+GPU_PYTHON ?= $(if $(wildcard $(TRAIN)/bin/python),$(TRAIN)/bin/python,python3)
+gpu-check: ## the GPU acceptance run (dare bench gpu --device cuda): report in leaderboard/results/bench-gpu/
+	PYTHONPATH=$(CURDIR)/shared$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m dare.app.cli bench gpu --device cuda
+
 checklist: $(TRAIN)/.installed ## the contribution checklist of every baseline folder (train venv only, seconds)
 	$(TRAIN)/bin/dare checklist
 

@@ -176,12 +176,13 @@ RELEASED_STRATEGIES = {"masked": ("vanilla", "prefix_cache", "dual_cache"), "blo
 
 def released_benchmark(family: str, overrides: list[str], device: str = "cuda", dtype: str = "bfloat16",
                        batch_size: int = 8, prompt_length: int = 128, repeats: int = 1,
-                       out: str | None = None) -> dict:
+                       out: str | None = None, model=None, write: bool = True) -> dict:
     """Decoding speed at a released checkpoint's size (`dare bench rollout --released FAMILY`): the
     family's released config (`RELEASED` in its module) built with random weights, random prompt
     ids, tokens/s, NFE and peak memory per cache strategy. Needs no download: what a cache saves
     depends on the shapes, not on the weights. Parallel decoding and accuracy do depend on the
-    weights (random weights are never confident), so they are not measured here."""
+    weights (random weights are never confident), so they are not measured here. `model`: one already built
+    (`dare bench gpu` passes its own); `write=False`: the report is returned, not written."""
     import json
 
     import torch
@@ -190,17 +191,12 @@ def released_benchmark(family: str, overrides: list[str], device: str = "cuda", 
     from dare.rollout import generate
 
     module = family_module(family)
-    name, kwargs = module.RELEASED
-    config = module.MODEL_CLASS.config_class(**kwargs)
+    name = module.RELEASED[0]
     base = load_config(DecodingConfig, None, ["gen_length=256", "block_length=32", *overrides])
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, dtype))
-    try:
-        with torch.device(device):
-            model = module.MODEL_CLASS(config).eval()
-    finally:
-        torch.set_default_dtype(default)
+    if model is None:
+        from dare.app.bench_gpu import build_released
+
+        name, model = build_released(family, device, dtype, shrink=False)
     f = facts(model)
     kind = "block" if f.attention == "block_causal" else "masked"
     low = min(i for i in (f.mask_token_id, f.eos_token_id, f.eot_token_id) if i is not None)
@@ -248,6 +244,8 @@ def released_benchmark(family: str, overrides: list[str], device: str = "cuda", 
     report = {"benchmark": "rollout-released-shape", "released": name, "family": family, "n_params": n_params,
               "dtype": dtype, "device": device, "batch_size": batch_size, "prompt_length": prompt_length,
               "gen_length": base.gen_length, "repeats": repeats, "rows": rows, "created": now(), **fingerprint()}
+    if not write:
+        return report
     path = Path(out) if out else runs_dir() / "bench" / f"rollout-released-{family}-{now().replace(':', '')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, report)

@@ -219,6 +219,27 @@ def _models_released() -> int:
     return 0
 
 
+def _bench_models(ns) -> int:
+    from dare.app import bench_gpu
+    from dare.utils import atomic_write_json, command_line, fingerprint, now, runs_dir, shown_path
+
+    dtype = ns.dtype or ("bfloat16" if ns.device.startswith("cuda") else "float32")
+    if ns.what == "experts":
+        shrunk = not ns.device.startswith("cuda")
+        report = bench_gpu.experts_benchmark(ns.device, dtype, hidden=64 if shrunk else None,
+                                             expert_width=32 if shrunk else None, repeats=max(ns.repeats, 5))
+        bench_gpu.print_experts(report)
+        path = Path(ns.out) if ns.out else runs_dir() / "bench" / f"experts-{ns.device}-{now().replace(':', '')}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {**report, "command": command_line(), "created": now(), **fingerprint()})
+        print(f"  -> {shown_path(path)}")
+        return 0
+    shrink = not ns.device.startswith("cuda")
+    report = bench_gpu.gpu_benchmark(ns.device, dtype, shrink=shrink, out=ns.out, budget_s=ns.budget,
+                                     run_tests=not ns.no_tests, repeats=max(ns.repeats, 3 if shrink else 5))
+    return 1 if any(v["met"] is False for v in report["targets"]) and not shrink else 0
+
+
 def cmd_bench(ns) -> int:
     from dare.app.bench import BENCH_FAMILIES, rewards_benchmark, rollout_benchmark
 
@@ -227,6 +248,16 @@ def cmd_bench(ns) -> int:
 
         train_benchmark(out=ns.out, repeats=ns.repeats if ns.repeats > 1 else 3, checkpoint=ns.checkpoint)
         return 0
+    if ns.what in ("experts", "gpu"):
+        if ns.args:
+            raise UserError(f"dare bench {ns.what} takes no key=value arguments ({ns.args})")
+        if ns.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise UserError(f"dare bench {ns.what} --device {ns.device}: no CUDA device here (use --device cpu "
+                                "for the shrunk shapes)")
+        return _bench_models(ns)
     if ns.what == "estimators":
         from dare.app.bench_estimators import estimators_benchmark
 
@@ -248,7 +279,8 @@ def cmd_bench(ns) -> int:
         if ns.checkpoint:
             raise UserError("dare bench rollout: --released (random weights at a released size) and --checkpoint "
                             "exclude each other")
-        released_benchmark(ns.released, overrides, device=ns.device, dtype=ns.dtype, batch_size=ns.batch_size,
+        released_benchmark(ns.released, overrides, device=ns.device, dtype=ns.dtype or "bfloat16",
+                           batch_size=ns.batch_size,
                            prompt_length=ns.prompt_length, repeats=ns.repeats, out=ns.out)
         return 0
     families = tuple(ns.family or BENCH_FAMILIES)
@@ -448,8 +480,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(sandboxes for code), written as a JSON report (--out, default runs/bench/). "
         "dare bench train: packing vs padding tokens/s on a length-skewed batch, the loss's peak memory with "
         "chunked vs full logits at a 126k vocabulary, and the end-to-end d1 RL step (accelerated vs naive "
-        "pipeline, on the LLaDA bench checkpoint or --checkpoint) (JSON report)."))
-    s.add_argument("what", choices=["rollout", "rewards", "train", "estimators"])
+        "pipeline, on the LLaDA bench checkpoint or --checkpoint) (JSON report). "
+        "dare bench experts: one MoE layer of each MoE family at its released expert count and top-k, grouped "
+        "experts vs the former per-expert loop (--device cpu: narrowed widths). "
+        "dare bench gpu: the GPU acceptance command (make gpu-check): the gpu-marked tests, then per family at its "
+        "released shape with random weights: forwards at batch 1 and 8 (eager and captured), decoding tokens/s per "
+        "cache strategy, grouped vs loop experts, the attention kernels, peak memory, and a verdict per target; the "
+        "report goes to leaderboard/results/bench-gpu/ (--device cpu: shrunk shapes, the suite's check)."))
+    s.add_argument("what", choices=["rollout", "rewards", "train", "estimators", "experts", "gpu"])
     s.add_argument("args", nargs="*", metavar="key=value")
     s.add_argument("--checkpoint")
     s.add_argument("--repeats", type=int, default=1, help="rollout: timing repeats (median)")
@@ -463,7 +501,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu", help="rollout: cpu or cuda")
     s.add_argument("--released", metavar="FAMILY", help="rollout: the family's released size with random weights "
                    "(cache speed and peak memory only; no accuracy)")
-    s.add_argument("--dtype", default="bfloat16", help="rollout --released: parameter dtype")
+    s.add_argument("--dtype", default=None, help="rollout --released, experts, gpu: parameter dtype (default "
+                   "bfloat16 on CUDA, float32 on CPU for experts and gpu)")
+    s.add_argument("--budget", type=float, default=480.0, help="gpu: seconds for the whole command (stages that "
+                   "would start later are recorded as skipped)")
+    s.add_argument("--no-tests", action="store_true", help="gpu: skip the gpu-marked tests")
     s.add_argument("--prompt-length", type=int, default=128, help="rollout --released: random prompt tokens")
     s.add_argument("--n", type=int, default=1000, help="rewards: completions per task")
     s.add_argument("--draws", type=int, default=64, help="estimators: independent draws per estimator")
