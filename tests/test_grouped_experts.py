@@ -241,3 +241,21 @@ def test_grouped_experts_on_cuda_in_bfloat16_match_the_loop(family):
     xi.grad = None
     loop(block, xi)[0].float().square().sum().backward()
     torch.testing.assert_close(g_grouped, xi.grad.float(), rtol=2e-2, atol=2e-2 * float(xi.grad.abs().max()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_grouped_path_never_reads_a_tensor_on_the_host(family, monkeypatch):
+    """No `.item()`, `.tolist()`, `bool()`, `int()` or `float()` of a tensor in a MoE layer's forward (each is a
+    device sync on a GPU and breaks a CUDA graph); the former loop needs them."""
+    block, loop = moe_block(family)
+    x = torch.randn(40, HIDDEN)
+    with torch.no_grad():
+        block(x)  # packs the weights (once, outside the hot path)
+        reads = []
+        for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name: reads.append(_n) or _o(self, *a))
+        block(x)
+        assert reads == []
+        loop(block, x)
+        assert reads  # the check can fail: the loop reads the chosen experts

@@ -191,15 +191,13 @@ def build_released(family: str, device: str, dtype: str, shrink: bool):
 
 
 def no_math_attention(device: str):
-    """On CUDA: SDPA may use flash, memory-efficient or cuDNN attention but never the math kernel (a call that
-    would need it raises). Elsewhere: no restriction (the CPU has no other kernel for masked calls)."""
+    """On CUDA, `dare.models.core.fused_attention_only` (a call that would need SDPA's math kernel raises);
+    elsewhere no restriction (the CPU has no fused kernel for masked calls)."""
     import contextlib
 
-    if not device.startswith("cuda"):
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from dare.models.core import fused_attention_only
 
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION])
+    return fused_attention_only() if device.startswith("cuda") else contextlib.nullcontext()
 
 
 def captured(step, device: str):

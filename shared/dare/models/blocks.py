@@ -126,9 +126,10 @@ class Experts(nn.ModuleList):
         if self.impl == "loop":
             return self._loop(x, chosen)
         T, k = chosen.shape
-        flat = chosen.reshape(-1)
-        order = flat.argsort(stable=True)  # (T * k,) slots sorted by expert
-        offsets = torch.bincount(flat, minlength=len(self)).cumsum(0).to(torch.int32)
+        experts, order = chosen.reshape(-1).sort(stable=True)  # (T * k,) slots sorted by expert
+        # where each expert's rows end (searchsorted, not bincount: CUDA's bincount reads the maximum on the host)
+        offsets = torch.searchsorted(experts, torch.arange(len(self), device=experts.device), right=True)
+        offsets = offsets.to(torch.int32)
         rows = x[order // k]
         gate, up, down = self.stacked()
         h = F.silu(grouped_mm(rows, gate, offsets)) * grouped_mm(rows, up, offsets)
