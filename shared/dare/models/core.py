@@ -132,15 +132,74 @@ class KVCache:
       - "read":   attend to [cache ; new] without storing (denoising steps of the current block);
       - "replace": overwrite cached positions [start, start + L) with the new keys and attend to the
         whole cache (Fast-dLLM's dual cache: the suffix after the block stays cached too).
+
+    Two kinds. `KVCache()` grows: each append concatenates. `KVCache(capacity=N)` (or `allocate`, which
+    also makes the buffers now) is static: per layer one (B, H_kv, N, D) buffer, made at the first write
+    (or by `allocate`) and never reallocated, a write pointer `length` (a host int, with its copy
+    `cursor` on the device) and `valid` (B, N) bool of fixed shape, False on slots not written. "append"
+    writes slots [length, length + L) and advances the pointer; "read" writes the new keys into the
+    slots after the pointer without advancing it (they are not part of the cache: the next read or
+    append overwrites them) and attends over the whole buffer, the slots not written hidden; "replace"
+    writes the window [start, start + L) (`start` an int or a 0-d device tensor). The slots a read or a
+    replace writes are indexed by device tensors (`cursor`, the replace start), so a forward on a static
+    cache makes no host sync and its shapes do not change from block to block: it can be captured
+    (`torch.compile`, CUDA graphs). The queries' RoPE positions are the growing cache's (the count of
+    valid cached slots before them). Memory: `nbytes`.
     """
 
-    def __init__(self):
+    def __init__(self, capacity: int | None = None):
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self.positions: torch.Tensor | None = None  # (B, L)
-        self.valid: torch.Tensor | None = None  # (B, L) bool
+        self.positions: torch.Tensor | None = None  # (B, L), static: (B, capacity)
+        self.valid: torch.Tensor | None = None  # (B, L) bool, static: (B, capacity)
+        self.capacity = capacity
+        self.length = 0  # static: the slots written (the write pointer)
+        self.cursor: torch.Tensor | None = None  # static: `length` as a 0-d long tensor on the device
+        self.window: torch.Tensor | None = None  # static: the slots the current forward writes (read, replace)
+
+    @property
+    def static(self) -> bool:
+        return self.capacity is not None
+
+    @classmethod
+    def allocate(cls, batch: int, capacity: int, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device) -> "KVCache":
+        """A static cache with all its buffers made now: `nbytes(...)` bytes of keys and values, plus
+        (B, capacity) positions (int64) and validity (bool)."""
+        c = cls(capacity)
+        c._rows(batch, torch.device(device))
+        shape = (batch, kv_heads, capacity, head_dim)
+        c.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        c.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        return c
+
+    @staticmethod
+    def nbytes(batch: int, capacity: int, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """Bytes of a static cache's keys and values: 2 * layers * B * kv_heads * capacity * head_dim * itemsize."""
+        return 2 * layers * batch * kv_heads * capacity * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def _rows(self, batch: int, device) -> None:
+        if self.positions is None:
+            self.positions = torch.zeros((batch, self.capacity), dtype=torch.long, device=device)
+            self.valid = torch.zeros((batch, self.capacity), dtype=torch.bool, device=device)
+            self.cursor = torch.zeros((), dtype=torch.long, device=device)
+            self._seek(self.length)
+
+    def _layer(self, layer: int, k: torch.Tensor) -> None:
+        """Make the buffers of layers up to `layer` (static cache, at their first write), shaped like `k`."""
+        while len(self.keys) <= layer:
+            B, H, _, D = k.shape
+            self.keys.append(torch.zeros((B, H, self.capacity, D), dtype=k.dtype, device=k.device))
+            self.values.append(torch.zeros((B, H, self.capacity, D), dtype=k.dtype, device=k.device))
+
+    def _seek(self, length: int) -> None:
+        self.length = length
+        if self.cursor is not None:
+            self.cursor.fill_(length)  # a device write, no sync
 
     def __len__(self) -> int:
+        if self.static:
+            return self.length
         return 0 if self.positions is None else self.positions.shape[1]
 
     def next_positions(self) -> torch.Tensor:
@@ -148,11 +207,23 @@ class KVCache:
         return self.valid.sum(dim=1)
 
     def truncate(self, length: int) -> "KVCache":
-        """Keep only the first `length` positions (e.g. the prompt, for a prefix cache)."""
+        """Keep only the first `length` positions (e.g. the prompt, for a prefix cache). A static cache
+        keeps its buffers and hides the slots from `length` on."""
+        if self.static:
+            if self.valid is not None:
+                self.valid[:, length:] = False
+            self._seek(min(length, self.length))
+            return self
         self.keys = [k[:, :, :length] for k in self.keys]
         self.values = [v[:, :, :length] for v in self.values]
         self.positions, self.valid = self.positions[:, :length], self.valid[:, :length]
         return self
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor a forward reads or writes in place (a static cache's buffers, its rows and cursor):
+        a captured step marks them as static addresses."""
+        rows = [t for t in (self.positions, self.valid, self.cursor) if t is not None]
+        return [*self.keys, *self.values, *rows]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -186,6 +257,17 @@ class Layout:
         c = self.cache
         if c is None:
             return k, v
+        if c.static:
+            c._layer(layer, k)
+            keys, values = c.keys[layer], c.values[layer]
+            if self.cache_mode == "append":  # the pointer was advanced by `make_layout`: slots [start, end)
+                end = c.length
+                s = end - k.shape[2]
+                keys[:, :, s:end], values[:, :, s:end] = k, v
+                return keys[:, :, :end], values[:, :, :end]
+            keys.index_copy_(2, c.window, k)  # read / replace: the window's slots, indexed on the device
+            values.index_copy_(2, c.window, v)
+            return keys, values
         if self.cache_mode == "replace":
             s = self.replace_start
             c.keys[layer][:, :, s:s + k.shape[2]] = k
@@ -270,6 +352,44 @@ def _positions_from_mask(valid: torch.Tensor, start: torch.Tensor | int = 0) -> 
     return (valid.long().cumsum(-1) - 1).clamp(min=0) + (start if isinstance(start, int) else start[:, None])
 
 
+def _static_window(cache: KVCache, mode, valid, given: bool, position_ids, start):
+    """`make_layout`'s cache step on a static cache -> (query positions, query validity, key positions, key
+    validity). Append writes the rows' slots and advances the pointer (eager: slices by host ints); read and
+    replace index their window with device tensors (`cache.cursor`, a tensor `start`), which a captured
+    step needs: no host sync, and the same graph for every block."""
+    B, L = valid.shape
+    cache._rows(B, valid.device)
+    checking = not torch.compiler.is_compiling()
+    if mode == "append":
+        s = cache.length
+        if s + L > cache.capacity:
+            raise ValueError(f"appending {L} positions to a static cache holding {s} of {cache.capacity}")
+        if position_ids is None:
+            position_ids = _positions_from_mask(valid, cache.next_positions())
+        cache.positions[:, s:s + L], cache.valid[:, s:s + L] = position_ids, valid
+        cache._seek(s + L)
+        return position_ids, valid, cache.positions[:, :s + L], cache.valid[:, :s + L]
+    span = torch.arange(L, device=valid.device)
+    if mode == "read":
+        if checking and cache.length + L > cache.capacity:
+            raise ValueError(f"reading {L} positions on a static cache holding {cache.length} of {cache.capacity}")
+        if position_ids is None:
+            position_ids = _positions_from_mask(valid, cache.next_positions())
+        cache.window = cache.cursor + span
+        return (position_ids, valid, cache.positions.index_copy(1, cache.window, position_ids),
+                cache.valid.index_copy(1, cache.window, valid))
+    if mode != "replace":
+        raise ValueError(f"cache_mode must be 'append', 'read' or 'replace'; got {mode!r}")
+    if checking and isinstance(start, int) and (start < 0 or start + L > len(cache)):
+        raise ValueError(f"replace [{start}, {start + L}) is outside the cache (length {len(cache)})")
+    cache.window = span + start
+    if position_ids is None:
+        position_ids = cache.positions.index_select(1, cache.window)
+    if given:  # the cached positions stay what they were: pads stay hidden
+        cache.valid.index_copy_(1, cache.window, cache.valid.index_select(1, cache.window) & valid)
+    return position_ids, cache.valid.index_select(1, cache.window), cache.positions, cache.valid
+
+
 def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_ids=None, *, cu_seqlens=None,
                 past_key_values: KVCache | None = None, cache_mode: str | None = None, replace_start: int = 0,
                 block_diffusion: bool = False) -> Layout:
@@ -335,9 +455,13 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
         return Layout(position_ids, None if backend == "flex" else vis.dense(), backend, visibility=vis)
 
     cache = past_key_values
-    if cache is not None and len(cache) == 0 and cache_mode == "read":
+    fixed = cache is not None and cache.static and cache_mode != "append"  # keys: the whole static buffer
+    if cache is not None and not cache.static and len(cache) == 0 and cache_mode == "read":
         cache = None  # reading an empty cache: the tokens attend to themselves only
-    if cache is None or len(cache) == 0:
+    if cache is not None and cache.static:
+        position_ids, valid, k_pos, k_valid = _static_window(cache, cache_mode, valid, given, position_ids,
+                                                             replace_start)
+    elif cache is None or len(cache) == 0:
         if position_ids is None:
             position_ids = _positions_from_mask(valid)
         k_pos, k_valid = position_ids, valid
@@ -375,7 +499,7 @@ def make_layout(model, input_ids: torch.Tensor, attention_mask=None, position_id
         parts = [cache.valid] + ([attention_mask] if given else [])
     else:
         parts = [k_valid]  # the cache's validity
-    vis, plain = None, _block_rule_hides_nothing(block, own_positions, cache, cache_mode, L)
+    vis, plain = None, not fixed and _block_rule_hides_nothing(block, own_positions, cache, cache_mode, L)
     if not (plain and all(_fact(t, "all") for t in parts)):
         if plain and any(_fact(t, "every row") for t in parts):
             vis = Visibility(k_valid)  # key padding only (every row has a real key to see)
@@ -845,7 +969,8 @@ def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_
         mode = "replace" if replace_position is not None else ("append" if use_cache else "read")
     layout = make_layout(model, shape_ids, attention_mask, position_ids, cu_seqlens=cu_seqlens,
                          past_key_values=past_key_values, cache_mode=mode,
-                         replace_start=replace_position or 0, block_diffusion=block_diffusion)
+                         replace_start=0 if replace_position is None else replace_position,
+                         block_diffusion=block_diffusion)
     if group is not None:  # Ulysses: this rank's contiguous share of the positions
         P, r = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
         n = x.shape[1] // P
