@@ -64,7 +64,9 @@ import torch.nn.functional as F
 
 from dare.models import facts
 from dare.models.core import KVCache
-from dare.rollout.core import RolloutOutput, any_rank, commit_quota, max_rank, response_mask, sharded
+import dare.rollout.core as rollout_core
+from dare.rollout.core import (RolloutOutput, StepForward, any_left, any_rank, commit_quota, compiles,
+                               max_rank, response_mask, sharded)
 from dare.rollout.dream import top_k_logits, top_p_logits
 
 
@@ -134,18 +136,35 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     editing = o.editing_threshold > 0
     cached = o.cache != "none"
 
-    cache, nfe, step, done_cols = KVCache(), 0, 0, 0
-    trajectory = []
-    for c in range(W // bs):
+    # The host looks at the canvas (a sync) once per block, or every LOOK_EVERY steps while a rule may finish a
+    # block early (threshold, token editing); the step counters stay on the device. What each block holds to
+    # decode is read once: its most masked row says after how many steps every row is done.
+    nb = W // bs
+    work = (x == mask_id).view(B, nb, bs).sum(dim=2).amax(dim=0)
+    if collective:
+        import torch.distributed as dist
+
+        dist.all_reduce(work, op=dist.ReduceOp.MAX)
+    work = work.tolist()
+    spent = [sum(quota[:s]) for s in range(len(quota) + 1)]  # masks committed after s steps, at the latest
+
+    cache, nfe, done_cols = KVCache(capacity=W), 0, 0
+    run = StepForward(model, cached and compiles(decoding, device))  # the step's forward, captured or eager
+    step = torch.zeros((), dtype=torch.long, device=device)  # the steps that had work (the step map's numbers)
+    idle = torch.zeros((), dtype=torch.long, device=device)  # step forwards run once every row was done
+    trajectory, kept = [], []
+    for c in range(nb):
         cols = slice(c * bs, (c + 1) * bs)
-        if not any_rank((x[:, cols] == mask_id).any(), device, collective):
+        if not work[c]:
             continue  # nothing to decode here yet: prefilled together with the next block
         if cached and done_cols < c * bs:  # prefill the complete blocks before this one
             model(x[:, done_cols:c * bs], valid[:, done_cols:c * bs], past_key_values=cache, use_cache=True)
             nfe += 1
         done = ~(x[:, cols] == mask_id).any(dim=1)  # rows with nothing to decode in this block
         post = torch.zeros(B, dtype=torch.long, device=device)
-        i = 0
+        # without editing every row is done after `limit` steps; the fixed quota needs no look before that
+        limit = None if editing else next(s for s, n in enumerate(spent) if n >= work[c])
+        i = todo = 0
         while True:
             masked = x[:, cols] == mask_id
             unmasked = ~masked.any(dim=1)
@@ -154,18 +173,27 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
                 done |= post > o.max_post_steps
             else:
                 done |= unmasked
-            if not any_rank(not done.all(), device, collective):
+            if limit is not None and i >= limit:
                 break
+            if todo <= 0:
+                if limit is not None and o.threshold == 0:
+                    todo = limit - i
+                else:  # look
+                    if not any_rank(not done.all(), device, collective):
+                        break
+                    todo = rollout_core.LOOK_EVERY if limit is None else min(rollout_core.LOOK_EVERY, limit - i)
+            live = any_left((~done).any(), collective)
             if cached:
-                logits = model(x[:, cols], valid[:, cols], past_key_values=cache).logits
+                logits = run(x[:, cols], valid[:, cols], cache)
             else:  # recompute everything up to the end of the block (LLaDA2's HF `generate`)
                 logits = model(x[:, :cols.stop], valid[:, :cols.stop]).logits[:, cols]
             nfe += 1
             x0, conf = choose(logits.reshape(B * bs, -1), decoding, mask_id, generator)
             x0, conf = x0.view(B, bs), conf.view(B, bs).double()
-            k = masked.sum(dim=1).clamp(max=quota[min(i, decoding.steps - 1)])
+            q = quota[min(i, decoding.steps - 1)]
+            k = masked.sum(dim=1).clamp(max=q)
             order = conf if o.remasking != "left_to_right" else -torch.arange(bs, device=device).double()
-            commit = commit_quota(torch.where(masked, order, -torch.inf), k)
+            commit = commit_quota(torch.where(masked, order, -torch.inf), k, q)
             if o.threshold > 0:
                 above = masked & (conf > o.threshold)
                 commit = torch.where((above.sum(dim=1) >= k)[:, None], above, commit)
@@ -175,17 +203,22 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
                 finished = unmasked & ~edit.any(dim=1)  # nothing left to unmask or edit: this row stops
             commit &= ~done[:, None]
             x[:, cols] = torch.where(commit, x0, x[:, cols])
-            step_canvas[:, cols][commit] = step
-            logp_canvas[:, cols][commit] = conf[commit].log().float()
             raw = logits.float()
-            model_logp_canvas[:, cols][commit] = (raw.gather(-1, x0[..., None]).squeeze(-1)
-                                                  - raw.logsumexp(dim=-1))[commit]
+            model_logp = raw.gather(-1, x0[..., None]).squeeze(-1) - raw.logsumexp(dim=-1)
+            for canvas_, value in ((step_canvas, step), (logp_canvas, conf.log().float()),
+                                   (model_logp_canvas, model_logp)):
+                here = canvas_[:, cols]
+                here.copy_(torch.where(commit, value, here))
+            del logits, raw
             if editing:
                 done |= finished
-            step += 1
+            step.add_(live.long())
+            idle += (~live).long()
             i += 1
+            todo -= 1
             if decoding.record_trajectory:
                 trajectory.append(x.gather(1, gen_cols).clone())
+                kept.append(live)
         if cached:
             model(x[:, cols], valid[:, cols], past_key_values=cache, use_cache=True)  # commit the block's keys
             nfe += 1
@@ -196,6 +229,9 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             x.scatter_(1, gen_cols, torch.where(response == mask_id, f.eos_token_id, response))
             break
 
+    nfe -= int(idle)  # the one look at the counter
+    if trajectory:
+        trajectory = [t for t, k in zip(trajectory, torch.stack(kept).tolist()) if k]
     responses = x.gather(1, gen_cols)
     sequences = torch.cat([prompt_ids, responses], dim=1)
     attention_mask = torch.cat([prompt_mask.long(), torch.ones(B, G, dtype=torch.long, device=device)], dim=1)

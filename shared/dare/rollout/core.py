@@ -75,6 +75,95 @@ def max_rank(value: int, device, collective: bool) -> int:
     return int(t.item())
 
 
+def any_left(flag: torch.Tensor, collective: bool) -> torch.Tensor:
+    """`flag` (a 0-d bool tensor) or-ed over the processes when the forwards are `collective`, kept on the
+    device (an all-reduce, no host sync): whether a step does anything anywhere, which the samplers add to
+    their step counters instead of asking the host."""
+    if not collective:
+        return flag
+    import torch.distributed as dist
+
+    t = flag.reshape(1).to(torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t[0].bool()
+
+
+LOOK_EVERY = 4
+"""Loops that run until a block is clean (a threshold or factor rule, token editing) look at the canvas (a host
+sync) every this many steps, not after each: the steps run after a block is clean commit nothing and are not
+counted (step map, `nfe`, trajectory, `steps_done` count the steps that had work, as a look after every step
+would). Loops whose step count the schedule fixes look once per block, or not at all."""
+
+
+# ------------------------------------------------------------------------------------------------
+# The captured step
+
+
+BACKEND: str | None = None
+"""torch.compile's backend for the captured step (None: inductor); tests set "eager" or "aot_eager"."""
+
+
+def compiles(decoding, device) -> bool:
+    """Whether the samplers capture their step: `decoding.compile`, None (auto) = on CUDA only."""
+    setting = getattr(decoding, "compile", None)
+    return torch.device(device).type == "cuda" if setting is None else bool(setting)
+
+
+class StepForward:
+    """The forward of one denoising step on a static `KVCache` (`dare.models.core`): `(ids, mask, cache,
+    replace_position=None) -> logits`, the model's own (Dream's are shifted: callers align them).
+
+    With `compiled`, the call runs `torch.compile(fullgraph=True, dynamic=False)` of the model's forward,
+    made once per model (kept on the model) and specialised by torch per shape (a rollout's step shapes: one
+    for the dual cache and the block sampler, one per block for the prefix cache, whose window shrinks); on
+    CUDA in mode "reduce-overhead" (CUDA graphs): the cache's tensors are marked as static addresses (their
+    in-place writes are part of the graph, no copy) and each call starts a new graph step, so the logits it
+    returns are valid until the next call. The step never syncs with the host, which capture needs. Eager:
+    when not compiled, while the cache has no buffers yet (its first write makes them), and after compile
+    raises (one line on stderr, then eager for this model: a step is idempotent, so rerunning it is safe)."""
+
+    def __init__(self, model, compiled: bool):
+        from dare.models.core import _SEQUENCE_GROUP
+
+        # eager for FSDP shards and inside `sequence_parallel` (collectives in the forward are not captured)
+        self.model, self.compiled = model, compiled and not sharded(model) and _SEQUENCE_GROUP.get() is None
+        self.cuda = next(model.parameters()).device.type == "cuda"
+        self.marked: set[int] = set()
+
+    def __call__(self, ids, mask, cache, replace_position=None) -> torch.Tensor:
+        fn = _compiled_step(self.model, self.cuda) if self.compiled and cache.keys else None
+        if fn is None:
+            return self.model(ids, mask, past_key_values=cache, replace_position=replace_position).logits
+        if id(cache) not in self.marked:
+            for t in cache.tensors():
+                torch._dynamo.mark_static_address(t)
+            self.marked.add(id(cache))
+        try:
+            if self.cuda:
+                torch.compiler.cudagraph_mark_step_begin()
+            with torch._dynamo.config.patch(recompile_limit=64):
+                return fn(ids, mask, cache, replace_position)
+        except Exception as e:  # noqa: BLE001 - any failure of the capture: the eager step is the same step
+            import sys
+
+            print(f"dare: the captured step failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+                  "decoding eagerly", file=sys.stderr)
+            self.model.__dict__["_dare_steps"][BACKEND] = False
+            return self.model(ids, mask, past_key_values=cache, replace_position=replace_position).logits
+
+
+def _compiled_step(model, cuda: bool):
+    """The model's compiled step forward for `BACKEND`, made at its first use (False once it failed: eager)."""
+    steps = model.__dict__.setdefault("_dare_steps", {})
+    if BACKEND not in steps:
+        def step(ids, mask, cache, replace_position):
+            return model(ids, mask, past_key_values=cache, replace_position=replace_position).logits
+
+        kw = {"mode": "reduce-overhead"} if cuda and BACKEND is None else {}  # CUDA graphs (inductor only)
+        steps[BACKEND] = torch.compile(step, fullgraph=True, dynamic=False, backend=BACKEND or "inductor", **kw)
+    return steps[BACKEND] or None
+
+
 def canvas(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen_length: int, mask_id: int):
     """[prompt | MASK * gen_length] on the model's device, with its attention mask (pads hidden,
     generated positions real). -> (x, attention_mask, prompt_ids, prompt_mask), all (B, .)"""
@@ -185,9 +274,31 @@ def predict(logits, masked, decoding, generator, eos_id=None, eot_id=None,
     return x0, torch.where(masked, conf, torch.tensor(-torch.inf, dtype=conf.dtype, device=conf.device))
 
 
-def commit_quota(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+REFERENCE_TIES = ("cpu",)
+"""Device types on which the commit rules break ties among equal confidences exactly as the references' calls
+do: `topk(k_j)` row by row (quotas that differ between rows), `topk(k=n)[0]` (the threshold rule's forced
+pick), a row's own sort (the factor rule), which costs a host sync per row and step, free on a CPU. Elsewhere
+(CUDA) the rules run batched without a host sync: a row keeps the first k_j of one `topk(max quota)` for the
+batch, the forced pick is the first most confident (`argmax`); where confidences differ the two agree."""
+
+
+def _rowwise(t: torch.Tensor) -> bool:
+    return t.device.type in REFERENCE_TIES
+
+
+def commit_quota(conf: torch.Tensor, k: torch.Tensor, kmax: int | None = None) -> torch.Tensor:
     """The k[j] most confident positions of each row j (`torch.topk`, whose choice among equal
-    confidences depends on the row it runs over: callers pass the span the reference ranks). (B, L) bool"""
+    confidences depends on the row it runs over: callers pass the span the reference ranks). (B, L) bool
+    `kmax`: a bound on k known on the host (the step's quota), which lets the batched rule run with no host
+    sync (one topk of that size, each row keeping its first k[j]; `REFERENCE_TIES`)."""
+    if kmax is not None and not _rowwise(conf):
+        kmax = min(kmax, conf.shape[1])
+        if kmax <= 0:
+            return torch.zeros(conf.shape, dtype=torch.bool, device=conf.device)
+        keep = torch.arange(kmax, device=conf.device)[None, :] < k[:, None]
+        commit = torch.zeros(conf.shape, dtype=torch.bool, device=conf.device).scatter(
+            1, conf.topk(kmax, dim=1).indices, keep)
+        return commit & torch.isfinite(conf)
     commit = torch.zeros(conf.shape, dtype=torch.bool, device=conf.device)
     kmax = int(k.max()) if k.numel() else 0
     if kmax > 0 and bool((k == kmax).all()):  # one topk for the batch (rows share their quota in a block)
@@ -204,6 +315,9 @@ def commit_threshold(conf: torch.Tensor, threshold: float) -> torch.Tensor:
     one (Fast-dLLM `get_transfer_index` with `threshold`)."""
     finite = torch.isfinite(conf)
     commit = (conf >= threshold) & finite
+    if not _rowwise(conf):  # batched: the first most confident (`REFERENCE_TIES`)
+        return commit | torch.zeros_like(commit).scatter(1, conf.argmax(dim=1, keepdim=True),
+                                                         finite.any(dim=1, keepdim=True))
     for j, n in enumerate(finite.sum(dim=1).tolist()):
         if n:  # the reference ranks all n masked positions (`topk(k=n)`) and keeps the first
             commit[j, conf[j].topk(n).indices[0]] = True
@@ -214,6 +328,20 @@ def commit_factor(conf: torch.Tensor, factor: float) -> torch.Tensor:
     """Fast-dLLM's factor rule (`get_transfer_index_dynamic`): with the masked confidences sorted
     c_1 >= c_2 >= ..., commit the top n where n is the first m (m >= 2) with c_m < 1 - f/(m+1),
     at least one; as in the original, when the first failure is the last position, all go."""
+    if _rowwise(conf):
+        return _commit_factor_rows(conf, factor)
+    B, W = conf.shape
+    n_masked = torch.isfinite(conf).sum(dim=1, keepdim=True)  # (B, 1)
+    ranked = conf.sort(dim=1, descending=True)
+    i = torch.arange(W, device=conf.device)[None, :]
+    fail = (ranked.values < _factor_thresholds(factor, W, conf.dtype, conf.device)) & (i < n_masked)
+    top = torch.where(fail.any(dim=1, keepdim=True), fail.int().argmax(dim=1, keepdim=True), n_masked - 1)
+    top = torch.where((top == 0) | (top == n_masked - 1), top + 1, top)
+    top = torch.where(n_masked == 0, 0, top)
+    return torch.zeros(conf.shape, dtype=torch.bool, device=conf.device).scatter(1, ranked.indices, i < top)
+
+
+def _commit_factor_rows(conf: torch.Tensor, factor: float) -> torch.Tensor:
     commit = torch.zeros(conf.shape, dtype=torch.bool, device=conf.device)
     for j in range(conf.shape[0]):
         n_masked = int(torch.isfinite(conf[j]).sum())
@@ -232,11 +360,25 @@ def commit_factor(conf: torch.Tensor, factor: float) -> torch.Tensor:
     return commit
 
 
-def commit_rule(conf: torch.Tensor, decoding, quota: torch.Tensor) -> torch.Tensor:
-    """The masked sampler's commit: its threshold or factor rule (`decoding.masked`), else the quota."""
+_THRESHOLDS: dict = {}
+
+
+def _factor_thresholds(factor: float, width: int, dtype, device) -> torch.Tensor:
+    """(1, width): the factor rule's bar for the i-th most confident, -1 for the first, 1 - f/(i+2) after
+    (computed on the host, as the original does, and kept: no copy per step)."""
+    key = (factor, width, dtype, str(device))
+    if key not in _THRESHOLDS:
+        bars = [-1.0] + [1 - factor / (n + 1) for n in range(2, width + 1)]
+        _THRESHOLDS[key] = torch.tensor(bars, dtype=dtype, device=device)[None, :]
+    return _THRESHOLDS[key]
+
+
+def commit_rule(conf: torch.Tensor, decoding, quota: torch.Tensor, kmax: int | None = None) -> torch.Tensor:
+    """The masked sampler's commit: its threshold or factor rule (`decoding.masked`), else the quota
+    (`kmax`: its bound known on the host, `commit_quota`)."""
     o = decoding.masked
     if o.threshold > 0:
         return commit_threshold(conf, o.threshold)
     if o.factor > 0:
         return commit_factor(conf, o.factor)
-    return commit_quota(conf, quota)
+    return commit_quota(conf, quota, kmax)

@@ -60,8 +60,10 @@ import math
 import torch
 
 from dare.models import align, facts, token_logits
-from dare.rollout.core import (RolloutOutput, any_rank, canvas, commit_rule, num_transfer_tokens, predict,
-                               response_mask, sharded)
+from dare.models.core import KVCache
+import dare.rollout.core as rollout_core
+from dare.rollout.core import (RolloutOutput, StepForward, any_left, any_rank, canvas, commit_rule,
+                               compiles, num_transfer_tokens, predict, response_mask, sharded)
 from dare.utils import UserError
 
 
@@ -132,47 +134,63 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         plan = [(BL, list(range(b * spb, (b + 1) * spb)), even) for b in range(n_blocks)]
     mask_id, shift = f.mask_token_id, f.logits_shift
     collective = sharded(model)  # FSDP: every rank makes the same forwards
+    # The host looks at the canvas (a sync) every step only for rollouts that stop or continue mid-way (tree
+    # rollouts count their steps); otherwise once per block with the fixed schedule, every LOOK_EVERY steps
+    # with a rule that runs until the block is clean. Counters of the steps that had work stay on the device.
+    per_step = start is not None or until is not None
 
     if start is None:
         x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
         (B, P), device = prompt_ids.shape, x.device
         step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
         commit_logps = torch.zeros((B, G), dtype=torch.float32, device=device)
-        trajectory, nfe, step = [], 0, 0
+        trajectory, nfe, made = [], 0, 0
     else:
         x, attention_mask, step_map = start.sequences.clone(), start.attention_mask, start.step_map.clone()
         commit_logps = (start.commit_logps.clone() if start.commit_logps is not None
                         else torch.zeros((x.shape[0], G), dtype=torch.float32, device=x.device))
         (B, P), device = (x.shape[0], start.prompt_length), x.device
         trajectory = list(start.trajectory.unbind(0)) if start.trajectory is not None else []
-        nfe, step = start.nfe, start.steps_done
-    first, until = step, math.inf if until is None else until
+        nfe, made = start.nfe, start.steps_done
+    first, until = made, math.inf if until is None else until
+    step = torch.tensor(made, device=device)  # the steps that had work (the step map's numbers)
+    idle = torch.zeros((), dtype=torch.long, device=device)  # step forwards run after their block was clean
+    kept = [torch.ones((), dtype=torch.bool, device=device)] * len(trajectory)  # which trajectory entries count
     prompt_positions = torch.zeros_like(x, dtype=torch.bool)
     prompt_positions[:, :P] = True
+    until_clean = o.cache in ("prefix", "dual") or o.threshold > 0 or o.factor > 0
 
-    def commit(lo: int, hi: int, logits: torch.Tensor, quota: torch.Tensor, span: tuple[int, int],
-               gamma: float) -> None:
+    def commit(lo: int, hi: int, logits: torch.Tensor, quota: torch.Tensor, kmax: int, span: tuple[int, int],
+               gamma: float, live: torch.Tensor) -> None:
         """Commit in x[:, lo:hi] from the block's logits; the positions are ranked over x[:, span]
-        with -inf outside the block, the row the reference ranks (its choice among ties)."""
-        nonlocal step
+        with -inf outside the block, the row the reference ranks (its choice among ties). `live`: whether
+        any row had a masked position in the block before the step (else the step commits nothing and is
+        not counted). No host sync."""
         block = x[:, lo:hi]
         masked = block == mask_id
-        until_clean = o.cache in ("prefix", "dual") or o.threshold > 0 or o.factor > 0
         x0, conf = predict(logits, masked, decoding, generator, f.eos_token_id, f.eot_token_id,
                            forbid=mask_id if until_clean else None)
         if gamma != 1.0:  # EOSER
             conf = torch.where(masked & (x0 == f.eos_token_id), conf * gamma, conf)
         row = torch.full((B, span[1] - span[0]), -torch.inf, dtype=conf.dtype, device=device)
         row[:, lo - span[0]:hi - span[0]] = conf
-        chosen = commit_rule(row, decoding, quota)[:, lo - span[0]:hi - span[0]]
+        chosen = commit_rule(row, decoding, quota, kmax)[:, lo - span[0]:hi - span[0]]
         x[:, lo:hi] = torch.where(chosen, x0, block)
-        step_map[:, lo - P:hi - P][chosen] = step
+        steps_here = step_map[:, lo - P:hi - P]
+        steps_here.copy_(torch.where(chosen, step, steps_here))
         logps = logits.float().gather(-1, x0[..., None]).squeeze(-1) - logits.float().logsumexp(dim=-1)
-        commit_logps[:, lo - P:hi - P][chosen] = logps[chosen]
-        step += 1
+        logps_here = commit_logps[:, lo - P:hi - P]
+        logps_here.copy_(torch.where(chosen, logps, logps_here))
+        step.add_(live.long())
         if decoding.record_trajectory:
             trajectory.append(x[:, P:].clone())
+            kept.append(live)
 
+    def left(lo: int, hi: int) -> torch.Tensor:
+        return any_left((x[:, lo:hi] == mask_id).any(), collective)
+
+    run = StepForward(model, compiles(decoding, device))  # the cached steps' forward, captured or eager
+    cache = where = None
     lo = P
     for size, steps, counts in plan:
         hi, n = lo + size, len(counts)
@@ -181,39 +199,64 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         parallel = o.threshold > 0 or o.factor > 0
         i = sum(g < first for g in steps)  # steps of this block a continued canvas has already made
         if o.cache not in ("prefix", "dual"):  # "auto" / "none": the reference, no cache
-            while (parallel or i < n) and step < until and any_rank((x[:, lo:hi] == mask_id).any(), device,
-                                                                    collective):
-                logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, o.cfg_scale)
-                nfe += 1
-                commit(lo, hi, logits[:, lo:hi], quota[:, min(i, n - 1)], (0, P + G), gamma[min(i, n - 1)])
-                i += 1
+            while (parallel or i < n) and made < until:
+                if (per_step or parallel) and not any_rank((x[:, lo:hi] == mask_id).any(), device, collective):
+                    break
+                burst = 1 if per_step else rollout_core.LOOK_EVERY if parallel else n - i
+                for _ in range(burst):
+                    live = left(lo, hi)
+                    logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, o.cfg_scale)
+                    nfe += 1
+                    idle += (~live).long()
+                    j = min(i, n - 1)
+                    commit(lo, hi, logits[:, lo:hi], quota[:, j], counts[j], (0, P + G), gamma[j], live)
+                    i += 1
+                    made += 1  # exact where the host looks every step (per_step), which is where `until` applies
             lo = hi
             continue
         # Fast-dLLM: a full forward fills the cache and makes the block's first commit
-        out = model(x, attention_mask, use_cache=True)
+        if cache is None:
+            cache, where = KVCache(capacity=P + G), torch.zeros((), dtype=torch.long, device=device)
+        cache.truncate(0)
+        live = left(lo, hi)
+        out = model(x, attention_mask, past_key_values=cache, use_cache=True)
         nfe += 1
-        commit(lo, hi, align(model, out.logits, attention_mask=attention_mask)[:, lo:hi], quota[:, 0], (0, P + G),
-               gamma[0])
+        commit(lo, hi, align(model, out.logits, attention_mask=attention_mask)[:, lo:hi], quota[:, 0], counts[0],
+               (0, P + G), gamma[0], live)
+        del out
         i = 1
         start = lo - 1 if shift else lo  # a shifted model reads position s's logit at s - 1
-        cache = out.past_key_values
         if o.cache == "prefix":
             cache.truncate(start)
+        else:
+            where.fill_(start)  # the dual cache's window, a device scalar: one captured step for every block
         end = min(hi + o.further_horizon, P + G) if o.further_horizon else P + G  # the prefix window
-        while any_rank((x[:, lo:hi] == mask_id).any(), device, collective):
+        todo = 0 if parallel else n - 1  # the fixed schedule cleans the block in its n steps
+        while True:
+            if todo <= 0:
+                if not any_rank((x[:, lo:hi] == mask_id).any(), device, collective):
+                    break
+                todo = rollout_core.LOOK_EVERY
+            live = left(lo, hi)
             if o.cache == "prefix":
-                raw = model(x[:, start:end], attention_mask[:, start:end], past_key_values=cache).logits
+                raw = run(x[:, start:end], attention_mask[:, start:end], cache)
             else:
-                raw = model(x[:, start:hi], attention_mask[:, start:hi], past_key_values=cache,
-                            replace_position=start).logits
+                raw = run(x[:, start:hi], attention_mask[:, start:hi], cache, where)
             nfe += 1
-            commit(lo, hi, raw[:, :size], quota[:, min(i, n - 1)],
-                   (lo, end) if o.cache == "prefix" else (lo, hi), gamma[min(i, n - 1)])
+            idle += (~live).long()
+            j = min(i, n - 1)
+            commit(lo, hi, raw[:, :size], quota[:, j], counts[j],
+                   (lo, end) if o.cache == "prefix" else (lo, hi), gamma[j], live)
+            del raw
             i += 1
+            todo -= 1
         lo = hi
 
+    steps_done, unused = torch.stack([step, idle]).tolist()  # the one look at the counters
+    if decoding.record_trajectory and trajectory:
+        trajectory = [t for t, k in zip(trajectory, torch.stack(kept).tolist()) if k]
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
-                         response_mask=response_mask(responses, f.stop_ids), step_map=step_map, nfe=nfe,
+                         response_mask=response_mask(responses, f.stop_ids), step_map=step_map, nfe=nfe - unused,
                          sampler="masked", trajectory=torch.stack(trajectory) if trajectory else None,
-                         commit_logps=commit_logps, steps_done=step)
+                         commit_logps=commit_logps, steps_done=steps_done)
