@@ -225,6 +225,11 @@ class DecodingConfig:
     """Block sampler: decode the last block whole, past `gen_length` (both originals do); False ends the canvas
     at `gen_length`, so a trainer that scores the `gen_length` tokens sees exactly the blocks the sampler
     decoded (the RL loop sets it for block models: `dare.train.rl`)."""
+    compile: bool | None = field(default=None, metadata=NOHASH)
+    """Capture the step forward of the masked sampler (prefix and dual cache) and of the block sampler (its cache
+    of committed blocks) with `torch.compile(fullgraph=True, dynamic=False)`, on CUDA in mode reduce-overhead (CUDA
+    graphs); None = auto: on for CUDA, off on a CPU. The tokens are the eager step's; a capture that fails falls
+    back to eager with one line on stderr. Not hashed (`dare.decoding.RUNTIME`)."""
     masked: MaskedOptions = field(default_factory=MaskedOptions)
     """The masked sampler's options (`dare.decoding.masked`)."""
     block: BlockOptions = field(default_factory=BlockOptions)

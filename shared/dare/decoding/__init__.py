@@ -12,6 +12,9 @@ dataclass and `check(options, decoding)`, the rules of those options given the c
 `model.family` picks, both of `AUTO` while no family is known), and the config loader rejects an option set
 for a sampler that does not run (`unused_options`).
 
+`compile` (a common setting, `RUNTIME`) captures the masked and block samplers' cached step with `torch.compile`
+(None = auto: on CUDA, CUDA graphs; off on a CPU); it changes how fast a rollout runs, not what it decodes.
+
 The flat form (`flat`) is the layout before the options moved to their samplers: one mapping of every
 setting by its old name, each option read from the section of the sampler that runs. It is what the config
 hash covers (so runs keep their hash and their folder) and what a result's `decoding` record is written
@@ -43,6 +46,13 @@ COMMON = ("sampler", "gen_length", "block_length", "steps", "temperature", "reco
           "whole_last_block")
 """The decoding section's own fields besides the option sections: the settings every sampler reads, and the
 rollout's shape that the RL loop sets for the sampler (`record_trajectory`, `tree`, `whole_last_block`)."""
+
+RUNTIME = ("compile",)
+"""Common settings of how the samplers run, never of what they decode (`compile`): outside the flat form, so
+neither the config hash nor a result's decoding record holds them."""
+CAPTURED = ("masked", "block")
+"""The samplers whose cached step `compile` captures (the masked sampler's prefix and dual cache, the block
+sampler's cache of committed blocks)."""
 
 FLAT = {"sampler": "auto", "gen_length": 256, "block_length": 32, "steps": 128, "remasking": "low_confidence",
         "temperature": 0.0, "cfg_scale": 0.0, "cache": "auto", "threshold": 0.0, "factor": 0.0,
@@ -84,11 +94,28 @@ def rules(d, family: str | None = None):
     """The option rules of decoding section `d` (a `DecodingConfig`) for the sampler that runs (both of `AUTO`
     for sampler=auto without a family), as (holds, message, *keys); the masked sampler's block layout only
     once it is known to run."""
+    yield from runtime_rules(d, family)
     for name in used(d.sampler, family):
         if name == "masked":
             yield from masked.check(d.masked, d, layout=resolve(d.sampler, family) == "masked")
         else:
             yield from SAMPLERS[name].check(getattr(d, name), d)
+
+
+def runtime_rules(d, family: str | None = None):
+    """The rules of `compile`: asked for (True), the sampler that runs must capture its step (`CAPTURED`) with
+    its cache on."""
+    if not d.compile:
+        return
+    runs = resolve(d.sampler, family)
+    yield (all(s in CAPTURED for s in used(d.sampler, family)), "captures the masked and block samplers' cached "
+           f"step; sampler {d.sampler} decodes eagerly: leave compile unset (auto) or false", "compile", "sampler")
+    if runs == "masked":
+        yield (d.masked.cache in ("prefix", "dual"), "the masked sampler's captured step is the cached one: set "
+               "masked.cache=prefix or dual", "compile", "masked.cache")
+    if runs == "block":
+        yield (d.block.cache != "none", "the block sampler's captured step reads its cache: block.cache=none "
+               "recomputes the prefix eagerly", "compile", "block.cache")
 
 
 def unused_options(d, family: str | None, given) -> list[tuple[str, str]]:

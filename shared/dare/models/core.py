@@ -953,7 +953,8 @@ def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_
     if past_key_values is not None and not isinstance(past_key_values, KVCache):
         raise TypeError(f"past_key_values must be a dare.models.core.KVCache (the one a forward with use_cache=True "
                         f"returns), got {type(past_key_values).__name__}")
-    group, length = _SEQUENCE_GROUP.get(), None
+    # (a captured step, `dare.rollout.core.StepForward`, runs outside `sequence_parallel`: dynamo cannot read it)
+    group, length = None if torch.compiler.is_compiling() else _SEQUENCE_GROUP.get(), None
     if group is not None:
         if past_key_values is not None or cu_seqlens is not None or output_router_logits:
             raise ValueError("a sequence-parallel forward takes no cache, no packed input and no router logits")
