@@ -176,13 +176,17 @@ RELEASED_STRATEGIES = {"masked": ("vanilla", "prefix_cache", "dual_cache"), "blo
 
 def released_benchmark(family: str, overrides: list[str], device: str = "cuda", dtype: str = "bfloat16",
                        batch_size: int = 8, prompt_length: int = 128, repeats: int = 1,
-                       out: str | None = None, model=None, write: bool = True) -> dict:
+                       out: str | None = None, model=None, write: bool = True,
+                       compiled: tuple[str, ...] | None = None) -> dict:
     """Decoding speed at a released checkpoint's size (`dare bench rollout --released FAMILY`): the
     family's released config (`RELEASED` in its module) built with random weights, random prompt
     ids, tokens/s, NFE and peak memory per cache strategy. Needs no download: what a cache saves
     depends on the shapes, not on the weights. Parallel decoding and accuracy do depend on the
     weights (random weights are never confident), so they are not measured here. `model`: one already built
-    (`dare bench gpu` passes its own); `write=False`: the report is returned, not written."""
+    (`dare bench gpu` passes its own); `write=False`: the report is returned, not written. Every strategy runs
+    eagerly (`compile=false`); those in `compiled` (default on CUDA: the dual cache and the block cache, whose
+    step shapes are static) run again with their step captured (`compile=true`, rows `<strategy>+compiled`),
+    warmed up by one decode at the timed shape, so that compiling is not timed."""
     import json
 
     import torch
@@ -213,16 +217,24 @@ def released_benchmark(family: str, overrides: list[str], device: str = "cuda", 
         if device.startswith("cuda"):
             torch.cuda.synchronize()
 
+    if compiled is None:
+        compiled = ("dual_cache", "block_cache") if device.startswith("cuda") else ()
+    runs = [(s, False) for s in RELEASED_STRATEGIES[kind]] + [(s, True) for s in RELEASED_STRATEGIES[kind]
+                                                             if s in compiled]
     rows, vanilla = [], None
-    for strategy in RELEASED_STRATEGIES[kind]:
+    for strategy, capture in runs:
         kw = {**(MASKED_STRATEGIES if kind == "masked" else BLOCK_STRATEGIES)[strategy]}
         steps = f.block_size if kind == "block" else base.gen_length // 2
         params = load_config(DecodingConfig, None, [f"{k}={v}" for k, v in {
-            **_changed(base, kw.get("sampler", kind)), "steps": steps, "sampler": kind, **kw}.items()])
+            **_changed(base, kw.get("sampler", kind)), "steps": steps, "sampler": kind, **kw,
+            "compile": str(capture).lower()}.items()])
         with torch.no_grad():
-            generate(model, prompts[:1], prompt_mask[:1], load_config(  # warm-up: kernels, allocator
-                DecodingConfig, None, [f"{k}={v}" for k, v in {**_changed(params), "gen_length": params.block_length
-                                                               if kind == "masked" else f.block_size}.items()]))
+            if capture:  # compiling happens here, at the shapes the timed decode uses
+                generate(model, prompts, prompt_mask, params)
+            else:
+                generate(model, prompts[:1], prompt_mask[:1], load_config(  # warm-up: kernels, allocator
+                    DecodingConfig, None, [f"{k}={v}" for k, v in {**_changed(params), "gen_length": params.block_length
+                                                                   if kind == "masked" else f.block_size}.items()]))
             if device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
             times = []
@@ -236,10 +248,11 @@ def released_benchmark(family: str, overrides: list[str], device: str = "cuda", 
         tps = batch_size * params.gen_length / seconds
         vanilla = vanilla or tps
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
-        row = {"strategy": strategy, "tokens_per_s": tps, "speedup_vs_vanilla": tps / vanilla, "nfe": result.nfe,
-               "seconds": seconds, "peak_gib": peak, "decoding": kw}
+        label = strategy + ("+compiled" if capture else "")
+        row = {"strategy": label, "tokens_per_s": tps, "speedup_vs_vanilla": tps / vanilla, "nfe": result.nfe,
+               "seconds": seconds, "peak_gib": peak, "decoding": {**kw, "compile": capture}}
         rows.append(row)
-        print(f"  {strategy:14s} {tps:9.1f} {tps / vanilla:7.2f}x {result.nfe:6d} {seconds:8.2f} "
+        print(f"  {label:14s} {tps:9.1f} {tps / vanilla:7.2f}x {result.nfe:6d} {seconds:8.2f} "
               f"{'-' if peak is None else f'{peak:.1f}':>9s}")
     report = {"benchmark": "rollout-released-shape", "released": name, "family": family, "n_params": n_params,
               "dtype": dtype, "device": device, "batch_size": batch_size, "prompt_length": prompt_length,
