@@ -164,3 +164,30 @@ def test_compile_is_checked_and_leaves_the_hash_alone():
     with pytest.raises(Invalid, match="decodes eagerly"):
         DecodingConfig(compile=True, sampler="dream").validate()
     assert rollout_core.compiles(DecodingConfig(), "cpu") is False and rollout_core.compiles(DecodingConfig(), "cuda")
+
+
+@pytest.mark.parametrize("family, settings", [("llada", {"masked": {"cache": "dual"}}), ("sdar", {})])
+def test_a_captured_step_on_cuda_keeps_one_cache_across_rollouts(family, settings, monkeypatch):
+    """Where the step is captured on CUDA the cache's addresses must not move between rollouts (a moved static
+    input records the CUDA graph again, and torch stops after 128): the model keeps one cache per (capacity,
+    batch), emptied for each rollout. Played on CPU with the step compiled by aot_eager and the CUDA flag set."""
+    model = tiny(family)
+    monkeypatch.setattr(rollout_core, "BACKEND", "aot_eager")
+    init = rollout_core.StepForward.__init__
+
+    def as_on_cuda(self, model, compiled):
+        init(self, model, compiled)
+        self.cuda = True
+
+    monkeypatch.setattr(rollout_core.StepForward, "__init__", as_on_cuda)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+    common = dict(gen_length=16, block_length=8, steps=16 if family == "llada" else 4, **settings)
+    eager = run(model, DecodingConfig(**common, compile=False))
+    assert "_dare_caches" not in model.__dict__  # eager rollouts make their own
+    first = run(model, DecodingConfig(**common, compile=True))
+    (key, cache), = model.__dict__["_dare_caches"].items()
+    address = cache.keys[0].data_ptr()
+    second = run(model, DecodingConfig(**common, compile=True))
+    assert model.__dict__["_dare_caches"] == {key: cache} and cache.keys[0].data_ptr() == address
+    assert key == (cache.capacity, len(PROMPTS))
+    assert torch.equal(first.sequences, eager.sequences) and torch.equal(second.sequences, eager.sequences)

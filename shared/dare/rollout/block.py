@@ -63,7 +63,6 @@ import torch
 import torch.nn.functional as F
 
 from dare.models import facts
-from dare.models.core import KVCache
 import dare.rollout.core as rollout_core
 from dare.rollout.core import (RolloutOutput, StepForward, any_left, any_rank, commit_quota, compiles,
                                max_rank, response_mask, sharded)
@@ -148,8 +147,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     work = work.tolist()
     spent = [sum(quota[:s]) for s in range(len(quota) + 1)]  # masks committed after s steps, at the latest
 
-    cache, nfe, done_cols = KVCache(capacity=W), 0, 0
     run = StepForward(model, cached and compiles(decoding, device))  # the step's forward, captured or eager
+    cache, nfe, done_cols = run.cache(W, B), 0, 0
     step = torch.zeros((), dtype=torch.long, device=device)  # the steps that had work (the step map's numbers)
     idle = torch.zeros((), dtype=torch.long, device=device)  # step forwards run once every row was done
     trajectory, kept = [], []

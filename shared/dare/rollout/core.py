@@ -130,6 +130,20 @@ class StepForward:
         self.cuda = next(model.parameters()).device.type == "cuda"
         self.marked: set[int] = set()
 
+    def cache(self, capacity: int, batch: int):
+        """The rollout's static `KVCache`, empty: a new one, or where the step is captured on CUDA the model's
+        own cache of this (capacity, batch), kept from rollout to rollout so that its addresses, and with them
+        the CUDA graphs, stay the same (torch records a graph again when a static input moves, and stops
+        capturing after 128 times). Kept, it holds `KVCache.nbytes(...)` while the model lives."""
+        from dare.models.core import KVCache
+
+        if not (self.compiled and self.cuda):
+            return KVCache(capacity=capacity)
+        kept = self.model.__dict__.setdefault("_dare_caches", {})
+        if (capacity, batch) not in kept:
+            kept[(capacity, batch)] = KVCache(capacity=capacity)
+        return kept[(capacity, batch)].truncate(0)
+
     def __call__(self, ids, mask, cache, replace_position=None) -> torch.Tensor:
         fn = _compiled_step(self.model, self.cuda) if self.compiled and cache.keys else None
         if fn is None:

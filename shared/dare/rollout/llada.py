@@ -60,7 +60,6 @@ import math
 import torch
 
 from dare.models import align, facts, token_logits
-from dare.models.core import KVCache
 import dare.rollout.core as rollout_core
 from dare.rollout.core import (RolloutOutput, StepForward, any_left, any_rank, canvas, commit_rule,
                                compiles, num_transfer_tokens, predict, response_mask, sharded)
@@ -216,7 +215,7 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
             continue
         # Fast-dLLM: a full forward fills the cache and makes the block's first commit
         if cache is None:
-            cache, where = KVCache(capacity=P + G), torch.zeros((), dtype=torch.long, device=device)
+            cache, where = run.cache(P + G, B), torch.zeros((), dtype=torch.long, device=device)
         cache.truncate(0)
         live = left(lo, hi)
         out = model(x, attention_mask, past_key_values=cache, use_cache=True)
