@@ -187,8 +187,6 @@ def released_benchmark(family: str, overrides: list[str], device: str = "cuda", 
     eagerly (`compile=false`); those in `compiled` (default on CUDA: the dual cache and the block cache, whose
     step shapes are static) run again with their step captured (`compile=true`, rows `<strategy>+compiled`),
     warmed up by one decode at the timed shape, so that compiling is not timed."""
-    import json
-
     import torch
 
     from dare.models import family_module

@@ -109,7 +109,6 @@ def experts_benchmark(device: str = "cpu", dtype: str = "float32", *, hidden: in
                      "loop_spread_s": [min(timed["loop"]), max(timed["loop"])],
                      "grouped_spread_s": [min(timed["grouped"]), max(timed["grouped"])],
                      "max_abs_diff": float((outputs["loop"].float() - outputs["grouped"].float()).abs().max())})
-        del block
     return {"kind": "bench.experts", "benchmark": "experts", "device": device, "dtype": dtype, "repeats": repeats, "rows": rows}
 
 
@@ -275,7 +274,7 @@ def model_forwards(model, device: str, repeats: int, shapes=(PROMPT, GEN, QUERY)
             keys = getattr(cache, "keys", [])
             row["cache_bytes"] = sum(t.numel() * t.element_size() for t in (*keys, *getattr(cache, "values", [])))
             rows.append(row)
-            del cache
+            cache = None  # freed before the next batch size
     return {"rows": rows, "math_kernel_needed": math_needed}
 
 
@@ -288,7 +287,6 @@ def read_seconds(n_bytes: int, device: str) -> tuple[float, float]:
     buf = torch.ones(size // 2, dtype=torch.bfloat16, device=device)
     times = _timed(lambda: buf.sum(dtype=torch.float32), _sync_for(device), 5)
     bandwidth = size / statistics.median(times)
-    del buf
     return n_bytes / bandwidth, bandwidth
 
 
@@ -358,7 +356,7 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
                                               device=device, dtype=dtype, batch_size=8, prompt_length=shapes[0],
                                               model=model, write=False)["rows"]
         entry["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
-        del model
+        model = None
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
         save()
