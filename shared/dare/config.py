@@ -348,6 +348,11 @@ class RLConfig:
     """Compute the old log-probs even when mu = 1 (the ratio is then 1 by construction); only the
     benchmark's naive pipeline sets it."""
     decoding: DecodingConfig = field(default_factory=lambda: DecodingConfig(temperature=0.9))
+    gather_rollout: bool = field(default=True, metadata=NOHASH)
+    """Under FSDP (several processes), gather the policy whole once for each rollout (and validation rollout)
+    and reshard it after (`dare.train.dist.gathered`): one all-gather per FSDP unit instead of one per unit and
+    forward, for the memory of the whole model in the compute dtype on every process during the rollout (2
+    bytes a parameter in bfloat16); false: FSDP gathers a unit at a time in every forward. Same tokens."""
     eval_every: int = field(default=0, metadata=NOHASH)
     """Validate every N rollout batches (and after the last) with the embedded evaluator: the first
     `eval_samples` prompts of `eval_split`, greedy with the rollout's lengths, the task's metrics

@@ -63,7 +63,7 @@ from dare.rollout import decode_responses, generate, left_pad
 from dare.train.batches import backward_by_parts, micro_slices, take
 from dare.train.checkpoint import save_final
 from dare.train.loop import Loop, build_model
-from dare.train.dist import setup_dist
+from dare.train.dist import gathered, setup_dist
 from dare.train.trainer import Trainer
 from dare.train.estimators import Compute
 from dare.train import diagnostics as diag
@@ -199,7 +199,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             ids, mask = left_pad([prompts[i] for i in row_of], f.pad_token_id)
             policy.eval()
             counter.take()  # what ran between steps (checkpoints, a rollback) is not this step's
-            with trainer.autocast(), counter.phase("rollout"):
+            with trainer.autocast(), counter.phase("rollout"), gathered(policy, cfg.rl.gather_rollout):
                 out = generate(policy, ids.to(dist.device), mask.to(dist.device), rollout_cfg, rollout_gen)
             texts = decode_responses(tokenizer, out.responses, f.stop_ids)
             rewards = torch.tensor(task.rewards(texts, [rows[i] for i in row_of], style=cfg.data.reward),
@@ -313,7 +313,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                 greedy = replace(cfg.rl.decoding, temperature=0.0, tree=())
                 with counter.phase("eval"):
                     val = validate(policy, trainer, tokenizer, task, val_rows, greedy,
-                                   make_generator(cfg.run.seed, f"val/{step}/{dist.rank}"))
+                                   make_generator(cfg.run.seed, f"val/{step}/{dist.rank}"), cfg.rl.gather_rollout)
             used = dist.sum({**counter.take(), "rollout_tokens": float(out.responses.numel()),
                              "update_tokens": float((out.response_mask & keep.repeat_interleave(G, 0)).sum()) * mu
                              if kept else 0.0})
@@ -496,14 +496,15 @@ def validation_rows(cfg, task, world: int) -> list[dict]:
     return rows
 
 
-def validate(policy, trainer, tokenizer, task, rows: list[dict], decoding, generator) -> dict:
+def validate(policy, trainer, tokenizer, task, rows: list[dict], decoding, generator, gather: bool = True) -> dict:
     """The embedded evaluator's metrics on this rank's share of the validation rows, averaged over
-    all ranks (collective): {"val/<metric>": mean}."""
+    all ranks (collective): {"val/<metric>": mean}. `gather`: the sharded policy gathered once for the
+    rollout (`dist.gathered`, `rl.gather_rollout`)."""
     dist, f = trainer.dist, facts(policy)
     mine = rows[dist.shard(len(rows))]
     ids, mask = left_pad(encode_chat(tokenizer, [r["prompt"] for r in mine]), f.pad_token_id)
     policy.eval()
-    with torch.no_grad(), trainer.autocast():
+    with torch.no_grad(), trainer.autocast(), gathered(policy, gather):
         out = generate(policy, ids.to(dist.device), mask.to(dist.device), decoding, generator)
     sums: dict[str, float] = {"count": float(len(mine))}
     for scores in task.scores(decode_responses(tokenizer, out.responses, f.stop_ids), mine):
