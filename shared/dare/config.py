@@ -160,7 +160,8 @@ class ModelConfig:
     """Display name in results; default: the checkpoint's recorded name or the folder name."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute precision. bfloat16 is mixed precision: float32 master weights and optimizer state,
-    bfloat16 forward/backward, gradients reduced in float32."""
+    bfloat16 forward/backward, gradients reduced in float32; under LoRA the frozen base is stored in bfloat16
+    and only the adapters and their optimizer state are float32."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
 

@@ -19,6 +19,7 @@ from dare.models.tokenizer import char_tokenizer
 from dare.train.checkpoint import StopSignals, restore, resume, training_state
 from dare.train.metrics import MetricsLog
 from dare.train.sampler import EpochSampler
+from dare.train.trainer import bf16_base
 from dare.utils import UserError, derive_seed, make_generator, sha256_file
 
 
@@ -40,7 +41,8 @@ def record_guard(run_dir: Path, event: dict) -> None:
 def build_model(model_cfg, task, seed: int):
     """(model, tokenizer, display name, meta of the checkpoint it starts from or None)."""
     if model_cfg.path:
-        model = load_pretrained(model_cfg.path, "float32")  # master weights; bfloat16 is a compute dtype
+        # float32 master weights (bfloat16 is a compute dtype), but a frozen LoRA base in bfloat16 (`bf16_base`)
+        model = load_pretrained(model_cfg.path, "bfloat16" if bf16_base(model_cfg) else "float32")
         tokenizer = load_tokenizer(model_cfg.path)
         family = facts(model).family
         if family != model_cfg.family:

@@ -59,7 +59,8 @@ def save_adapter(model, state: dict, folder: Path) -> None:
 
 def merge_lora(state: dict, lora_config) -> dict:
     """A peft model's full state dict -> the base model's, with W + (alpha / r) B A merged in
-    (what `merge_and_unload` computes, on plain tensors so it also works on gathered FSDP shards)."""
+    (what `merge_and_unload` computes, on plain tensors so it also works on gathered FSDP shards), in
+    float32: a bfloat16 base (`dare.train.trainer.bf16_base`) would round small adapter updates away."""
     if lora_config.use_rslora or lora_config.use_dora:
         raise NotImplementedError("merging rsLoRA/DoRA adapters")
     scale = lora_config.lora_alpha / lora_config.r
@@ -68,11 +69,12 @@ def merge_lora(state: dict, lora_config) -> dict:
         if ".lora_" in key:
             continue
         name = key.removeprefix(LORA_PREFIX)
+        value = value.float() if value.is_floating_point() else value
         if ".base_layer." in name:
             prefix, _, leaf = key.rpartition(".base_layer.")
             name = name.replace(".base_layer.", ".")
             if leaf == "weight":
                 a, b = state[f"{prefix}.lora_A.default.weight"], state[f"{prefix}.lora_B.default.weight"]
-                value = (value.float() + scale * (b.float() @ a.float())).to(value.dtype)
+                value = value + scale * (b.float() @ a.float())
         merged[name] = value
     return merged

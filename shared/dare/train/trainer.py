@@ -6,7 +6,10 @@ reference model, and saving through the checkpoint format (`dare.train.checkpoin
 - precision: float32, or bfloat16 mixed precision with float32 master weights (FSDP2's
   `MixedPrecisionPolicy` when sharded, `torch.autocast` otherwise; gradients reduce in float32).
 - LoRA through peft (`dare.train.lora`); the reference model is then the same network with the adapter
-  disabled, otherwise a frozen copy (optionally kept on the CPU).
+  disabled, otherwise a frozen copy (optionally kept on the CPU). Under LoRA with bfloat16 the frozen base is
+  stored in bfloat16 (`bf16_base`): autocast then has no base weight to cast (it casts only the float32
+  adapters, r x d each), and the adapters and their AdamW state stay float32; peft adds an adapter's output to
+  the base layer's and casts the sum back to the layer's dtype.
 - gradient checkpointing of every decoder layer (non-reentrant).
 
 Losses are normalized by batch totals (see `dare.train.sft`/`rl`), and FSDP averages gradients over ranks, so
@@ -37,6 +40,8 @@ class Trainer:
         self.dist, self.cfg = dist, train_cfg
         self.lora = model_cfg.lora.rank > 0
         self.bf16 = model_cfg.dtype == "bfloat16"
+        if bf16_base(model_cfg):  # before peft adds the (float32) adapters
+            cast_parameters(model, torch.bfloat16)
         model = model.to(dist.device)
         self.base = model  # the unwrapped transformers model (configs, save_pretrained)
         if train_cfg.gradient_checkpointing:
@@ -68,7 +73,8 @@ class Trainer:
 
     # --- compute
     def autocast(self):
-        """bfloat16 compute around forwards when unsharded (FSDP casts parameters itself)."""
+        """bfloat16 compute around forwards when unsharded (FSDP casts parameters itself). Parameters already
+        in bfloat16 (a LoRA base) are used as they are; what autocast keeps in float32 stays so."""
         if self.bf16 and self.dist.processes == 1:
             return torch.autocast(self.dist.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
@@ -249,6 +255,20 @@ class Trainer:
             full = merge_lora(full, self.model.peft_config["default"])
         save_model(self.base if not self.lora else self.model.get_base_model(), tokenizer, folder,
                    meta=meta, state_dict=full)
+
+
+def bf16_base(model_cfg) -> bool:
+    """Whether the model's frozen base is stored in bfloat16: under LoRA (`model.lora.rank > 0`) with
+    `model.dtype=bfloat16` (a LoRA run loads its checkpoint so, `dare.train.loop.build_model`)."""
+    return model_cfg.lora.rank > 0 and model_cfg.dtype == "bfloat16"
+
+
+def cast_parameters(model, dtype: torch.dtype) -> None:
+    """Store every floating-point parameter of `model` in `dtype`, in place (tied ones once); buffers (rotary
+    tables, routers' biases) keep theirs."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(dtype)
 
 
 def shard(model, bf16: bool, offload: bool = False) -> None:
