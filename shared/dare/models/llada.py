@@ -196,6 +196,9 @@ class LLaDAModelLM(DLLMPreTrainedModel):
         t = self.model.transformer
         return t.wte if self.config.weight_tying else t.ff_out
 
+    def logits_from_hidden(self, hidden):
+        return self.model.head(hidden)  # a tied head is the embedding's weight as a linear map, not the embedding
+
     def decoder_parts(self):
         m, t = self.model, self.model.transformer
         return t.wte, t.blocks, t.ln_f, m.head, m.rope

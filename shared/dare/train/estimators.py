@@ -65,36 +65,39 @@ class Compute:
     `train.logit_chunk`): `pack` drops padding and packs the rows into one sequence list
     (`cu_seqlens`) when that removes at least `min_padding` of the positions (without flash-attn
     the packed path attends sequence by sequence, which costs more than a little padding); `chunk`
-    positions go through the output head at a time (0: full logits)."""
+    positions go through the output head at a time (0: full logits); `fused` lets a plain linear head
+    recompute its logits in backward (`head_logps`) instead of keeping them."""
 
     pack: bool = False
     chunk: int = 1024
     min_padding: float = 0.25
+    fused: bool = True
 
 
 def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: torch.Tensor,
                  attention_mask: torch.Tensor | None = None, chunk: int = 1024,
                  cu_seqlens: torch.Tensor | None = None, pack: bool = False, min_padding: float = 0.0,
                  compute: Compute | None = None, temperature: float = 1.0,
-                 support: torch.Tensor | None = None) -> torch.Tensor:
+                 support: torch.Tensor | None = None, fused: bool = True) -> torch.Tensor:
     """(B, L) log p(targets | x_masked) at `where` (0 elsewhere), in float32, from the logits divided
     by `temperature` (MDPO scores its rollouts' tempered distribution) and, with `support` (N, V) bool,
     one row per scored position in row-major order (`where.nonzero()`), renormalized over the tokens it
     keeps: the top-k/top-p distribution a truncating sampler drew from (AGRPO).
 
-    chunk > 0: the cross-entropy is taken from hidden states `chunk` positions at a time, so the
-    (B, L, V) logits never exist; chunk = 0: full logits (the naive path, for comparison).
+    chunk > 0: the cross-entropy is taken from hidden states `chunk` positions at a time (`head_logps`;
+    `fused`: recomputed in backward where the head allows), so the (B, L, V) logits never exist; chunk = 0:
+    full logits (the naive path, for comparison).
     pack: padded rows (attention_mask 0) are packed without their pads into one row with
     `cu_seqlens` first (when at least `min_padding` of the positions are padding); a packed row
     (1, total) with `cu_seqlens` can also be given directly. `compute` (a batch's trainer options)
-    sets chunk, pack and min_padding at once."""
+    sets chunk, pack, min_padding and fused at once."""
     if compute is not None:
-        chunk, pack, min_padding = compute.chunk, compute.pack, compute.min_padding
+        chunk, pack, min_padding, fused = compute.chunk, compute.pack, compute.min_padding, compute.fused
     if (pack and attention_mask is not None and cu_seqlens is None
             and 1 - attention_mask.float().mean().item() >= max(min_padding, 1e-9)):
         cu, x, y, scored = pack_padded(attention_mask, x_masked, targets, where)
         packed = masked_logps(model, x, y, scored, None, chunk, cu, temperature=temperature,
-                              support=support)  # packing keeps the row-major order
+                              support=support, fused=fused)  # packing keeps the row-major order
         return unpack_padded(packed, attention_mask)
     if chunk == 0:
         logits = token_logits(model, x_masked, attention_mask, cu_seqlens=cu_seqlens).float() / temperature  # (B, L, V)
@@ -105,16 +108,110 @@ def masked_logps(model, x_masked: torch.Tensor, targets: torch.Tensor, where: to
         logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         return torch.where(where, logps, 0.0)
     hidden = token_hidden(model, x_masked, attention_mask, cu_seqlens=cu_seqlens)  # (B, L, H), aligned
-    head = output_head(model)
+    return scored_logps(model, hidden, targets, where, chunk, temperature, support, fused)
+
+
+def scored_logps(model, hidden: torch.Tensor, targets: torch.Tensor, where: torch.Tensor, chunk: int,
+                 temperature: float = 1.0, support: torch.Tensor | None = None, fused: bool = True) -> torch.Tensor:
+    """(B, L) float32 log p(targets | hidden) at `where` (0 elsewhere) through the model's output head, from
+    hidden (B, L, H): the scored positions in row-major order, `chunk` at a time (`head_logps`)."""
     out = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
     rows, cols = where.nonzero(as_tuple=True)
-    for span in head_chunks(model, len(rows), chunk, where.device):
-        r, c = rows[span], cols[span]
-        logits = head(hidden[r, c]).float() / temperature  # (chunk, V)
-        if support is not None:
-            logits = logits.masked_fill(~support[span], -torch.inf)
-        out[r, c] = -F.cross_entropy(logits, targets[r, c], reduction="none")
+    out[rows, cols] = head_logps(model, hidden[rows, cols], targets[rows, cols], chunk, temperature, support, fused)
     return out
+
+
+def head_logps(model, hidden: torch.Tensor, targets: torch.Tensor, chunk: int, temperature: float = 1.0,
+               support: torch.Tensor | None = None, fused: bool = True) -> torch.Tensor:
+    """(N,) float32 log p(targets | hidden) of N hidden states (N, H) through the model's output head, `chunk`
+    rows at a time (`head_chunks`), from the logits divided by `temperature` and, with `support` (N, V) bool,
+    set to -inf outside it. Where the head is a plain linear map on one process (`linear_head`) and `fused`,
+    `LinearLogps` keeps only the hidden states and one logsumexp per row for backward and recomputes each
+    chunk's logits there: the loss's memory no longer grows with the vocabulary beyond one chunk. Elsewhere
+    (a sharded head under FSDP, whose forward hooks gather it and must pair up across processes; a LoRA-wrapped
+    head; `fused=False`) each chunk goes through the head module and autograd keeps its float32 log-softmax."""
+    spans = head_chunks(model, len(targets), chunk, hidden.device)
+    linear = linear_head(model) if fused else None
+    if linear is not None:
+        return LinearLogps.apply(hidden, targets, *linear, temperature, support, spans)
+    head = output_head(model)
+    return torch.cat([tempered(head(hidden[s]), temperature, None if support is None else support[s])
+                      .log_softmax(-1).gather(-1, targets[s, None])[:, 0] for s in spans])
+
+
+def tempered(logits: torch.Tensor, temperature: float, support: torch.Tensor | None) -> torch.Tensor:
+    """float32 logits / temperature, -inf outside `support` (bool, the logits' shape) when given."""
+    logits = logits.float() / temperature
+    return logits if support is None else logits.masked_fill(~support, -torch.inf)
+
+
+def linear_head(model) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight (V, H), bias (V,) or None) when the model's output head is exactly `F.linear(hidden, weight, bias)`
+    on this process: an `nn.Linear` or a tied input embedding (`output_head` then casts at most to float32, which
+    `LinearLogps` does anyway); None under FSDP (`sharded`: the head's weight is gathered by its module's hooks,
+    which `LinearLogps` would bypass), for a head with forward hooks (they may change its logits) and for any
+    other head (a LoRA-wrapped one)."""
+    head = getattr(model, "module", model).get_output_embeddings()
+    if (sharded(model) or type(head) not in (torch.nn.Linear, torch.nn.Embedding) or head._forward_hooks
+            or head._forward_pre_hooks):
+        return None
+    return head.weight, getattr(head, "bias", None)
+
+
+class LinearLogps(torch.autograd.Function):
+    """log_softmax(tempered(hidden @ weight.T + bias))[targets] per row, chunk by chunk, with no (rows x V) tensor
+    kept for backward: forward saves hidden, targets, the support and each row's logsumexp (O(rows)); backward
+    recomputes each chunk's logits and forms d/dlogits = (onehot - softmax) x grad / temperature, then the
+    gradients of hidden, weight and bias (weight and bias only when they require grad: a frozen head under LoRA).
+    The matmuls run in autocast's dtype when autocast is on (as `head(hidden)` would), in the weight's otherwise;
+    the softmax, the logsumexp and the weight's gradient are accumulated in float32."""
+
+    @staticmethod
+    def forward(ctx, hidden, targets, weight, bias, temperature, support, spans):
+        dtype = _compute_dtype(hidden, weight)
+        w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+        out = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(out)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for s in spans:
+                logits = tempered(F.linear(hidden[s].to(dtype), w, b), temperature,
+                                  None if support is None else support[s])
+                lse[s] = logits.logsumexp(-1)
+                out[s] = logits.gather(-1, targets[s, None])[:, 0] - lse[s]
+        ctx.save_for_backward(hidden, targets, weight, bias, support, lse)
+        ctx.temperature, ctx.spans, ctx.dtype = temperature, spans, dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, targets, weight, bias, support, lse = ctx.saved_tensors
+        dtype, temperature = ctx.dtype, ctx.temperature
+        want_h, _, want_w, want_b = ctx.needs_input_grad[:4]
+        w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+        grad_h = torch.zeros_like(hidden) if want_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for s in ctx.spans:
+                h = hidden[s].to(dtype)
+                logits = tempered(F.linear(h, w, b), temperature, None if support is None else support[s])
+                g = logits.sub_(lse[s, None]).exp_().neg_()  # -softmax, in place (0 outside the support)
+                g[torch.arange(len(g), device=g.device), targets[s]] += 1
+                g.mul_(grad[s, None] / temperature)  # d loss / d (hidden @ weight.T + bias), float32
+                if want_h:
+                    grad_h[s] = (g.to(dtype) @ w).to(hidden.dtype)
+                if want_w:
+                    grad_w += g.to(dtype).T @ h
+                if want_b:
+                    grad_b += g.sum(0)
+        return (grad_h, None, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None)
+
+
+def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype `F.linear(hidden, weight)` computes in here: autocast's where it is on, the weight's otherwise."""
+    device = hidden.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
 
 
 def head_chunks(model, n: int, chunk: int, device) -> list[slice]:
@@ -142,8 +239,8 @@ def diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, where: to
         if temperature != 1.0 or support is not None:
             raise ValueError("tempered or truncated log-probs (temperature != 1, a support) are implemented for "
                              "bidirectional models only")
-        chunk = compute.chunk if compute is not None else 1024
-        return block_diffusion_logps(model, x_noisy, clean, where, attention_mask, chunk=chunk)
+        compute = compute or Compute()
+        return block_diffusion_logps(model, x_noisy, clean, where, attention_mask, compute.chunk, compute.fused)
     return masked_logps(model, x_noisy, clean, where, attention_mask, compute=compute, temperature=temperature,
                         support=support)
 
@@ -272,19 +369,14 @@ def renyi_eubo(logps: torch.Tensor, scored: torch.Tensor, weight: torch.Tensor, 
 
 
 def block_diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, where: torch.Tensor,
-                          attention_mask: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
+                          attention_mask: torch.Tensor | None = None, chunk: int = 1024,
+                          fused: bool = True) -> torch.Tensor:
     """(B, L) log p(clean_i | ...) at `where` for block-diffusion models (SDAR, LLaDA2.x), through
     their training layout `[x_noisy ; clean]` in one forward: a noisy block attends to itself and
     to the clean blocks before it, clean tokens attend block-causally (`block_diffusion=True`
-    in `dare.models`). Chunked over positions like `masked_logps`."""
-    hidden = diffusion_hidden(model, x_noisy, clean, attention_mask)
-    head = output_head(model)
-    out = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
-    rows, cols = where.nonzero(as_tuple=True)
-    for span in head_chunks(model, len(rows), chunk, where.device):
-        r, c = rows[span], cols[span]
-        out[r, c] = -F.cross_entropy(head(hidden[r, c]).float(), clean[r, c], reduction="none")
-    return out
+    in `dare.models`). Chunked over positions like `masked_logps` (`scored_logps`)."""
+    return scored_logps(model, diffusion_hidden(model, x_noisy, clean, attention_mask), clean, where, chunk,
+                        fused=fused)
 
 
 def _normalizer(maskable, normalize):
