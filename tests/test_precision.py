@@ -109,3 +109,75 @@ def test_bf16_lora_sft_matches_the_float32_base_and_exports(tmp_path, monkeypatc
         torch.testing.assert_close(a[k].float(), b[k].float(), atol=1e-2, rtol=1e-2)
     adapter = load_file(str(new / "final" / "adapter" / "adapter_model.safetensors"))
     assert adapter and {t.dtype for t in adapter.values()} == {torch.float32}
+
+
+# ---------------------------------------------------------------------------------------------
+# A full fine-tune on one device: bf16 weights and gradients, float32 master and moments on the CPU
+# ---------------------------------------------------------------------------------------------
+
+
+def test_offloaded_adamw_steps_its_float32_master_exactly_as_plain_adamw():
+    """Given the same gradients (bf16-exact, as the device's are), the master weights, the moments and the
+    gradient norm equal plain float32 AdamW's bit for bit, and the device's weights are the master's in bf16."""
+    tok = char_tokenizer("0123456789+=", "llada")
+    model = new_model("llada", tok, ScratchModelConfig(d_model=32, n_heads=2, n_layers=2, mlp_hidden_size=64), 0)
+    cfg = TrainConfig(steps=3, lr=1e-2, weight_decay=0.1, warmup_steps=2, max_grad_norm=1.0)
+    plain = Trainer(model, ModelConfig(), cfg, Dist(), total_steps=3)
+    import copy
+    from dataclasses import replace
+
+    offload = Trainer(copy.deepcopy(model), ModelConfig(dtype="bfloat16"), replace(cfg, optimizer="adamw_offload"),
+                      Dist(), total_steps=3)
+    assert {p.dtype for p in offload.model.parameters()} == {torch.bfloat16}
+    assert {(p.dtype, p.device.type) for p in offload.master.parameters()} == {(torch.float32, "cpu")}
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for p, q in zip(plain.model.parameters(), offload.model.parameters(), strict=True):
+            g = (torch.randn(p.shape, generator=generator) * 0.3).to(torch.bfloat16)
+            p.grad, q.grad = g.float(), g
+        assert plain.step() == offload.step()
+        for p, m, q in zip(plain.model.parameters(), offload.master.parameters(), offload.model.parameters()):
+            assert torch.equal(p, m) and torch.equal(p.to(torch.bfloat16), q)
+            assert q.grad is None and m.grad is None
+    states = list(plain.optimizer.state.values()), list(offload.optimizer.state.values())
+    assert len(states[0]) == len(states[1]) > 0
+    for a, b in zip(*states):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+        assert b["exp_avg"].dtype == torch.float32 and b["exp_avg"].device.type == "cpu"
+
+
+def test_offloaded_adamw_sft_matches_plain_adamw_and_resumes_exactly(tmp_path):
+    import shutil
+
+    args = [*TINY, "train.steps=4", "model.dtype=bfloat16", "run.save_every=2"]
+    plain = train("sft", None, [*args, f"run.out_dir={tmp_path / 'plain'}"])
+    a = train("sft", None, [*args, "train.optimizer=adamw_offload", f"run.out_dir={tmp_path / 'a'}"])
+    assert _losses(a) == pytest.approx(_losses(plain), rel=1e-2)
+    wa, wp = load_file(str(a / "final" / "model.safetensors")), load_file(str(plain / "final" / "model.safetensors"))
+    assert {t.dtype for t in wa.values()} == {torch.float32}  # the master copy is exported
+    for k in wp:
+        torch.testing.assert_close(wa[k], wp[k], atol=1e-2, rtol=1e-2)
+    b = tmp_path / "b"  # resumed from step 2: the checkpoint holds the master weights and the moments
+    shutil.copytree(a / "checkpoints", b / "checkpoints")
+    assert [c.name for c in (b / "checkpoints").iterdir()] == ["step_0000002"]
+    (b / "run.json").write_text(json.dumps({**json.loads((a / "run.json").read_text()), "status": "running"}))
+    train("sft", None, [*args, "train.optimizer=adamw_offload", f"run.out_dir={b}"])
+    assert [json.loads(x)["step"] for x in (b / "metrics.jsonl").read_text().splitlines()] == [3, 4]
+    wb = load_file(str(b / "final" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_offloaded_adamw_is_refused_where_it_cannot_apply():
+    from dare.app.runs import resolve
+    from dare.config import ConfigError
+    from dare.utils import UserError
+
+    with pytest.raises(ConfigError, match=r"train.optimizer=adamw_offload \(from command line\) with "
+                                          r"model.dtype=float32: .*set model.dtype=bfloat16"):
+        resolve("sft", None, ["train.optimizer=adamw_offload"])
+    with pytest.raises(ConfigError, match=r"with model.lora.rank=4: LoRA"):
+        resolve("sft", None, ["train.optimizer=adamw_offload", "model.dtype=bfloat16", "model.lora.rank=4"])
+    tok = char_tokenizer("0123456789+=", "llada")
+    model = new_model("llada", tok, ScratchModelConfig(d_model=16, n_heads=2, n_layers=1, mlp_hidden_size=32), 0)
+    with pytest.raises(UserError, match="trains on one process"):
+        Trainer(model, ModelConfig(dtype="bfloat16"), TrainConfig(optimizer="adamw_offload"), Dist(world=2), 1)

@@ -312,6 +312,10 @@ class TrainConfig:
     0: the reference stays the initial model. Needs a reference copy (not LoRA's disabled adapter)."""
     reference_mix: float = 0.6
     """The policy's weight in the reference update (TRL's `ref_model_mixup_alpha`, default 0.6)."""
+    optimizer: Literal["adamw", "adamw_offload"] = field(default="adamw", metadata=ADDED)
+    """AdamW with its state beside the weights (`adamw`), or a full fine-tune on one device (`adamw_offload`):
+    bfloat16 weights and gradients on the device, float32 master weights and moments on the CPU, stepped there.
+    `adamw_offload` needs model.dtype=bfloat16, no LoRA and one process. Bytes per parameter of each: `dare.train.optim`."""
 
     def validate(self):
         check(self.steps > 0, "must be positive", "steps")
@@ -760,6 +764,7 @@ def _across_sections(cfg, origins: dict) -> list[str]:
     """Rules that join two sections, checked before any model is built:
     - `train.reference_sync_every` needs a reference copy, which LoRA does not have (its reference
       is the base with the adapter disabled);
+    - `train.optimizer=adamw_offload` needs `model.dtype=bfloat16` and no LoRA;
     - a decoding section's options are those of the sampler that runs (sampler=auto: the one the config's
       `model.family` picks, both of `dare.decoding.AUTO` where it names none): an option set in a file or on
       the command line for a sampler that does not run is an error. (The options of the sampler that runs
@@ -772,6 +777,14 @@ def _across_sections(cfg, origins: dict) -> list[str]:
             f"{origins.get('train.reference_sync_every', 'defaults')}) with model.lora.rank={model.lora.rank}: "
             "under LoRA the reference is the base with the adapter disabled, which a TR-DPO update cannot move; "
             "train without LoRA or set train.reference_sync_every=0")
+    if model is not None and getattr(train, "optimizer", "adamw") == "adamw_offload":
+        where = f"train.optimizer=adamw_offload (from {origins.get('train.optimizer', 'defaults')})"
+        if model.lora.rank > 0:
+            problems.append(f"invalid config: {where} with model.lora.rank={model.lora.rank}: LoRA's adapters are "
+                            "small and its base is frozen, nothing to offload; set train.optimizer=adamw")
+        elif model.dtype != "bfloat16":
+            problems.append(f"invalid config: {where} with model.dtype={model.dtype}: it keeps bfloat16 weights on the "
+                            "device; set model.dtype=bfloat16")
     family = getattr(model, "family", None)
 
     def walk(obj, prefix):

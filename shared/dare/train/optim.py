@@ -1,5 +1,21 @@
 """The optimizer (AdamW with the run's settings) and the learning-rate schedule (warmup, then constant,
-linear or cosine)."""
+linear or cosine).
+
+Memory per trained parameter (bytes; activations apart), by `train.optimizer` and precision, P processes:
+
+| mode | on the device | on the CPU |
+|---|---|---|
+| `adamw`, float32 | 4 weight + 4 gradient + 8 moments = 16 | 0 |
+| `adamw`, `model.dtype=bfloat16` | 16 (float32 master weights; autocast's bf16 copies of the weights are made per forward, FSDP2's per gathered unit) | 0 |
+| `adamw` under FSDP2 | 16 / P, + one gathered unit (all of it during a rollout, `rl.gather_rollout`) | 0 |
+| `adamw`, LoRA in bfloat16 | 2 per frozen base parameter (no gradient, no state); 16 per adapter parameter | 0 |
+| `adamw_offload` (bfloat16, one process) | 2 weight + 2 gradient = 4 | 4 master weight + 8 moments = 12, + 4 (the float32 gradient) during the step |
+
+The reference model adds, per policy parameter: a frozen copy in the model's storage dtype, 4 (float32) or 2
+(`adamw_offload`: a copy of the bfloat16 model), on the CPU instead with `train.reference_offload`; none under
+LoRA (the adapter-disabled base). `adamw_offload` moves 2 bytes per parameter each way per optimizer step (the
+gradients down, the new bfloat16 weights up) and steps AdamW on the CPU (`Trainer.step`); the rollouts and
+log-prob passes run on the device's bfloat16 weights with nothing moved."""
 
 from __future__ import annotations
 

@@ -10,6 +10,11 @@ reference model, and saving through the checkpoint format (`dare.train.checkpoin
   stored in bfloat16 (`bf16_base`): autocast then has no base weight to cast (it casts only the float32
   adapters, r x d each), and the adapters and their AdamW state stay float32; peft adds an adapter's output to
   the base layer's and casts the sum back to the layer's dtype.
+- a full fine-tune on one device (`train.optimizer=adamw_offload`): the model's parameters and gradients in
+  bfloat16 on the device, its float32 master copy (`master`) and AdamW's moments on the CPU, where the optimizer
+  steps; the new weights are copied back after each step. Checkpoints and the export hold the master copy.
+  (Not FSDP2's `CPUOffloadPolicy`: that keeps the weights on the CPU and copies them up on every forward, ~130
+  per rollout.) Bytes per parameter of each mode: `dare.train.optim`.
 - gradient checkpointing of every decoder layer (non-reentrant).
 
 Losses are normalized by batch totals (see `dare.train.sft`/`rl`), and FSDP averages gradients over ranks, so
@@ -27,7 +32,7 @@ from dare.models.tokenizer import save_tokenizer
 from dare.train.checkpoint import _single_process_quiet, save_model
 from dare.train.dist import Dist, sequence_parallel_training
 from dare.train.lora import adapter_to_module_names, add_lora, merge_lora, save_adapter
-from dare.utils import fingerprint
+from dare.utils import UserError, fingerprint
 
 
 class Trainer:
@@ -40,7 +45,14 @@ class Trainer:
         self.dist, self.cfg = dist, train_cfg
         self.lora = model_cfg.lora.rank > 0
         self.bf16 = model_cfg.dtype == "bfloat16"
-        if bf16_base(model_cfg):  # before peft adds the (float32) adapters
+        self.master = None
+        """`train.optimizer=adamw_offload`: the float32 master copy on the CPU that the optimizer steps."""
+        if train_cfg.optimizer == "adamw_offload":
+            if dist.processes > 1:
+                raise UserError("train.optimizer=adamw_offload trains on one process (several shard the optimizer "
+                                "state with FSDP2): set train.optimizer=adamw")
+            self.master = copy.deepcopy(model).to("cpu")
+        if bf16_base(model_cfg) or self.master is not None:  # before peft adds the (float32) adapters
             cast_parameters(model, torch.bfloat16)
         model = model.to(dist.device)
         self.base = model  # the unwrapped transformers model (configs, save_pretrained)
@@ -65,11 +77,16 @@ class Trainer:
         self.replicated = []  # parameters every rank of a sequence-parallel group computes in full (the heads)
         if dist.sp > 1:
             self.replicated = sequence_parallel_training(model, self.base, dist)
-        self.optimizer = make_optimizer(model, train_cfg)
+        self.optimizer = make_optimizer(self.stepped, train_cfg)
         self.lr_scale = 1.0
         """A factor on the whole schedule: a guard's rollback halves it (`scale_lr`); checkpoints keep it."""
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, total_steps, train_cfg) * self.lr_scale)
+
+    @property
+    def stepped(self):
+        """The module whose parameters the optimizer steps and checkpoints hold: the model, or its master copy."""
+        return self.model if self.master is None else self.master
 
     # --- compute
     def autocast(self):
@@ -86,7 +103,10 @@ class Trainer:
         """Clip, step, schedule, zero; returns the gradient norm before clipping. A non-finite norm (a NaN or
         inf anywhere in the gradients, the same on every rank) skips the step: the gradients are dropped and
         the weights, the optimizer's moments and the schedule stay as they were."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.master is not None:  # the bfloat16 gradients, to the master copy in float32
+            for p, m in zip(self.model.parameters(), self.master.parameters(), strict=True):
+                m.grad, p.grad = (None if p.grad is None else p.grad.to("cpu").float()), None
+        params = [p for p in self.stepped.parameters() if p.grad is not None]
         for p in self.replicated:  # summed over the sequence-parallel group: P times the gradient
             if p.grad is not None:
                 p.grad.div_(self.dist.sp)
@@ -100,6 +120,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._copy_master()
         every = self.cfg.reference_sync_every
         if self.ref is not None and every and self.scheduler.last_epoch % every == 0:
             self.sync_reference(self.cfg.reference_mix)
@@ -109,7 +130,7 @@ class Trainer:
     def sync_reference(self, mix: float) -> None:
         """TR-DPO's update (TRL `SyncRefModelCallback`): ref <- (1 - mix) ref + mix policy, parameter
         by parameter (shard by shard under FSDP: both models are sharded alike)."""
-        for ref_p, p in zip(self.ref.parameters(), self.model.parameters(), strict=True):
+        for ref_p, p in zip(self.ref.parameters(), self.stepped.parameters(), strict=True):
             ref_local = ref_p.to_local() if hasattr(ref_p, "to_local") else ref_p
             local = p.to_local() if hasattr(p, "to_local") else p
             ref_local.mul_(1.0 - mix).add_(local.to(ref_local.device, ref_local.dtype), alpha=mix)
@@ -145,6 +166,13 @@ class Trainer:
             if offloaded:
                 self.ref.to("cpu")
 
+    @torch.no_grad()
+    def _copy_master(self) -> None:
+        """The master copy's weights onto the model's bfloat16 parameters (cast on the CPU: 2 bytes each move)."""
+        if self.master is not None:
+            for p, m in zip(self.model.parameters(), self.master.parameters(), strict=True):
+                p.copy_(m.to(p.dtype))
+
     # --- state
     def _options(self, **kw):
         from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -161,7 +189,7 @@ class Trainer:
         moving reference."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-        model, optim = get_state_dict(self.model, self.optimizer, options=self._sharded_options())
+        model, optim = get_state_dict(self.stepped, self.optimizer, options=self._sharded_options())
         state = {"model": model, "optimizer": optim}
         if self.moving_reference:
             state["reference"] = get_model_state_dict(self.ref)
@@ -211,12 +239,13 @@ class Trainer:
             target = self._sharded_state()
             with _single_process_quiet():
                 dcp.load(target, checkpoint_id=str(folder / "dcp"), no_dist=self.dist.processes == 1)
-            set_state_dict(self.model, self.optimizer, model_state_dict=target["model"],
+            set_state_dict(self.stepped, self.optimizer, model_state_dict=target["model"],
                            optim_state_dict=target["optimizer"], options=self._sharded_options())
             if self.moving_reference:
                 set_model_state_dict(self.ref, target["reference"])
         else:
             self._load_full(folder, state)
+        self._copy_master()
         self.lr_scale = state.get("lr_scale", 1.0)
         self.scheduler.load_state_dict(state["scheduler"])
 
@@ -230,12 +259,12 @@ class Trainer:
             weights = adapter_to_module_names(self.model, load_file(str(folder / "adapter_model.safetensors")))
         else:
             weights = load_file(str(folder / "model.safetensors"))
-        expected = {n for n, p in self.model.named_parameters() if p.requires_grad or not self.lora}
+        expected = {n for n, p in self.stepped.named_parameters() if p.requires_grad or not self.lora}
         missing = sorted(expected - set(weights))
         if missing:
             raise RuntimeError(f"{folder}: checkpoint does not match the model (missing {missing[:5]})")
-        set_model_state_dict(self.model, weights, options=self._options(strict=not self.lora))
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=self._options())
+        set_model_state_dict(self.stepped, weights, options=self._options(strict=not self.lora))
+        set_optimizer_state_dict(self.stepped, self.optimizer, state["optimizer"], options=self._options())
         if self.moving_reference:
             if not (folder / "reference.safetensors").is_file():
                 raise RuntimeError(f"{folder}: train.reference_sync_every is set but the checkpoint holds no "
@@ -247,7 +276,7 @@ class Trainer:
         the adapter kept beside it in `adapter/`). Collective; rank 0 writes."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = get_model_state_dict(self.stepped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not self.dist.main:
             return
         if self.lora:
