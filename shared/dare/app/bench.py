@@ -471,11 +471,15 @@ def rl_step_benchmark(checkpoint: str | None = None, steps: int = 4, gen_length:
     return out
 
 
+LOSS_VOCABS = (32000, 126464, 151936)
+"""`dare bench train`'s loss-stage vocabularies: LLaMA-2's, LLaDA's, Qwen2's (Dream, SDAR)."""
+
+
 def train_benchmark(out: str | None = None, repeats: int = 3, vocab: int = 126464,
                     checkpoint: str | None = None) -> dict:
     """Training-side speedups, side by side: packing vs padding on a length-skewed batch, the
-    loss's peak memory with chunked vs full logits at a 126k vocabulary, and the end-to-end RL
-    step of the accelerated vs the naive pipeline."""
+    loss's peak memory with chunked vs full logits at a 126k vocabulary and chunked vs fused against the
+    vocabulary (`LOSS_VOCABS`), and the end-to-end RL step of the accelerated vs the naive pipeline."""
     import torch
 
     from dare.app import probes
@@ -530,16 +534,25 @@ def train_benchmark(out: str | None = None, repeats: int = 3, vocab: int = 12646
           f"{len(rows) * max(lengths)} padded): {padded_tps:.0f} -> {packed_tps:.0f} tokens/s, "
           f"speedup {packed_tps / padded_tps:.2f}x (same loss within "
           f"{report['results']['packing']['loss_difference']:.1e})")
-    # 2. loss memory, each variant in a fresh process (peak resident memory during loss + backward)
-    mem = {variant: probes.run("loss_memory", variant, vocab, 4, 512) for variant in ("full", "chunked")}
+    # 2. loss memory, each variant in a fresh process (peak resident memory during loss + backward), and the loss
+    # stage's peak against the vocabulary: chunked (each chunk's log-softmax kept) vs fused (recomputed in backward)
+    mem = {variant: probes.run("loss_memory", variant, vocab, 4, 512) for variant in ("full", "chunked", "fused")}
     ratio = mem["full"]["peak_kib"] / max(1, mem["chunked"]["peak_kib"])
-    report["results"]["loss_memory"] = {"vocab": vocab, "tokens": 4 * 512,
-                                        "full_peak_mib": mem["full"]["peak_kib"] / 1024,
-                                        "chunked_peak_mib": mem["chunked"]["peak_kib"] / 1024,
-                                        "peak_memory_ratio": ratio,
-                                        "loss_difference": abs(mem["full"]["loss"] - mem["chunked"]["loss"])}
+    by_vocab = {v: {variant: (mem[variant] if v == vocab else probes.run("loss_memory", variant, v, 4, 512))
+                    for variant in ("chunked", "fused")} for v in sorted({*LOSS_VOCABS, vocab})}
+    report["results"]["loss_memory"] = {
+        "vocab": vocab, "tokens": 4 * 512, "full_peak_mib": mem["full"]["peak_kib"] / 1024,
+        "chunked_peak_mib": mem["chunked"]["peak_kib"] / 1024, "fused_peak_mib": mem["fused"]["peak_kib"] / 1024,
+        "peak_memory_ratio": ratio,
+        "loss_difference": abs(mem["full"]["loss"] - mem["chunked"]["loss"]),
+        "fused_loss_difference": abs(mem["fused"]["loss"] - mem["chunked"]["loss"]),
+        "by_vocab": {str(v): {f"{k}_peak_mib": r["peak_kib"] / 1024 for k, r in row.items()} for v, row in by_vocab.items()}}
     print(f"  loss memory at vocab {vocab} (4 x 512 tokens): full logits {mem['full']['peak_kib'] / 1024:.0f} MiB, "
-          f"chunked {mem['chunked']['peak_kib'] / 1024:.0f} MiB: {ratio:.1f}x lower")
+          f"chunked {mem['chunked']['peak_kib'] / 1024:.0f} MiB: {ratio:.1f}x lower; fused "
+          f"{mem['fused']['peak_kib'] / 1024:.0f} MiB")
+    print("  loss-stage peak against the vocabulary (4 x 512 tokens, chunks of 256), chunked -> fused: " + "; ".join(
+        f"{v}: {row['chunked']['peak_kib'] / 1024:.0f} -> {row['fused']['peak_kib'] / 1024:.0f} MiB"
+        for v, row in by_vocab.items()))
     # 3. VRPO's update memory against its number of draws, all graphs alive or one at a time
     vrpo_mem = vrpo_memory()
     report["results"]["vrpo_memory"] = vrpo_mem

@@ -2,7 +2,7 @@
 fresh process, so that the peak it measures is its own span's (`peak_start` ... `peak_now`), and printing one JSON
 line (the last line of its output), which `run` returns.
 
-- `loss_memory`  the loss and backward with full vs chunked logits (`dare bench train`)
+- `loss_memory`  the loss and backward with full logits, chunked, or fused (recomputed in backward) (`dare bench train`)
 - `vrpo_memory`  VRPO's update with every draw's graph alive vs one at a time (`dare bench train`)
 - `bgpo_memory`  BGPO's update, the same comparison (`dare bench estimators`)
 

@@ -1,7 +1,8 @@
 """`dare bench train`'s loss memory probe: `python -m dare.app.probes.loss_memory VARIANT VOCAB B L` prints the peak
 resident memory (KiB) of one masked-token loss and its backward on a small LLaDA with a VOCAB-token vocabulary over
-B x L tokens, from full logits (VARIANT `full`) or from hidden states 256 positions at a time (`chunked`), and the
-loss: {"peak_kib", "loss"}."""
+B x L tokens, from full logits (VARIANT `full`), from hidden states 256 positions at a time keeping each chunk's
+log-softmax for backward (`chunked`) or recomputing it there (`fused`, `estimators.LinearLogps`), and the loss:
+{"peak_kib", "loss"}."""
 
 import json
 import sys
@@ -28,7 +29,7 @@ def main(argv: list[str]) -> dict:
         logp = torch.log_softmax(token_logits(model, x).float(), -1).gather(-1, ids[..., None]).squeeze(-1)
         loss = -(logp * where).sum() / where.sum()
     else:
-        loss = -masked_logps(model, x, ids, where, chunk=256).sum() / where.sum()
+        loss = -masked_logps(model, x, ids, where, chunk=256, fused=variant == "fused").sum() / where.sum()
     loss.backward()
     after = peak_now()
     return {"peak_kib": after - before, "loss": loss.item()}
