@@ -8,7 +8,9 @@ from dare.config import ScratchModelConfig
 from dare.models import facts, new_model, output_head
 from dare.models.llada import LLaDAConfig, LLaDAModelLM
 from dare.models.tokenizer import char_tokenizer
-from dare.train.estimators import block_diffusion_logps, head_chunks, linear_head, LinearLogps, masked_logps
+from dare.train.estimators import (
+    block_diffusion_logps, head_chunks, linear_head, liger_logps, LinearLogps, masked_logps,
+)
 
 N, H, V = 11, 8, 37
 
@@ -159,3 +161,66 @@ def test_heads_it_cannot_see_through_keep_the_chunked_pass():
     handle.remove()
     model.model.transformer["ff_out"] = torch.nn.Sequential(model.get_output_embeddings())
     assert linear_head(model) is None
+
+
+def _on_cuda(*tensors):
+    return [t.cuda().requires_grad_(t.requires_grad) for t in tensors]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_liger_equals_the_recompute_path_on_cuda(temperature, monkeypatch):
+    """liger-kernel's fused linear cross-entropy (the `gpu` extra) against `LinearLogps` on CUDA: per-token
+    log-probs and, under unequal per-token weights, the gradients of hidden, weight and bias; float32 (TF32 off)
+    within float32 rounding, and under bf16 autocast within bf16 rounding."""
+    pytest.importorskip("liger_kernel")
+    liger = liger_logps()
+    assert liger is not None, "liger-kernel is installed but predates 0.8.5 (its per-token backward is wrong)"
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    g = torch.Generator().manual_seed(0)
+    n, h, v = 300, 64, 5000
+    hidden, weight, bias = _on_cuda(torch.randn(n, h, generator=g), 0.1 * torch.randn(v, h, generator=g),
+                                    torch.randn(v, generator=g))
+    targets, upstream = _on_cuda(torch.randint(0, v, (n,), generator=g), torch.randn(n, generator=g))
+    spans = head_chunks(torch.nn.Linear(1, 1), n, 128, "cuda")
+    for precise in (True, False):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=not precise):
+            want = grads(lambda a, w, b: LinearLogps.apply(a, targets, w, b, temperature, None, spans),
+                         hidden.requires_grad_(), weight.requires_grad_(), bias.requires_grad_(), upstream)
+            got = grads(lambda a, w, b: liger(a, targets, w, b, temperature),
+                        hidden.requires_grad_(), weight.requires_grad_(), bias.requires_grad_(), upstream)
+        for name, a, b in zip(("logps", "hidden", "weight", "bias"), got, want):
+            scale = b.abs().max().item()
+            tol = 1e-4 if precise else 3e-2
+            torch.testing.assert_close(a.float() / scale, b.float() / scale, rtol=0, atol=tol,
+                                       msg=f"{name}, {'float32' if precise else 'bf16 autocast'}")
+
+
+@pytest.mark.gpu
+def test_masked_logps_on_cuda_takes_liger_and_equals_the_chunked_pass(monkeypatch):
+    """On CUDA with liger installed, `masked_logps` (fused, the default) goes through liger where it applies (no
+    support, temperature 1 or 0.5) and through `LinearLogps` otherwise (temperature 0.7); each equals the chunked
+    pass in values and every parameter's gradient."""
+    pytest.importorskip("liger_kernel")
+    assert liger_logps() is not None
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    model, tok = _tiny("llada")
+    model = model.cuda()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, len(tok), (3, 12), generator=g).cuda()
+    where = (torch.rand(3, 12, generator=g) < 0.6).cuda()
+    x = torch.where(where, facts(model).mask_token_id, ids)
+    upstream = torch.randn(3, 12, generator=g).cuda()
+    calls = []
+    real = liger_logps()
+    monkeypatch.setattr("dare.train.estimators.liger_logps", lambda: lambda *a: calls.append(1) or real(*a))
+    for temperature, through_liger in ((1.0, True), (0.5, True), (0.7, False)):
+        calls.clear()
+        want, want_g = _model_grads(model, lambda: masked_logps(model, x, ids, where, chunk=5, fused=False,
+                                                                temperature=temperature), upstream)
+        got, got_g = _model_grads(model, lambda: masked_logps(model, x, ids, where, chunk=5, temperature=temperature),
+                                  upstream)
+        assert bool(calls) == through_liger, temperature
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for name in want_g:
+            torch.testing.assert_close(got_g[name], want_g[name], rtol=1e-4, atol=1e-4, msg=name)

@@ -46,6 +46,7 @@ recipes' `replayed_loss`: `dare.train.batches.backward_by_parts`.)
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -127,11 +128,15 @@ def head_logps(model, hidden: torch.Tensor, targets: torch.Tensor, chunk: int, t
     rows at a time (`head_chunks`), from the logits divided by `temperature` and, with `support` (N, V) bool,
     set to -inf outside it. Where the head is a plain linear map on one process (`linear_head`) and `fused`,
     `LinearLogps` keeps only the hidden states and one logsumexp per row for backward and recomputes each
-    chunk's logits there: the loss's memory no longer grows with the vocabulary beyond one chunk. Elsewhere
+    chunk's logits there: the loss's memory no longer grows with the vocabulary beyond one chunk (on CUDA with
+    liger-kernel installed, no support and a temperature it can fold in exactly, liger's fused kernel instead:
+    `liger_logps`, its own chunk size). Elsewhere
     (a sharded head under FSDP, whose forward hooks gather it and must pair up across processes; a LoRA-wrapped
     head; `fused=False`) each chunk goes through the head module and autograd keeps its float32 log-softmax."""
     spans = head_chunks(model, len(targets), chunk, hidden.device)
     linear = linear_head(model) if fused else None
+    if linear is not None and support is None and hidden.is_cuda and liger_logps() and _power_of_two(temperature):
+        return liger_logps()(hidden, targets, *linear, temperature)
     if linear is not None:
         return LinearLogps.apply(hidden, targets, *linear, temperature, support, spans)
     head = output_head(model)
@@ -206,6 +211,35 @@ class LinearLogps(torch.autograd.Function):
                     grad_b += g.sum(0)
         return (grad_h, None, None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None)
+
+
+@functools.cache
+def liger_logps():
+    """`f(hidden, targets, weight, bias, temperature) -> (N,) log-probs` through liger-kernel's fused linear
+    cross-entropy (the optional `gpu` extra, CUDA), or None where it is not installed or is a version whose per-token
+    (`reduction="none"`) backward scales the summed weight gradient instead of each token's (wrong for any loss that
+    weights tokens unequally; 0.8.5 has the right one, detected by its `token_grad_output` argument). The temperature is
+    folded into the hidden states and the bias, exact for powers of two only (the caller checks)."""
+    try:
+        import inspect
+
+        from liger_kernel.ops import fused_linear_cross_entropy as ops
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    except Exception:  # not installed, or no triton: the recompute path serves
+        return None
+    if "token_grad_output" not in inspect.signature(ops.fused_linear_cross_entropy_forward).parameters:
+        return None
+
+    def logps(hidden, targets, weight, bias, temperature):
+        if temperature != 1.0:
+            hidden, bias = hidden / temperature, None if bias is None else bias / temperature
+        return -liger_fused_linear_cross_entropy(hidden, weight, targets, bias, reduction="none")
+    return logps
+
+
+def _power_of_two(x: float) -> bool:
+    """x = 2^k: dividing by it is exact in floating point (barring underflow)."""
+    return x > 0 and math.frexp(x)[0] == 0.5
 
 
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
