@@ -31,7 +31,7 @@ def test_bench_gpu_runs_every_stage_at_shrunk_shapes_on_cpu(tmp_path, capsys):
             assert r["cached_step_captured_s"] is None and r["captured_note"] == "not captured on cpu"
         strategies = [r["strategy"] for r in entry["rollout"]]
         assert strategies[0] == "vanilla" and len(strategies) >= 2, family
-        assert entry["weight_read_s"] > 0 and entry["weight_bytes"] > 0
+        assert entry["weight_read_s"] > 0 and entry["weight_bytes_read_per_forward"] > 0
     assert families["llada2"]["loop_whole_b8_s"] > 0
     targets = report["targets"]
     assert len(targets) == 7 and all(t["met"] is None for t in targets)  # shrunk shapes: no verdict

@@ -259,3 +259,16 @@ def test_the_grouped_path_never_reads_a_tensor_on_the_host(family, monkeypatch):
         assert reads == []
         loop(block, x)
         assert reads  # the check can fail: the loop reads the chosen experts
+
+
+def test_a_packed_moe_layer_compiles_without_a_graph_break():
+    """The captured decode step traces the MoE layer: once packed (by an eager forward), the compiled layer reads
+    the stacks without comparing data pointers (which dynamo cannot trace) and gives the eager output. bfloat16:
+    the fake kernel of `_grouped_mm` that tracing uses takes bfloat16."""
+    block, _ = moe_block("sdar_moe")
+    block = block.to(torch.bfloat16)
+    x = torch.randn(12, HIDDEN, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = block(x)[0]  # packs
+        got = torch.compile(block, fullgraph=True, backend="aot_eager")(x)[0]
+    assert torch.equal(got, want)

@@ -196,7 +196,7 @@ def released_benchmark(family: str, overrides: list[str], device: str = "cuda", 
     name = module.RELEASED[0]
     base = load_config(DecodingConfig, None, ["gen_length=256", "block_length=32", *overrides])
     if model is None:
-        from dare.app.bench_gpu import build_released
+        from dare.app.released import build_released
 
         name, model = build_released(family, device, dtype, shrink=False)
     f = facts(model)

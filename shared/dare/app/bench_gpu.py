@@ -12,36 +12,15 @@ import statistics
 import time
 from pathlib import Path
 
-# The families measured per model (the MoE ones' layers are measured by the experts stage), and the narrowed
-# shapes `--device cpu` runs (the released layouts, heads, routing and vocabularies, with tiny widths and depth)
-FAMILIES = ("llada", "sdar", "llada2", "dream")  # in this order: the targets' models first
+from dare.app.released import build_released, released_config
+
+# The families measured per model, in this order (the targets' models first); the MoE ones' layers are also
+# measured by the experts stage
+FAMILIES = ("llada2", "llada", "sdar", "dream")
 MOE_FAMILIES = ("llada2", "sdar_moe", "lladamoe")
-_QWEN_TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=2,
-                  intermediate_size=128)
-SHRUNK = {
-    "llada": dict(d_model=64, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=128),
-    "dream": dict(_QWEN_TINY, head_dim=None),
-    "sdar": _QWEN_TINY,
-    "llada2": dict(_QWEN_TINY, moe_intermediate_size=32),
-    "sdar_moe": dict(_QWEN_TINY, moe_intermediate_size=32),
-    "lladamoe": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, dense_intermediate_size=128,
-                     expert_intermediate_size=32),
-}
-SHRUNK_VOCAB = 512
 HIDDEN_KEY = {"llada": "d_model"}
 WIDTH_KEY = {"llada2": "moe_intermediate_size", "sdar_moe": "moe_intermediate_size",
              "lladamoe": "expert_intermediate_size"}
-
-
-def released_config(family: str, **overrides):
-    """(released name, model class, config): the family's released config (`RELEASED` in its module) with
-    `overrides` on top (a value None drops the key)."""
-    from dare.models import family_module
-
-    module = family_module(family)
-    name, kwargs = module.RELEASED
-    kw = {k: v for k, v in {**kwargs, **overrides}.items() if v is not None}
-    return name, module.MODEL_CLASS, module.MODEL_CLASS.config_class(**kw)
 
 
 def moe_layer(family: str, device: str, dtype: str, **shrink):
@@ -131,6 +110,9 @@ LLADA2_SPEEDUP = 20.0
 WEIGHT_READ_FACTOR = 1.5  # LLaDA-8B cached block step at batch 1 within 1.5x one read of the weights
 DUAL_CACHE_SPEEDUP, BLOCK_CACHE_SPEEDUP = 5.0, 3.0
 GPU_TIME_S = 480  # the whole command, gpu tests included, on one H100 or H200
+# the rollouts timed again with their step captured: only where a target reads them (compiling an 8B forward takes
+# one to two minutes)
+COMPILED = {"llada": ("dual_cache",), "sdar": ("block_cache",)}
 PROMPT, GEN, QUERY = 128, 256, 32  # the rollouts' shapes: prompt, generation, one block of queries
 
 
@@ -159,34 +141,6 @@ def run_gpu_tests(timeout_s: float) -> dict:
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", text)}
     return {"command": " ".join(cmd[2:]), "rc": rc, "seconds": time.perf_counter() - start, **counts,
             "failures": [line for line in text.splitlines() if line.startswith(("FAILED", "ERROR"))][:20]}
-
-
-def build_released(family: str, device: str, dtype: str, shrink: bool):
-    """(released name, model with random weights in `dtype` on `device`): the released shape, or SHRUNK."""
-    import torch
-
-    name, model_class, config = released_config(family, **(SHRUNK[family] if shrink else {}))
-    if shrink:  # a small vocabulary, the special ids moved to its top (their order kept), blocks of 8
-        vocab = SHRUNK_VOCAB
-        ids = sorted({v for k, v in config.to_dict().items() if k.endswith("_token_id") and isinstance(v, int)})
-        moved = {old: vocab - len(ids) + i for i, old in enumerate(ids)}
-        for key, value in config.to_dict().items():
-            if key.endswith("_token_id") and isinstance(value, int):
-                setattr(config, key, moved[value])
-        config.vocab_size = vocab
-        if hasattr(config, "embedding_size"):
-            config.embedding_size = vocab
-        if hasattr(config, "block_size"):
-            config.block_size = 8
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, dtype))
-    try:
-        with torch.device(device):
-            model = model_class(config).eval()
-    finally:
-        torch.set_default_dtype(default)
-    return name, model
 
 
 def no_math_attention(device: str):
@@ -224,37 +178,41 @@ def captured(step, device: str):
 
 def model_forwards(model, device: str, repeats: int, shapes=(PROMPT, GEN, QUERY)) -> dict:
     """Per-forward seconds (median of `repeats`, with min and max) at batch 1 and 8: the whole sequence (a
-    vanilla step: prompt + generation), and one block of queries on the cache (masked models: the dual cache,
-    replacing the block's positions; block models: the committed prefix read), eager and captured; whether
-    every call ran without the math attention kernel; the cache's bytes."""
+    vanilla step: prompt + generation), and one step of a block's queries on a static cache, as the samplers run
+    it (masked models: the dual cache of the whole sequence, the block's `query` positions replaced; block
+    models: one block of the model's block size reading the committed prefix), eager and replayed from a CUDA
+    graph; whether every call ran without the math attention kernel; the cache's bytes."""
     import torch
 
     from dare.models import facts
+    from dare.models.core import KVCache
 
     prompt, gen, query = shapes
     f = facts(model)
-    low = min(i for i in (f.mask_token_id, f.eos_token_id, f.eot_token_id, f.pad_token_id) if i is not None)
+    block_model = f.attention == "block_causal"
+    if block_model:
+        query = f.block_size
     sync, rows, math_needed = _sync_for(device), [], []
     for batch in (1, 8):
-        g = torch.Generator().manual_seed(batch)
-        ids = torch.randint(10, min(low, 30000), (batch, prompt + gen), generator=g).to(device)
-        block_models = f.attention == "block_causal"
+        ids = entry_ids(model, batch, prompt + gen, device)
+        q_ids = ids[:, prompt:prompt + query]
         with torch.no_grad():
             def whole():
                 return model(ids).logits
 
-            if block_models:  # the committed prefix in the cache; the next block's queries read it
-                cache = model(ids[:, :prompt], use_cache=True).past_key_values
-                q_ids = ids[:, prompt:prompt + query]
+            if block_model:  # the committed prefix in a static cache; the next block's queries read it
+                cache = KVCache(capacity=prompt + query)
+                model(ids[:, :prompt], past_key_values=cache, use_cache=True)
 
                 def step():
                     return model(q_ids, past_key_values=cache).logits
             else:  # the dual cache of the whole sequence; the block's queries replace their positions
-                cache = model(ids, use_cache=True).past_key_values
-                q_ids = ids[:, prompt:prompt + query]
+                cache = KVCache(capacity=prompt + gen)
+                model(ids, past_key_values=cache, use_cache=True)
+                start = torch.tensor(prompt, device=device)
 
                 def step():
-                    return model(q_ids, past_key_values=cache, replace_position=prompt).logits
+                    return model(q_ids, past_key_values=cache, replace_position=start).logits
             row = {"batch": batch, "tokens": prompt + gen, "query_tokens": query}
             for label, fn in (("whole", whole), ("cached_step", step)):
                 try:
@@ -271,11 +229,36 @@ def model_forwards(model, device: str, repeats: int, shapes=(PROMPT, GEN, QUERY)
                     statistics.median(times), [min(times), max(times)])
             else:
                 row["cached_step_captured_s"], row["captured_note"] = None, why
-            keys = getattr(cache, "keys", [])
-            row["cache_bytes"] = sum(t.numel() * t.element_size() for t in (*keys, *getattr(cache, "values", [])))
+            row["cache_bytes"] = sum(t.numel() * t.element_size() for t in (*cache.keys, *cache.values))
             rows.append(row)
-            cache = None  # freed before the next batch size
+            cache = replay = None  # freed before the next batch size
     return {"rows": rows, "math_kernel_needed": math_needed}
+
+
+def entry_ids(model, batch: int, length: int, device: str):
+    """Random token ids below every special id of the model."""
+    import torch
+
+    from dare.models import facts
+
+    f = facts(model)
+    low = min(i for i in (f.mask_token_id, f.eos_token_id, f.eot_token_id, f.pad_token_id) if i is not None)
+    return torch.randint(10, min(low, 30000), (batch, length), generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def release(model) -> None:
+    """Free a benchmarked model's GPU memory now: its compiled steps (whose closures hold the model) and kept
+    caches, then a garbage collection, dynamo's caches and the allocator's."""
+    import gc
+
+    import torch
+
+    for key in ("_dare_steps", "_dare_caches"):
+        model.__dict__.pop(key, None)
+    gc.collect()
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def read_seconds(n_bytes: int, device: str) -> tuple[float, float]:
@@ -318,11 +301,7 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
         atomic_write_json(path, report)
 
     print(f"dare bench gpu: {card}, {dtype}, {'shrunk' if shrink else 'released'} shapes, budget {budget_s:.0f} s")
-    if run_tests:
-        report["stages"]["gpu_tests"] = t = run_gpu_tests(timeout_s=max(30.0, min(150.0, left() / 3)))
-        print(f"  gpu tests: {t.get('passed', 0)} passed, {t.get('failed', 0)} failed, {t.get('skipped', 0)} skipped "
-              f"({t['seconds']:.0f} s)")
-        save()
+    cuda = device.startswith("cuda")
     exp = experts_benchmark(device, dtype, hidden=64 if shrink else None, expert_width=32 if shrink else None,
                             tokens=8 * QUERY if shrink else 8 * (PROMPT + GEN), repeats=repeats)
     report["stages"]["experts"] = exp
@@ -330,15 +309,17 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
     save()
     per_family = report["stages"]["families"] = {}
     for family in families:
-        if left() < 30:
+        if left() < (30 if shrink else 90):
             per_family[family] = {"skipped": f"budget: {left():.0f} s left"}
             continue
         name, model = build_released(family, device, dtype, shrink)
         n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        if model.get_input_embeddings().weight is not model.get_output_embeddings().weight:
+            n_bytes -= model.get_input_embeddings().weight.nbytes  # a step reads only the looked-up rows of it
         entry = per_family[family] = {"released": name, "parameters": sum(p.numel() for p in model.parameters()),
-                                      "weight_bytes": n_bytes}
+                                      "weight_bytes_read_per_forward": n_bytes}
         entry["weight_read_s"], entry["read_bandwidth"] = read_seconds(n_bytes, device)
-        if device.startswith("cuda"):
+        if cuda:
             torch.cuda.reset_peak_memory_stats()
         shapes = (16, 32, 8) if shrink else (PROMPT, GEN, QUERY)
         entry["forwards"] = model_forwards(model, device, repeats, shapes)
@@ -346,20 +327,27 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
             experts = [m for m in model.modules() if type(m).__name__ == "Experts"]
             for m in experts:
                 m.impl = "loop"
-            ids = torch.randint(10, min(SHRUNK_VOCAB - 8, 30000), (8, shapes[0] + shapes[1]), device=device)
+            ids = entry_ids(model, 8, shapes[0] + shapes[1], device)
             with torch.no_grad():
                 entry["loop_whole_b8_s"] = statistics.median(_timed(lambda: model(ids), _sync_for(device), 1))
             for m in experts:
                 m.impl = "grouped"
+        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+        # captured rollouts where a target needs them and the budget has room for compiling (~1-2 min at 8B)
+        compiled = COMPILED.get(family, ()) if cuda and left() > 240 else ()
         gen = 16 if shrink else GEN
         entry["rollout"] = released_benchmark(family, [f"gen_length={gen}", f"block_length={shapes[2]}"],
                                               device=device, dtype=dtype, batch_size=8, prompt_length=shapes[0],
-                                              model=model, write=False)["rows"]
-        entry["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
+                                              model=model, write=False, compiled=compiled)["rows"]
+        if cuda:
+            entry["peak_gib"] = max([peak, *(r["peak_gib"] or 0 for r in entry["rollout"])])
+        release(model)
         model = None
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
         save()
+    if run_tests:  # last: what is left of the budget, at least a minute
+        report["stages"]["gpu_tests"] = t = run_gpu_tests(timeout_s=max(60.0, left() - 10))
+        print(f"  gpu tests: {t.get('passed', 0)} passed, {t.get('failed', 0)} failed, {t.get('skipped', 0)} skipped "
+              f"({t['seconds']:.0f} s)")
     save()
     print_verdicts(report)
     print(f"  -> {shown_path(path)}")

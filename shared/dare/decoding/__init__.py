@@ -13,7 +13,8 @@ dataclass and `check(options, decoding)`, the rules of those options given the c
 for a sampler that does not run (`unused_options`).
 
 `compile` (a common setting, `RUNTIME`) captures the masked and block samplers' cached step with `torch.compile`
-(None = auto: on CUDA, CUDA graphs; off on a CPU); it changes how fast a rollout runs, not what it decodes.
+(None = auto: on CUDA where the step's shapes are static, the dual cache and the block sampler's, with CUDA
+graphs; off on a CPU); it changes how fast a rollout runs, not what it decodes.
 
 The flat form (`flat`) is the layout before the options moved to their samplers: one mapping of every
 setting by its old name, each option read from the section of the sampler that runs. It is what the config

@@ -148,6 +148,8 @@ class Experts(nn.ModuleList):
         first = self[0].gate_proj.weight
         if torch.is_grad_enabled() and first.requires_grad:
             return tuple(torch.stack([getattr(e, p).weight for e in self]) for p in PROJECTIONS)
+        if torch.compiler.is_compiling() and "_stacks" in self.__dict__:
+            return self.__dict__["_stacks"]  # (a captured step: packed by the eager warm-up; no pointer checks)
         if not self._packed() and not self.pack():
             return tuple(torch.stack([getattr(e, p).weight.detach() for e in self]) for p in PROJECTIONS)
         return self.__dict__["_stacks"]

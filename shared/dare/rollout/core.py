@@ -103,10 +103,15 @@ BACKEND: str | None = None
 """torch.compile's backend for the captured step (None: inductor); tests set "eager" or "aot_eager"."""
 
 
-def compiles(decoding, device) -> bool:
-    """Whether the samplers capture their step: `decoding.compile`, None (auto) = on CUDA only."""
+def compiles(decoding, device, static: bool = True) -> bool:
+    """Whether the samplers capture their step: `decoding.compile`; None (auto) = on CUDA where the step's shapes
+    are `static` (the dual cache, the block sampler's cache; the prefix cache's window shrinks block by block, so
+    it would compile once per block)."""
     setting = getattr(decoding, "compile", None)
-    return torch.device(device).type == "cuda" if setting is None else bool(setting)
+    return torch.device(device).type == "cuda" and static if setting is None else bool(setting)
+
+
+KEPT_CACHES = 2  # cache shapes a captured step keeps on the model (an RL run's rollouts have one or two)
 
 
 class StepForward:
@@ -134,15 +139,18 @@ class StepForward:
         """The rollout's static `KVCache`, empty: a new one, or where the step is captured on CUDA the model's
         own cache of this (capacity, batch), kept from rollout to rollout so that its addresses, and with them
         the CUDA graphs, stay the same (torch records a graph again when a static input moves, and stops
-        capturing after 128 times). Kept, it holds `KVCache.nbytes(...)` while the model lives."""
+        capturing after 128 times). Kept, it holds `KVCache.nbytes(...)` while the model lives, for at most the
+        `KEPT_CACHES` most recent shapes."""
         from dare.models.core import KVCache
 
         if not (self.compiled and self.cuda):
             return KVCache(capacity=capacity)
         kept = self.model.__dict__.setdefault("_dare_caches", {})
-        if (capacity, batch) not in kept:
-            kept[(capacity, batch)] = KVCache(capacity=capacity)
-        return kept[(capacity, batch)].truncate(0)
+        cache = kept.pop((capacity, batch), None) or KVCache(capacity=capacity)
+        kept[(capacity, batch)] = cache  # the most recent last; at most KEPT_CACHES shapes are kept
+        while len(kept) > KEPT_CACHES:
+            kept.pop(next(iter(kept)))
+        return cache.truncate(0)
 
     def __call__(self, ids, mask, cache, replace_position=None) -> torch.Tensor:
         fn = _compiled_step(self.model, self.cuda) if self.compiled and cache.keys else None
@@ -285,7 +293,7 @@ def predict(logits, masked, decoding, generator, eos_id=None, eot_id=None,
         conf = -torch.arange(x0.shape[-1], dtype=torch.float64, device=logits.device).expand(x0.shape)
     else:
         conf = torch.rand(x0.shape, dtype=torch.float64, device=logits.device, generator=generator)
-    return x0, torch.where(masked, conf, torch.tensor(-torch.inf, dtype=conf.dtype, device=conf.device))
+    return x0, conf.masked_fill(~masked, -torch.inf)  # (a scalar fill: no host-to-device copy per step)
 
 
 REFERENCE_TIES = ("cpu",)

@@ -188,7 +188,7 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
     def left(lo: int, hi: int) -> torch.Tensor:
         return any_left((x[:, lo:hi] == mask_id).any(), collective)
 
-    run = StepForward(model, compiles(decoding, device))  # the cached steps' forward, captured or eager
+    run = StepForward(model, compiles(decoding, device, static=o.cache == "dual"))  # the cached step, captured or eager
     cache = where = None
     lo = P
     for size, steps, counts in plan:
