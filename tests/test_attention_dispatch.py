@@ -188,12 +188,13 @@ def test_masks_are_read_once_per_tensor_until_changed_in_place(folders, monkeypa
 # SDPA on its fused kernels
 
 
-def test_repeating_key_value_heads_equals_enable_gqa():
+@pytest.mark.parametrize("queries", [5, core.FOLD_QUERIES + 6])  # folded into the query length / repeated
+def test_repeating_key_value_heads_equals_enable_gqa(queries):
     g = torch.Generator().manual_seed(8)
-    q, k, v = (torch.randn(2, h, n, 8, generator=g) for h, n in ((4, 5), (2, 7), (2, 7)))
-    mask = torch.rand(2, 1, 5, 7, generator=g) > 0.5
+    q, k, v = (torch.randn(2, h, n, 8, generator=g) for h, n in ((4, queries), (2, 7), (2, 7)))
+    mask = torch.rand(2, 1, queries, 7, generator=g) > 0.5
     mask[..., 0] = True
-    for m in (mask, mask[:, :, :1], None):
+    for m in (mask, mask[:, :, :1], mask[:1], None):
         torch.testing.assert_close(core._sdpa(q, k, v, m, repeat_kv=True), core._sdpa(q, k, v, m, repeat_kv=False),
                                    rtol=1e-6, atol=1e-6)
     assert not q.is_cuda or core._sdpa(q, k, v, None).shape == q.shape  # (CPU: enable_gqa, no repeat)

@@ -645,10 +645,30 @@ def _sdpa(q, k, v, mask, *, repeat_kv: bool | None = None):
         if repeat_kv is None:
             repeat_kv = q.is_cuda and (mask is not None or torch.compiler.is_compiling()
                                        or not _fused_kernel_takes_gqa(q.device, q.dtype))
+        if repeat_kv and q.shape[2] <= FOLD_QUERIES:
+            return _folded_sdpa(q, k, v, mask, groups)
         if repeat_kv:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False,
                                           enable_gqa=q.shape[1] != k.shape[1])
+
+
+FOLD_QUERIES = 64
+"""Up to this many queries (a decoding step's block), `_sdpa` folds each key/value head's query heads into its
+query length instead of repeating the keys and values: the cache is read as it is (repeating it would write and
+read `groups` copies of it at every step), the mask is repeated instead (`groups` x queries x keys)."""
+
+
+def _folded_sdpa(q, k, v, mask, groups: int):
+    """GQA as equal heads: q (B, Hkv * G, Lq, D) -> (B, Hkv, G * Lq, D) (query head h belongs to key/value head
+    h // G, as `repeat_interleave` pairs them), the mask repeated over the G groups, and the output unfolded."""
+    B, H, Lq, D = q.shape
+    folded = q.reshape(B, H // groups, groups * Lq, D)
+    if mask is not None and mask.shape[2] > 1:  # (a mask over keys only broadcasts over the folded queries)
+        mask = mask[:, :, None].expand(mask.shape[0], mask.shape[1], groups, *mask.shape[2:])
+        mask = mask.reshape(mask.shape[0], mask.shape[1], groups * Lq, mask.shape[-1])
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, is_causal=False)
+    return out.reshape(B, H, Lq, out.shape[-1])
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout) -> torch.Tensor:
