@@ -8,7 +8,8 @@
     dare leaderboard [--runs DIR ...]
     dare data list | build [TASK ...]
     dare models [list | released | show <checkpoint>]
-    dare bench rollout [--checkpoint DIR] [key=value ...]
+    dare bench rollout | experts | gpu | train | rewards | estimators [key=value ...]
+    dare plan <baseline> [config.yaml] [key=value ...] [--gpus N] [--gpu-memory GiB]   peak memory per GPU
     dare results publish <result.json ...> --to leaderboard/results/<name>
     dare sweep <sweep.yaml> [--cluster slurm|local|debug] [--dry-run]
     dare sweep status | collect <sweep.yaml> [--to DIR]
@@ -240,6 +241,48 @@ def _bench_models(ns) -> int:
     return 1 if any(v["met"] is False for v in report["targets"]) and not shrink else 0
 
 
+def cmd_plan(ns) -> int:
+    import torch
+
+    from dare.app.runs import resolve
+    from dare.models.api import meta_model
+    from dare.train import plan as planner
+
+    baseline, path, overrides = _train_args(ns)
+    b, cfg, hooks = resolve(baseline, path, overrides)
+    if ns.gpus < 1 or ns.gpu_memory <= 0:
+        raise UserError(f"dare plan: --gpus must be >= 1 and --gpu-memory > 0 (got {ns.gpus}, {ns.gpu_memory})")
+    folder = Path(cfg.model.path) if cfg.model.path else None
+    if folder is not None and (folder / "config.json").is_file() and not ns.released:
+        model = meta_model(folder)
+        source = str(folder)
+    elif ns.released:
+        name, kwargs = family_module(cfg.model.family).RELEASED
+        with torch.device("meta"):
+            model = family_module(cfg.model.family).MODEL_CLASS(
+                family_module(cfg.model.family).MODEL_CLASS.config_class(**kwargs))
+        source = f"{name} (the released config of model.family={cfg.model.family})"
+    else:
+        raise UserError(f"dare plan: model.path={cfg.model.path!r} has no config.json here; give --released to plan "
+                        f"with the released shape of model.family={cfg.model.family}")
+    recipe = getattr(b.algorithm, "RECIPE", "rl")
+    uses_reference = bool(getattr(hooks, "uses_reference", lambda c: False)(cfg))
+    shapes = planner.shapes_of(model, cfg.model.lora.rank, cfg.model.lora.targets)
+    dtype = "bfloat16" if cfg.model.dtype == "bfloat16" else "float32"
+    print(f"dare plan: {baseline} on {source}: {shapes.params / 1e9:.2f}B parameters, {ns.gpus} GPU(s) of "
+          f"{ns.gpu_memory:g} GiB; measuring what one layer of each kind saves for backward (CPU, real widths) ...",
+          flush=True)
+    per_token, per_forward = planner.layer_activation_bytes(type(model), model.config, dtype)
+    plan = planner.plan_run(cfg, uses_reference, shapes, per_token, per_forward, recipe=recipe, gpus=ns.gpus,
+                            gpu_memory_gib=ns.gpu_memory, prompt_length=ns.prompt_length, length=ns.length)
+    tips = planner.advice(plan, lora=cfg.model.lora.rank > 0, gradient_checkpointing=cfg.train.gradient_checkpointing,
+                          micro_batch=cfg.train.micro_batch_size, processes=ns.gpus,
+                          reference_offload=cfg.train.reference_offload,
+                          optimizer_offload=cfg.train.optimizer == "adamw_offload")
+    print(planner.format_plan(plan, tips))
+    return 0 if plan.fits else 1
+
+
 def cmd_bench(ns) -> int:
     from dare.app.bench import BENCH_FAMILIES, rewards_benchmark, rollout_benchmark
 
@@ -469,6 +512,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", nargs="?", default="list", choices=["list", "released", "show"])
     s.add_argument("checkpoint", nargs="?")
     s.set_defaults(func=cmd_models)
+
+    s = sub.add_parser("plan", help="the peak memory per GPU of a training run, before it runs", description=(
+        "dare plan <baseline> [config.yaml] [key=value ...]: the run's peak memory per GPU at its real shapes, "
+        "computed without a GPU (the model built on the meta device; what one decoder layer of each kind saves "
+        "for backward measured on the CPU at its real widths): a table per phase (rollout, log-probs, update), "
+        "whether it fits --gpu-memory, and the settings that would make it fit. Exit status 1 when it does not "
+        "fit."))
+    s.add_argument("baseline", help="a baseline name or a YAML whose baseline: key names one")
+    s.add_argument("args", nargs="*", metavar="[config.yaml] key=value")
+    s.add_argument("--gpus", type=int, default=1, help="processes (one GPU each) the run is sharded over")
+    s.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default 80)")
+    s.add_argument("--released", action="store_true", help="plan with the released config of model.family "
+                   "(when model.path is not on this machine)")
+    s.add_argument("--prompt-length", type=int, default=256, help="RL: prompt tokens (default 256)")
+    s.add_argument("--length", type=int, default=1024, help="SFT and preference: tokens per row (default 1024)")
+    s.set_defaults(func=cmd_plan)
 
     s = sub.add_parser("bench", help="benchmarks (rollout, rewards, train, estimators)", description=(
         "dare bench rollout: every decoding strategy (vanilla, Fast-dLLM caches, parallel decoding, both) side by "

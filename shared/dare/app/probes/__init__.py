@@ -5,6 +5,7 @@ line (the last line of its output), which `run` returns.
 - `loss_memory`  the loss and backward with full logits, chunked, or fused (recomputed in backward) (`dare bench train`)
 - `vrpo_memory`  VRPO's update with every draw's graph alive vs one at a time (`dare bench train`)
 - `bgpo_memory`  BGPO's update, the same comparison (`dare bench estimators`)
+- `train_memory` two float32 training steps of a LLaDA of a given size: `dare plan`'s calibration (`tests/test_plan.py`)
 
 Importing this package is cheap (no torch): the probes import what they measure themselves.
 """
