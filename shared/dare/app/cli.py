@@ -257,10 +257,11 @@ def cmd_plan(ns) -> int:
         model = meta_model(folder)
         source = str(folder)
     elif ns.released:
-        name, kwargs = family_module(cfg.model.family).RELEASED
+        from dare.app.released import released_config
+
+        name, model_class, config = released_config(cfg.model.family)
         with torch.device("meta"):
-            model = family_module(cfg.model.family).MODEL_CLASS(
-                family_module(cfg.model.family).MODEL_CLASS.config_class(**kwargs))
+            model = model_class(config)
         source = f"{name} (the released config of model.family={cfg.model.family})"
     else:
         raise UserError(f"dare plan: model.path={cfg.model.path!r} has no config.json here; give --released to plan "
