@@ -363,6 +363,6 @@ def plan_run(cfg, uses_reference: bool, shapes: Shapes, per_token: list[int], pe
         plan = plan_training(shapes, per_token, per_forward, micro_batch=t.micro_batch_size or rows, length=length,
                              **kw)
         plan.assumptions.append(f"rows of {length} tokens (--length)")
-        if recipe == "sft":  # no log-probs pass before the update
+        if recipe not in ("rl", "preference"):  # SFT: no log-probs pass before the update
             del plan.phases["log-probs"]
     return plan
