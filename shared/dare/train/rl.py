@@ -44,6 +44,10 @@ the rollout's lengths, every rank decoding its share (collective under FSDP), lo
 `val/<metric>`; after the last step of a float32 run it equals `dare eval` of the exported
 checkpoint (with bf16 the validation decodes under autocast, `dare eval` in its own dtype).
 
+Memory: on CUDA each phase (rollout, log-probs, update) starts with `torch.cuda.reset_peak_memory_stats` and logs
+the allocator's peak in it, `memory/<phase>_peak_gib` (`PhasePeaks`: host-side allocator queries, no device sync;
+this process's device; nothing on other devices).
+
 Randomness: the rollout and noise generators of step s on rank r are derived from
 (run seed, s, r), so a resumed run draws exactly what the uninterrupted run would have.
 """
@@ -150,6 +154,28 @@ def per_micro(fn, batch: RLBatch, noise, size: int) -> list:
     return [fn(take(batch, rows, n), take(noise, rows, n)) for rows in micro_slices(n, size)]
 
 
+class PhasePeaks:
+    """Each phase's peak memory on a CUDA device: `start()` resets the allocator's peak statistics, `end(phase)`
+    records `memory/<phase>_peak_gib` (max_memory_allocated / 2**30). Host-side allocator queries (no device
+    sync); on any other device it records nothing."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.cuda = device, torch.device(device).type == "cuda"
+        self.values: dict[str, float] = {}
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def end(self, phase: str) -> None:
+        if self.cuda:
+            self.values[f"memory/{phase}_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+
+    def take(self) -> dict[str, float]:
+        values, self.values = self.values, {}
+        return values
+
+
 def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     if not cfg.model.path:
         raise UserError("RL starts from a trained checkpoint: set model.path=<folder>")
@@ -188,11 +214,14 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     guard = diag.CollapseGuard(cfg.rl.collapse_metric, cfg.rl.collapse_window, cfg.rl.collapse_below,
                                cfg.rl.collapse_drop)
     no_diversity = 0
+    peaks = PhasePeaks(dist.device)
     with Loop(cfg, run_dir, label, trainer, len(rows), companions={"value": critic} if critic else None) as loop:
         for step in loop.steps():
             rollout_gen = make_generator(cfg.run.seed, f"rollout/{step}/{dist.rank}")
             noise_gen = make_generator(cfg.run.seed, f"noise/{step}/{dist.rank}")
             # --- rollout: G completions per prompt, sampled by the current policy
+            peaks.take()  # a step rolled back leaves nothing behind
+            peaks.start()
             tic = time.perf_counter()
             mine = loop.sampler.next(n_prompts)[dist.shard(n_prompts)]
             row_of = [i for i in mine for _ in range(G)]  # each prompt G times, grouped
@@ -227,6 +256,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                 compute=compute, progress=step / cfg.train.steps)
             batch = hooks.prepare(batch, cfg)
             t_rollout = time.perf_counter() - tic
+            peaks.end("rollout")
 
             # --- diagnostics on the policy that sampled (before any update); they leave every generator as it was
             with counter.phase("diag"):
@@ -270,6 +300,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                 t_value = time.perf_counter() - tic
 
                 # --- old and reference log-probs, on the same noise draws the updates will use
+                peaks.start()
                 tic = time.perf_counter()
                 with torch.no_grad():
                     old = ref = None
@@ -282,8 +313,10 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                             ref = [torch.cat(per_micro(lambda b, z: hooks.token_logps(ref_model, b, z, cfg), batch, z,
                                                        micro)) for z in unique] * (mu // draws)
                 t_logp = time.perf_counter() - tic
+                peaks.end("logp")
 
                 # --- mu policy updates on this batch, each accumulated over the micro-batches
+                peaks.start()
                 tic = time.perf_counter()
                 first: dict[str, float] = {}  # the first update against the sampler and the old log-probs
 
@@ -306,6 +339,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                 checks.update({**dist.sum(first), **dist.max(maxima)})
                 sums.update(value_sums)
                 t_update = time.perf_counter() - tic
+                peaks.end("update")
             times = {"time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update,
                      **({"time/value_s": t_value} if critic is not None else {})}
             val = {}
@@ -317,7 +351,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             used = dist.sum({**counter.take(), "rollout_tokens": float(out.responses.numel()),
                              "update_tokens": float((out.response_mask & keep.repeat_interleave(G, 0)).sum()) * mu
                              if kept else 0.0})
-            metrics = {**step_metrics(dist, batch, out, mu, sums, trainer.lr, times), **val,
+            metrics = {**step_metrics(dist, batch, out, mu, sums, trainer.lr, times), **peaks.take(), **val,
                        **step_diagnostics(checks), **compute_metrics(loop, used, out.nfe)}
 
             # --- guards: a non-finite update or a collapse rolls back (or stops); a run without diversity warns
