@@ -190,9 +190,12 @@ def test_micro_batches_and_checkpointing_do_not_change_the_step(tmp_path):
 
 def test_rl_micro_batches_match_the_whole_batch(tmp_path):
     sft = train("sft", None, [*TINY, "train.steps=2", f"run.out_dir={tmp_path / 'sft'}"])
-    common = [f"model.path={sft / 'final'}", *D1_TINY, "train.steps=2", "rl.num_iterations=2"]
+    # the same loss path on both sides (full logits): AdamW turns float32 rounding differences of near-zero
+    # gradients into steps of the learning rate's size, so two loss paths that agree to rounding (the fused loss
+    # against full logits: tests/test_fused_loss.py) cannot be compared by their weights after training
+    common = [f"model.path={sft / 'final'}", *D1_TINY, "train.steps=2", "rl.num_iterations=2", "train.logit_chunk=0"]
     whole = train("d1", None, [*common, f"run.out_dir={tmp_path / 'whole'}"])
-    parts = train("d1", None, [*common, "train.micro_batch_size=3", "train.packing=false", "train.logit_chunk=0",
+    parts = train("d1", None, [*common, "train.micro_batch_size=3", "train.packing=false",
                                f"run.out_dir={tmp_path / 'parts'}"])
     _close(_weights(whole), _weights(parts), atol=1e-5)
     assert _losses(parts, "loss/kl") == pytest.approx(_losses(whole, "loss/kl"), rel=1e-4, abs=1e-7)
