@@ -33,8 +33,20 @@ def test_bench_gpu_runs_every_stage_at_shrunk_shapes_on_cpu(tmp_path, capsys):
         assert strategies[0] == "vanilla" and len(strategies) >= 2, family
         assert entry["weight_read_s"] > 0 and entry["weight_bytes_read_per_forward"] > 0
     assert families["llada2"]["loop_whole_b8_s"] > 0
+    step = report["stages"]["rl_step"]  # issue 48: one d1 step with LoRA through the RL loop, beside the planner
+    assert "error" not in step and "skipped" not in step, step
+    assert step["steps_logged"] == bench_gpu.RL_STEP_STEPS and step["setting"]["prompt_tokens"] == [16]
+    assert "model.lora.rank=128" in step["overrides"] and "train.micro_batch_size=6" in step["overrides"]
+    assert list(step["phases"]) == ["rollout", "logp", "update"]
+    for phase, p in step["phases"].items():
+        assert p["time_s"] > 0 and len(p["time_s_each"]) == bench_gpu.RL_STEP_STEPS, (phase, p)
+        assert p["planned_gib"] > 0 and p["planned_items_gib"], (phase, p)
+        assert p["peak_gib"] is None and p["ratio"] is None, (phase, p)  # no memory measured on CPU
+    assert step["memory_keys"] == []  # the RL loop logs memory/ keys on CUDA only
+    assert step["planned_peak_gib"] > 0 and step["planned_peak_phase"] in ("rollout", "log-probs", "update")
+    assert step["peak_gib"] is None and step["card_peak_gib"] is None and step["plan_ratio"] is None
     targets = report["targets"]
-    assert len(targets) == 7 and all(t["met"] is None for t in targets)  # shrunk shapes: no verdict
+    assert len(targets) == 9 and all(t["met"] is None for t in targets)  # shrunk shapes: no verdict
     assert next(t for t in targets if "dual cache" in t["target"])["measured"] > 0
     printed = capsys.readouterr().out
     assert "not judged" in printed and "MISSED" not in printed
@@ -60,8 +72,48 @@ def test_verdicts_at_released_shapes_judge_each_target():
         "LLaDA-8B dual cache over vanilla, batch 8": True,
         "SDAR-8B block cache over vanilla, batch 8": None,  # not measured
         "no forward on the math attention kernel": False,
+        "LLaDA-8B d1 step (LoRA r128, micro-batch 6, prompt 200 + gen 256): peak memory on the card": None,
+        "... dare plan's peak for it, off the measured peak by": None,  # no rl_step stage in this report
         "gpu-marked tests pass": True,
     }
+
+
+def test_verdicts_judge_the_8b_rl_step_and_the_planner():
+    """Issue 48's targets on hand-made reports: the d1 step's peak on the card under 70 GiB, `dare plan` within 10%
+    of it; not measured where the stage was skipped."""
+    def judged(stage):
+        report = {"shrunk": False, "device": "cuda", "stages": {"rl_step": stage}}
+        return [(t["measured"], t["met"]) for t in bench_gpu.verdicts(report) if "d1 step" in t["target"]
+                or "dare plan" in t["target"]]
+
+    (peak, fits), (error, close) = judged({"card_peak_gib": 30.0, "planned_peak_gib": 32.0})
+    assert (peak, fits, close) == (30.0, True, True) and abs(error - 2 / 30) < 1e-12
+    (_, fits), (error, close) = judged({"card_peak_gib": 75.0, "planned_peak_gib": 60.0})
+    assert (fits, close) == (False, False) and abs(error - 0.2) < 1e-12
+    assert judged({"card_peak_gib": 50.0, "planned_peak_gib": 56.0})[1][1] is False  # 12% off
+    assert judged({"skipped": "budget: 100 s left"}) == [(None, None), (None, None)]
+
+
+def test_rl_loop_records_phase_peaks_on_cuda_only(monkeypatch):
+    """`dare.train.rl.PhasePeaks`: on a CUDA device each phase's allocator peak after a reset at its start (GiB);
+    on CPU nothing, and no CUDA call."""
+    import torch
+
+    from dare.train.rl import PhasePeaks
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
+    cpu = PhasePeaks(torch.device("cpu"))
+    cpu.start()
+    cpu.end("rollout")
+    assert cpu.take() == {} and calls == []
+    cuda = PhasePeaks(torch.device("cuda", 0))
+    for phase in ("rollout", "logp", "update"):
+        cuda.start()
+        cuda.end(phase)
+    assert cuda.take() == {"memory/rollout_peak_gib": 3.0, "memory/logp_peak_gib": 3.0, "memory/update_peak_gib": 3.0}
+    assert calls == [("reset", torch.device("cuda", 0))] * 3 and cuda.take() == {}
 
 
 def test_bench_gpu_on_a_machine_without_cuda_says_so(capsys):

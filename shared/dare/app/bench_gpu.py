@@ -1,9 +1,10 @@
 """Speed at the sizes people run: `dare bench experts` (grouped experts against the former per-expert loop)
 and `dare bench gpu` (the one GPU acceptance command: gpu-marked tests, then per family at its released
 shape with random weights: forward times at batch 1 and 8, eager and captured; decoding tokens/s per cache
-strategy; grouped vs loop experts; whether any attention call needed the math kernel; peak memory; a
-verdict per target). `--device cpu` runs the same stages at shrunk shapes (the suite runs it so it cannot
-rot between GPU runs); its numbers say nothing about a GPU.
+strategy; grouped vs loop experts; whether any attention call needed the math kernel; peak memory; one d1 RL step
+at the LLaDA-8B shape with LoRA through the real training loop, its time and peak memory per phase beside
+`dare plan`'s prediction (issue 48); a verdict per target). `--device cpu` runs the same stages at shrunk shapes
+(the suite runs it so it cannot rot between GPU runs); its numbers say nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -114,6 +115,14 @@ GPU_TIME_S = 480  # the whole command, gpu tests included, on one H100 or H200
 # one to two minutes)
 COMPILED = {"llada": ("dual_cache",), "sdar": ("block_cache",)}
 PROMPT, GEN, QUERY = 128, 256, 32  # the rollouts' shapes: prompt, generation, one block of queries
+# issue 48: one d1 step at the LLaDA-8B shape, LoRA r128, bf16 base, micro-batch 6, 6 rows, prompt 200 + gen 256,
+# gradient checkpointing; its peak under 70 GiB (one 80 GB card with 10 GiB to spare), the planner within 10%
+RL_STEP = {"prompt": 200, "gen": 256}
+RL_STEP_SHRUNK = {"prompt": 16, "gen": 16}
+RL_STEP_STEPS = 2  # the first a warm-up (cuBLAS, kernels' first calls); times from the last, peaks over both
+RL_STEP_MIN_S = 150  # budget left under which the stage is skipped on a GPU (writing 16 GB, loading, two steps)
+RL_PEAK_GIB, PLAN_TOLERANCE = 70.0, 0.10
+RL_PHASES = {"rollout": "rollout", "logp": "log-probs", "update": "update"}  # metrics.jsonl's name -> the planner's
 
 
 def gpu_test_files() -> list[str]:
@@ -246,19 +255,170 @@ def entry_ids(model, batch: int, length: int, device: str):
     return torch.randint(10, min(low, 30000), (batch, length), generator=torch.Generator().manual_seed(0)).to(device)
 
 
-def release(model) -> None:
+def release(model=None) -> None:
     """Free a benchmarked model's GPU memory now: its compiled steps (whose closures hold the model) and kept
-    caches, then a garbage collection, dynamo's caches and the allocator's."""
+    caches, then (also without a model: what nothing references any more) a garbage collection, dynamo's caches
+    and the allocator's."""
     import gc
 
     import torch
 
     for key in ("_dare_steps", "_dare_caches"):
-        model.__dict__.pop(key, None)
+        if model is not None:
+            model.__dict__.pop(key, None)
     gc.collect()
     torch._dynamo.reset()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def chain_tokenizer(prompt_tokens: int):
+    """A character tokenizer for LLaDA over `chain`'s alphabet whose chat template opens with a system turn of
+    worked `chain` examples, cut so that every `chain` prompt (always 6 characters) is `prompt_tokens` tokens long.
+    Ids the tokenizer does not know (a random model samples any id of its vocabulary) decode to nothing."""
+    from dare.data.synthetic import Chain
+    from dare.models.api import encode_chat
+    from dare.models.tokenizer import CHAT_TEMPLATE, char_tokenizer
+    from dare.rewards.arithmetic import chain_trace, lsb
+
+    tokenizer = char_tokenizer(Chain.alphabet, "llada")
+    plain = len(encode_chat(tokenizer, [[{"role": "user", "content": "0000,a"}]])[0])
+    n = max(0, prompt_tokens - plain - 1)  # the system turn's role token, then n characters
+    examples, start = "", 1234
+    while len(examples) < n:
+        examples += f"{lsb(start, 4)},z{chain_trace(start, 26)}"
+        start = (start * 7 + 1) % 10000
+    tokenizer.chat_template = "{{ '<|system|>" + examples[:n] + "' }}" + CHAT_TEMPLATE if n else CHAT_TEMPLATE
+    return tokenizer
+
+
+def rl_step_overrides(folder, run_dir, gen: int, steps: int = RL_STEP_STEPS) -> list[str]:
+    """d1 at issue 48's one-card 8B setting: LoRA r128 on a bf16 base, micro-batch 6, one prompt x 6 completions,
+    one update (mu = 1), gradient checkpointing, d1's rollout (no cache, block 32, steps = gen / 2) uncompiled, the
+    diagnostics off (they measure the run; they are not the step), `chain`'s test prompts."""
+    block = min(32, gen)
+    return [f"model.path={folder}", "model.family=llada", "model.dtype=bfloat16", "model.lora.rank=128",
+            "data.task=chain", "data.split=test", f"train.steps={steps}", "train.micro_batch_size=6",
+            "train.gradient_checkpointing=true", "rl.prompts_per_step=1", "rl.group_size=6", "rl.num_iterations=1",
+            f"rl.decoding.gen_length={gen}", f"rl.decoding.block_length={block}", f"rl.decoding.steps={gen // 2}",
+            "rl.decoding.compile=false", "rl.agreement_rows=0", "rl.diag_every=0", "run.log_every=1",
+            "run.save_every=0", f"run.out_dir={run_dir}"]
+
+
+def rl_step_benchmark(device: str, shrink: bool = False) -> dict:
+    """Issue 48's d1 step at the LLaDA-8B shape (SHRUNK on CPU): the model with random weights written as a
+    checkpoint (bf16, a `chain_tokenizer`) to a temporary folder, then `RL_STEP_STEPS` steps of d1 through the RL
+    loop itself (`dare.train.rl.run`: the Trainer, LoRA, the fused loss; the final export is not part of a step and
+    is not run); per phase (rollout, log-probs, update) the last step's seconds and, on CUDA, its peak memory
+    (`memory/<phase>_peak_gib`: the allocator's, max over the steps), beside `dare plan`'s prediction for the same
+    config (`plan_run`, one GPU, the real prompt length) and their ratio. The planner's figures include its fixed
+    CUDA context and fragmentation allowance (`OVERHEAD_GIB`); a phase's `ratio` compares the allocator's peak to the
+    planner without it, and the whole step's `plan_ratio` compares the card's peak (the allocator's reserved
+    high-water mark plus what the CUDA context holds beside it) to the planner's peak as `dare plan` prints it."""
+    import json
+    import tempfile
+
+    import torch
+
+    from dare.app.runs import resolve
+    from dare.data import load_split
+    from dare.models.api import encode_chat, meta_model
+    from dare.train import plan as planner
+    from dare.train import rl
+    from dare.train.checkpoint import save_model
+
+    cuda = device.startswith("cuda")
+    shape = RL_STEP_SHRUNK if shrink else RL_STEP
+    entry: dict = {"family": "llada", "setting": {**shape, "lora_rank": 128, "micro_batch": 6, "rows": 6,
+                                                  "gradient_checkpointing": True, "steps": RL_STEP_STEPS,
+                                                  "task": "chain", "baseline": "d1", "num_iterations": 1}}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="dare-rl-step-") as tmp:
+        folder, run_dir = Path(tmp) / "model", Path(tmp) / "run"
+        run_dir.mkdir()
+        name, model = build_released("llada", device, "bfloat16", shrink)  # the frozen base stays bf16
+        entry["released"], entry["parameters"] = name, sum(p.numel() for p in model.parameters())
+        tokenizer = chain_tokenizer(shape["prompt"])
+        save_model(model, tokenizer, folder)
+        model = None
+        release()
+        entry["checkpoint_write_s"] = time.perf_counter() - start
+
+        overrides = rl_step_overrides(folder, run_dir, shape["gen"])
+        _, cfg, hooks = resolve("d1", None, overrides)
+        lengths = {len(ids) for ids in encode_chat(tokenizer, [r["prompt"] for r in load_split("chain", "test")])}
+        prompt = max(lengths)
+        entry["setting"]["prompt_tokens"] = sorted(lengths)
+        entry["overrides"] = [o for o in overrides if not o.startswith(("model.path=", "run.out_dir="))]
+
+        # the planner, as `dare plan d1 <overrides> --gpus 1 --prompt-length <prompt>` computes it
+        meta = meta_model(folder)
+        shapes = planner.shapes_of(meta, cfg.model.lora.rank, cfg.model.lora.targets)
+        per_token, per_forward = planner.layer_activation_bytes(type(meta), meta.config, "bfloat16")
+        plan = planner.plan_run(cfg, bool(hooks.uses_reference(cfg)), shapes, per_token, per_forward, recipe="rl",
+                                gpus=1, prompt_length=prompt, device=device)
+        overhead = planner.OVERHEAD_GIB if cuda else 0.0
+
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            entry["allocated_before_gib"] = torch.cuda.memory_allocated() / 2**30  # left by earlier stages: ~0
+        tic = time.perf_counter()
+        rl.run(cfg, hooks, run_dir, label="d1")  # its outcome (the trainer) is dropped: freed below
+        entry["run_s"] = time.perf_counter() - tic
+        if cuda:
+            torch.cuda.synchronize()
+            free, total = torch.cuda.mem_get_info()
+            reserved = max(torch.cuda.memory_reserved(), torch.cuda.max_memory_reserved())
+            entry["reserved_gib"] = reserved / 2**30  # the allocator's high-water mark (nothing emptied its cache)
+            entry["context_gib"] = max(0, total - free - torch.cuda.memory_reserved()) / 2**30
+            entry["card_gib"] = total / 2**30
+        records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        release()  # the trainer's model, LoRA and optimizer: unreferenced since the run returned
+    entry["steps_logged"] = len(records)
+    last = records[-1]
+    phases = {}
+    for key, plan_name in RL_PHASES.items():
+        planned = plan.peak(plan_name) / 2**30
+        row = {"time_s": last[f"time/{key}_s"], "time_s_each": [r[f"time/{key}_s"] for r in records],
+               "planned_gib": planned, "planned_items_gib": {k: b / 2**30 for k, b in plan.phases[plan_name]}}
+        peaks = [r[f"memory/{key}_peak_gib"] for r in records if f"memory/{key}_peak_gib" in r]
+        row["peak_gib"] = max(peaks) if peaks else None
+        row["ratio"] = row["peak_gib"] / (planned - overhead) if peaks else None
+        phases[key] = row
+    entry["phases"] = phases
+    entry["step_s"] = sum(p["time_s"] for p in phases.values())
+    entry["memory_keys"] = sorted({k for r in records for k in r if k.startswith("memory/")})
+    worst_phase, worst = plan.worst
+    entry["planned_peak_gib"], entry["planned_peak_phase"] = worst / 2**30, worst_phase
+    measured = [p["peak_gib"] for p in phases.values() if p["peak_gib"] is not None]
+    entry["peak_gib"] = max(measured) if measured else None
+    entry["card_peak_gib"] = entry["reserved_gib"] + entry["context_gib"] if cuda else None
+    entry["plan_ratio"] = entry["card_peak_gib"] / entry["planned_peak_gib"] if cuda else None
+    entry["reward_mean"] = last.get("rollout/reward_mean")
+    entry["response_tokens"] = last.get("rollout/response_tokens")
+    entry["seconds"] = time.perf_counter() - start
+    return entry
+
+
+def print_rl_step(entry: dict) -> None:
+    if "skipped" in entry or "error" in entry:
+        print(f"  d1 step: {entry.get('skipped') or entry.get('error')}")
+        return
+    s = entry["setting"]
+    print(f"  d1 step, {entry['released']} shape, LoRA r{s['lora_rank']}, {s['rows']} rows, micro-batch "
+          f"{s['micro_batch']}, prompt {max(s['prompt_tokens'])} + gen {s['gen']} ({entry['seconds']:.0f} s, "
+          f"checkpoint written in {entry['checkpoint_write_s']:.0f} s)")
+    for key, p in entry["phases"].items():
+        peak = "-" if p["peak_gib"] is None else f"{p['peak_gib']:.2f} GiB"
+        ratio = "" if p["ratio"] is None else f", measured/planned {p['ratio']:.2f}"
+        print(f"    {RL_PHASES[key]:9s} {p['time_s']:8.3f} s  peak {peak:>10s}  planned {p['planned_gib']:.3g} GiB"
+              f"{ratio}")
+    if entry["card_peak_gib"] is not None:
+        print(f"    card peak {entry['card_peak_gib']:.2f} GiB (reserved {entry['reserved_gib']:.2f} + context "
+              f"{entry['context_gib']:.2f}) against the planner's {entry['planned_peak_gib']:.2f} GiB "
+              f"({entry['planned_peak_phase']}): {entry['plan_ratio']:.2f}")
 
 
 def read_seconds(n_bytes: int, device: str) -> tuple[float, float]:
@@ -344,6 +504,20 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
         release(model)
         model = None
         save()
+    if left() < (20 if shrink else RL_STEP_MIN_S):
+        report["stages"]["rl_step"] = {"skipped": f"budget: {left():.0f} s left"}
+    else:
+        try:
+            stage = rl_step_benchmark(device, shrink)
+        except Exception as e:  # noqa: BLE001 - recorded: one stage's failure must not cost the stages after it
+            import traceback
+
+            stage = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}",
+                     "traceback": traceback.format_exc().splitlines()[-12:]}
+        report["stages"]["rl_step"] = stage
+        release()  # after the except block, whose traceback held the run's frames (the model, the trainer)
+    print_rl_step(report["stages"]["rl_step"])
+    save()
     if run_tests:  # last: what is left of the budget, at least a minute
         report["stages"]["gpu_tests"] = t = run_gpu_tests(timeout_s=max(60.0, left() - 10))
         print(f"  gpu tests: {t.get('passed', 0)} passed, {t.get('failed', 0)} failed, {t.get('skipped', 0)} skipped "
@@ -398,6 +572,13 @@ def verdicts(report: dict) -> list[dict]:
     checked = report["device"].startswith("cuda") and bool(measured)
     add("no forward on the math attention kernel", sum(len(v) for v in measured.values()) if checked else None, 0,
         None if not checked else not any(measured.values()), "calls")
+    step = report["stages"].get("rl_step", {})
+    peak, planned = step.get("card_peak_gib"), step.get("planned_peak_gib")
+    add("LLaDA-8B d1 step (LoRA r128, micro-batch 6, prompt 200 + gen 256): peak memory on the card", peak, RL_PEAK_GIB,
+        None if peak is None else peak < RL_PEAK_GIB, "GiB")
+    error = None if not (peak and planned) else abs(planned - peak) / peak
+    add("... dare plan's peak for it, off the measured peak by", error, PLAN_TOLERANCE,
+        None if error is None else error <= PLAN_TOLERANCE, "rel")
     tests = report["stages"].get("gpu_tests")
     add("gpu-marked tests pass", None if tests is None else tests.get("failed", 0) + tests.get("error", 0)
         + tests.get("errors", 0), 0, None if tests is None else tests["rc"] in (0, 5), "failed")
@@ -409,4 +590,5 @@ def print_verdicts(report: dict) -> None:
     for v in report["targets"]:
         mark = {True: "met", False: "MISSED", None: "not judged" if report["shrunk"] else "not measured"}[v["met"]]
         got = "-" if v["measured"] is None else f"{v['measured']:.4g} {v['unit']}"
-        print(f"    {mark:12s} {v['target']}: {got} (need {'<=' if v['unit'] in ('s', 'calls', 'failed') or 'read' in v['target'] else '>='} {v['need']:.4g})")
+        at_most = v["unit"] in ("s", "calls", "failed", "GiB", "rel") or "read" in v["target"]
+        print(f"    {mark:12s} {v['target']}: {got} (need {'<=' if at_most else '>='} {v['need']:.4g})")
