@@ -124,3 +124,23 @@ def test_bench_gpu_on_a_machine_without_cuda_says_so(capsys):
         pytest.skip("this machine has CUDA")
     assert main(["bench", "gpu", "--device", "cuda"]) != 0
     assert "no CUDA device here" in capsys.readouterr().err
+
+
+def test_a_stage_that_fails_is_recorded_and_the_next_ones_still_run(tmp_path, monkeypatch):
+    """One GPU run, no second chance: a family whose stage raises (out of memory, a failed capture) is recorded
+    with its error, and the stages after it run."""
+    real = bench_gpu.build_released
+
+    def build(family, *a, **kw):
+        if family == "sdar":
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(family, *a, **kw)
+
+    monkeypatch.setattr(bench_gpu, "build_released", build)
+    report = bench_gpu.gpu_benchmark("cpu", "float32", shrink=True, families=("sdar", "llada", "dream"),
+                                     run_tests=False, out=str(tmp_path / "gpu.json"), repeats=1)
+    families = report["stages"]["families"]
+    assert families["sdar"]["error"] == "RuntimeError: CUDA out of memory (simulated)"
+    assert families["llada"]["forwards"]["rows"] and families["dream"]["forwards"]["rows"]
+    assert "phases" in report["stages"]["rl_step"]
+    assert list(json.loads((tmp_path / "gpu.json").read_text())["stages"]["families"]) == ["sdar", "llada", "dream"]

@@ -114,6 +114,7 @@ GPU_TIME_S = 480  # the whole command, gpu tests included, on one H100 or H200
 # the rollouts timed again with their step captured: only where a target reads them (compiling an 8B forward takes
 # one to two minutes)
 COMPILED = {"llada": ("dual_cache",), "sdar": ("block_cache",)}
+LATE = ("dream",)  # families no target reads: measured after the RL step, with what the budget leaves
 PROMPT, GEN, QUERY = 128, 256, 32  # the rollouts' shapes: prompt, generation, one block of queries
 # issue 48: one d1 step at the LLaDA-8B shape, LoRA r128, bf16 base, micro-batch 6, 6 rows, prompt 200 + gen 256,
 # gradient checkpointing; its peak under 70 GiB (one 80 GB card with 10 GiB to spare), the planner within 10%
@@ -468,10 +469,11 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
     print_experts(exp)
     save()
     per_family = report["stages"]["families"] = {}
-    for family in families:
+
+    def family_stage(family: str) -> None:
         if left() < (30 if shrink else 90):
             per_family[family] = {"skipped": f"budget: {left():.0f} s left"}
-            continue
+            return
         name, model = build_released(family, device, dtype, shrink)
         n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         if model.get_input_embeddings().weight is not model.get_output_embeddings().weight:
@@ -501,23 +503,32 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
                                               model=model, write=False, compiled=compiled)["rows"]
         if cuda:
             entry["peak_gib"] = max([peak, *(r["peak_gib"] or 0 for r in entry["rollout"])])
-        release(model)
-        model = None
-        save()
-    if left() < (20 if shrink else RL_STEP_MIN_S):
-        report["stages"]["rl_step"] = {"skipped": f"budget: {left():.0f} s left"}
-    else:
+
+    def rl_step_stage() -> None:
+        if left() < (20 if shrink else RL_STEP_MIN_S):
+            report["stages"]["rl_step"] = {"skipped": f"budget: {left():.0f} s left"}
+        else:
+            report["stages"]["rl_step"] = rl_step_benchmark(device, shrink)
+        print_rl_step(report["stages"]["rl_step"])
+
+    # the targets' families, the RL step (issue 48), then the families no target reads
+    stages = [(f, lambda f=f: family_stage(f)) for f in families if f not in LATE]
+    stages += [("rl_step", rl_step_stage)] + [(f, lambda f=f: family_stage(f)) for f in families if f in LATE]
+    for label, stage in stages:
         try:
-            stage = rl_step_benchmark(device, shrink)
+            stage()
         except Exception as e:  # noqa: BLE001 - recorded: one stage's failure must not cost the stages after it
             import traceback
 
-            stage = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}",
-                     "traceback": traceback.format_exc().splitlines()[-12:]}
-        report["stages"]["rl_step"] = stage
-        release()  # after the except block, whose traceback held the run's frames (the model, the trainer)
-    print_rl_step(report["stages"]["rl_step"])
-    save()
+            failed = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}",
+                      "traceback": traceback.format_exc().splitlines()[-12:]}
+            if label == "rl_step":
+                report["stages"]["rl_step"] = failed
+            else:
+                per_family[label] = {**per_family.get(label, {}), **failed}
+            print(f"  {label}: {failed['error']}")
+        release()  # after the except block, whose traceback held the stage's frames (its model, its trainer)
+        save()
     if run_tests:  # last: what is left of the budget, at least a minute
         report["stages"]["gpu_tests"] = t = run_gpu_tests(timeout_s=max(60.0, left() - 10))
         print(f"  gpu tests: {t.get('passed', 0)} passed, {t.get('failed', 0)} failed, {t.get('skipped', 0)} skipped "
