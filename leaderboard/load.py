@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from urllib.parse import quote
 
+from dare.models.registry import ATTENTION  # torch-free
 from dare.results import (MAX_LOG_BYTES, MAX_NUMBER, Hardware, Result, load_json, load_results, parse_json, printable,
                           read_bounded, unsafe_char)
 
@@ -110,11 +111,24 @@ def method_label(r: Result) -> str:
 
 
 def benchmark_label(r: Result) -> str:
-    """A column per benchmark, engine and decoding setting: scores under different decodings, or
-    from OpenCompass' prompts and our embedded ones, never mix."""
+    """A column per benchmark, engine and the whole decoding: lengths, steps, temperature, and every setting that
+    differs from the family's default decoding (the sampler when it is not the family's own, remasking, the
+    commit rule and its parameters, the cache, ...: `decoding.extra`). Scores under different decodings, or from
+    OpenCompass' prompts and our embedded ones, never share a column; the default decoding of every family shares
+    one, so families can be compared in it."""
     d = r.decoding
     engine = " (OpenCompass)" if r.benchmark.version.startswith("opencompass") else ""
-    return f"{r.benchmark.name}{engine} [{d.gen_length}/{d.block_length}/{d.steps}, T={d.temperature:g}]"
+    parts = [] if d.sampler == DEFAULT_SAMPLER.get(ATTENTION.get(r.model.family)) else [f"sampler={d.sampler}"]
+    parts += [] if d.remasking == "low_confidence" else [f"remasking={d.remasking}"]
+    parts += [] if d.threshold is None else [f"threshold={d.threshold:g}"]
+    parts += [] if not d.cfg_scale else [f"cfg={d.cfg_scale:g}"]
+    parts += [f"{k}={v}" for k, v in sorted(d.extra.items())]
+    return (f"{r.benchmark.name}{engine} [{d.gen_length}/{d.block_length}/{d.steps}, T={d.temperature:g}"
+            + "".join(f", {p}" for p in parts) + "]")
+
+
+DEFAULT_SAMPLER = {"bidirectional": "masked", "block_causal": "block"}
+"""The sampler `sampler=auto` picks for a family's attention kind (`dare.models.registry.ATTENTION`)."""
 
 
 def options(items) -> dict[str, list]:
@@ -155,6 +169,30 @@ def value(r: Result) -> float:
     return r.metric(main_metric(r)).value
 
 
+def distinct_runs(results: list[Result]) -> list[Result]:
+    """`results` without the copies of one run: the same run published in two folders (under two run ids) has
+    the same samples (`artifacts.samples_sha256`, or the whole file's hash for an excerpt), and counts once."""
+    seen, out = set(), []
+    for r in results:
+        a = r.artifacts
+        key = (a.samples_total_sha256 or a.samples_sha256, r.benchmark.name, r.model.name)
+        key = key if key[0] else r.run_id
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def per_seed(results: list[Result]) -> list[float]:
+    """One value per distinct seed (a model, a recipe with its start: the row, and a seed): the same seed run
+    again is one seed, whose value is the mean of its distinct runs (`distinct_runs`). Means, standard
+    deviations and `n` are taken over these, never over runs."""
+    runs: dict[tuple, list[float]] = defaultdict(list)
+    for r in distinct_runs(results):
+        runs[(r.model.name, recipe(r), r.training.seed if r.training else r.run_id)].append(value(r))
+    return [sum(v) / len(v) for v in runs.values()]
+
+
 def environment(r: Result) -> tuple[str, str | None]:
     """(hardware class, lock hash): runs that differ in either can differ in float rounding."""
     lock = r.provenance.lock
@@ -170,8 +208,11 @@ MIXED = " ⚠"  # marks a mean or a delta over runs from different hardware or e
 
 
 def format_cell(results: list[Result]) -> str:
-    mean, std, n = stats([value(r) for r in results])
-    text = f"{100 * mean:.1f} (1 seed)" if n == 1 else f"{100 * mean:.1f} ± {100 * std:.1f} ({n} seeds)"
+    mean, std, n = stats(per_seed(results))
+    count = "1 seed" if n == 1 else f"{n} seeds"
+    runs = len(distinct_runs(results))
+    count += f", {runs} runs" if runs > n else ""  # reruns of a seed are said, never counted as seeds
+    text = f"{100 * mean:.1f} ({count})" if n == 1 else f"{100 * mean:.1f} ± {100 * std:.1f} ({count})"
     return text + (MIXED if mixed(results) else "")
 
 
@@ -274,7 +315,7 @@ def table(results: list[Result], base: str | None = None) -> tuple[list[str], li
             for b in benchmarks:
                 mine, theirs = cells.get((m, b)), cells.get((base, b))
                 if mine and theirs:
-                    diff = stats([value(r) for r in mine])[0] - stats([value(r) for r in theirs])[0]
+                    diff = stats(per_seed(mine))[0] - stats(per_seed(theirs))[0]
                     d[b] = signed(100 * diff) + (MIXED if mixed(mine + theirs) else "")
                 else:
                     d[b] = ""
@@ -289,7 +330,7 @@ def long_rows(results: list[Result]) -> list[dict]:
     cells, _, _ = _cells(results, lambda r: labels[recipe(r)], benchmark_label)
     out = []
     for (m, b), rs in cells.items():
-        mean, std, n = stats([value(r) for r in rs])
+        mean, std, n = stats(per_seed(rs))
         out.append({"method": m, "benchmark": b, "mean": round(100 * mean, 2), "std": round(100 * std, 2), "n": n,
                     "low": round(100 * (mean - std), 2), "high": round(100 * (mean + std), 2),
                     "hardware": "; ".join(sorted({environment(r)[0] for r in rs})), "mixed": mixed(rs)})
@@ -297,13 +338,17 @@ def long_rows(results: list[Result]) -> list[dict]:
 
 
 def family_method_rows(items) -> list[dict]:
-    """Mean of each method on each (family, benchmark), in points, for the family x method heatmap
-    (a method's recipes and models of one family are averaged per benchmark)."""
-    groups: dict[tuple, list[float]] = defaultdict(list)
+    """Mean of each method on each (family, benchmark column: `benchmark_label`, so decodings never pool), in
+    points, for the family x method heatmap (a method's recipes and models of one family are averaged per
+    column, over distinct seeds: `per_seed`)."""
+    groups: dict[tuple, list[Result]] = defaultdict(list)
     for _, r in items:
-        groups[(r.model.family, method_label(r), r.benchmark.name)].append(value(r))
-    return [{"family": f, "method": m, "benchmark": b, "mean": round(100 * stats(v)[0], 1), "n": len(v)}
-            for (f, m, b), v in sorted(groups.items())]
+        groups[(r.model.family, method_label(r), benchmark_label(r))].append(r)
+    out = []
+    for (f, m, b), rs in sorted(groups.items()):
+        seeds = per_seed(rs)
+        out.append({"family": f, "method": m, "benchmark": b, "mean": round(100 * stats(seeds)[0], 1), "n": len(seeds)})
+    return out
 
 
 def family_table(items, benchmark: str) -> tuple[list[str], list[dict], list[dict]]:
@@ -341,7 +386,7 @@ def family_table(items, benchmark: str) -> tuple[list[str], list[dict], list[dic
             row[family] = format_cell(mine) if mine else ""
             row[f"{family} Δ"] = ""
             if mine and base and label not in starts:
-                diff = stats([value(r) for r in mine])[0] - stats([value(r) for r in base])[0]
+                diff = stats(per_seed(mine))[0] - stats(per_seed(base))[0]
                 row[f"{family} Δ"] = signed(100 * diff) + (MIXED if mixed(mine + base) else "")
         rows.append(row)
     runs = [{"family": f, "method": label, "seed": r.training.seed if r.training else None,
@@ -373,7 +418,7 @@ def reproduction_rows(items) -> list[dict]:
         groups[(labels[recipe(r)], r.model.name, benchmark_label(r))].append(r)
     out = []
     for (method, model, bench), rs in groups.items():
-        mean, std, n = stats([r.metric(main_metric(r)).value for r in rs])
+        mean, std, n = stats(per_seed(rs))
         ref = rs[0].reference
         protocol = bool(ref.same_decoding) and all(r.benchmark.n_samples.effective == r.benchmark.n_samples.original
                                                    for r in rs)

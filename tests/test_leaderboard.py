@@ -65,6 +65,7 @@ def _result(tmp, name, *, method, init, seed, acc, model="tiny", family="llada",
     if cpu:
         r["provenance"]["hardware"].update(cpu_model=cpu, cpu_capability="AVX512")
     r["decoding"]["gen_length"] = gen
+    r["decoding"]["sampler"] = "block" if family in ("sdar", "llada2") else "masked"  # what `auto` picks
     r["metrics"] = [metric_from_values("accuracy", acc).model_dump()]
     if reference:
         r["reference"] = reference
@@ -257,7 +258,7 @@ def test_method_view_spans_models_and_families(runs):
                  and "run_id" not in d.value.columns)
     assert set(zip(table["model"], table["family"])) == {("tiny", "llada"), ("tiny-sdar", "sdar")}
     heat = at.selectbox(key="heat_benchmark")
-    assert heat.options == ["addition"]  # the family x method heatmap's benchmark
+    assert heat.options == ["addition [4/4/4, T=0]", "addition [8/4/4, T=0]"]  # decodings never pool
     specs = [c.proto.spec for c in at.get("vega_lite_chart")]
     assert any('"rect"' in spec and '"family"' in spec for spec in specs)  # the heatmap is drawn
 
@@ -583,10 +584,11 @@ def test_committed_demo_and_baseline_results_appear(monkeypatch):
     monkeypatch.delenv("DARE_LEADERBOARD_RESULTS", raising=False)
     items, invalid = load.load_all([])
     assert not invalid, invalid
-    # demo and tiny-task runs with the same run id (same config, same start) are one run, shown once;
-    # the demo's d1, the sweep's d1 and its rerun with compute records (tiny-llada-compute) are one config whose
-    # starts were trained on different machines (AVX-512 and AVX2 kernels): one row, nine runs, its mean marked
-    # as mixing hardware; the other methods six
+    # demo and tiny-task runs with the same run id are one run, shown once, and so are runs with the same samples
+    # (one run published in two folders: demo and tiny) when counted; the sweep's runs and their reruns with
+    # compute records (tiny-llada-compute) are one config whose starts were trained on different machines
+    # (AVX-512 and AVX2 kernels): one row, six distinct runs of three seeds, counted as three seeds (a rerun is
+    # not a seed), its mean marked as mixing hardware
     tiny = [r for p, r in items if r.model.name == "tiny-llada-addition"]
     assert len({r.run_id for r in tiny}) == len(tiny)
     assert {r.method.baseline for r in tiny} >= {"sft", "peft", "vrpo", "d1", "coupled_grpo", "wd1"}
@@ -597,10 +599,13 @@ def test_committed_demo_and_baseline_results_appear(monkeypatch):
     table = _table(at)
     for method in ("d1", "coupled_grpo", "wd1", "peft", "vrpo"):
         runs = [r for r in tiny if r.method.baseline == method]
-        assert len(runs) == (9 if method == "d1" else 6) and len({r.training.recipe_hash for r in runs}) == 1, method
+        distinct = load.distinct_runs(runs)
+        assert len(distinct) == (4 if method == "peft" else 6) and len({r.training.recipe_hash for r in runs}) == 1
+        seeds = 2 if method == "peft" else 3  # peft: seeds 0 and 1, each run twice
         column = load.benchmark_label(runs[0])
         cell = table.loc[f"{method} (from sft)", column]
         assert cell == load.format_cell(runs) and cell.endswith(load.MIXED) == load.mixed(runs), method
+        assert f"({seeds} seeds, {len(distinct)} runs)" in cell, (method, cell)
     assert load.mixed([r for r in tiny if r.method.baseline == "d1"])
 
 
@@ -650,6 +655,63 @@ def test_committed_results_fill_the_family_table(monkeypatch):
     for method in ("d1", "coupled_grpo", "wd1", "tracerl", "peft"):
         for family in ("llada", "sdar", "llada2"):
             row = by_method[plain[0] if method == "tracerl" else f"{method} (from sft)"]
-            assert "seeds)" in row[family] and row[f"{family} Δ"].startswith("+"), (method, family)
-    assert all("seeds)" in by_method["vrpo (from sft)"][f] for f in ("llada", "sdar", "llada2"))
+            assert re.search(r"\((\d+) seeds", row[family]) and row[f"{family} Δ"].startswith("+"), (method, family)
+    assert all(re.search(r"\((\d+) seeds", by_method["vrpo (from sft)"][f]) for f in ("llada", "sdar", "llada2"))
     assert {r["detail"] for r in runs} == {f"?run={r['run_id']}" for r in runs}
+
+
+def test_a_seed_run_again_or_published_twice_counts_once(runs, monkeypatch):
+    """Issue 49's first defect: d1's seeds 0-2 run three times (two folders of the same runs and one of reruns)
+    showed as "9 seeds". A seed is a distinct (recipe, start, seed): reruns are averaged into their seed and
+    said ("3 runs"), the same samples published in two folders count once."""
+    monkeypatch.syspath_prepend(str(REPO / "leaderboard"))
+    import load
+
+    for seed, acc in [(0, [1, 1, 1, 1]), (1, [0, 0, 1, 1])]:  # reruns of d1's seeds 0 and 1, other numbers
+        _rl(runs, f"d1_rerun_{seed}", "d1", seed, acc, run_id=f"d1__tiny__addition__s{seed}__rerun")
+    twin = json.loads((runs / "d1_0" / "result_addition.json").read_text())  # seed 0 published again
+    twin["run_id"] = "d1__tiny__addition__s0__published-elsewhere"
+    (runs / "elsewhere").mkdir()
+    write_result(twin, runs / "elsewhere" / "result_addition.json")
+    for name in ("d1_0", "elsewhere"):  # identical samples beside both copies
+        r = json.loads((runs / name / "result_addition.json").read_text())
+        r["artifacts"]["samples_sha256"] = "ab" * 32
+        (runs / name / "result_addition.json").write_text(json.dumps(r))
+    items, _ = load.load_all()
+    d1 = [r for _, r in items if r.method.baseline == "d1" and r.model.name == "tiny" and r.decoding.gen_length == 4]
+    assert len(d1) == 5 and len(load.distinct_runs(d1)) == 4  # seeds 0 and 1 run twice; the twin is no run
+    assert load.per_seed(d1) == [0.875, 0.5]  # seed 0: (0.75 + 1) / 2, seed 1: (0.5 + 0.5) / 2
+    assert load.format_cell(d1) == "68.8 ± 26.5 (2 seeds, 4 runs)"
+    rows = {(r["method"], r["benchmark"]): r for r in load.long_rows(d1)}
+    assert rows[("d1 (from sft)", "addition [4/4/4, T=0]")]["n"] == 2
+    at = _app()
+    at.selectbox(key="family").select("llada").run()
+    at.selectbox(key="model").select("tiny").run()
+    assert _table(at).loc["d1 (from sft)", "addition [4/4/4, T=0]"] == "68.8 ± 26.5 (2 seeds, 4 runs)"
+
+
+def test_every_setting_of_the_decoding_keys_its_own_column_and_heatmap_cell(runs, monkeypatch):
+    """Issue 49's second defect: on chain one cell pooled nine decoders (maskgit+RCR 79.7, parallel 17.2, ...).
+    The cache, the commit rule and its threshold, the sampler and any other setting key the column; each
+    family's default decoding shares one, so families still compare."""
+    monkeypatch.syspath_prepend(str(REPO / "leaderboard"))
+    import load
+
+    for name, change in [("dual", {"extra": {"cache": "dual"}}), ("parallel", {"threshold": 0.9}),
+                         ("maskgit", {"sampler": "maskgit", "extra": {"rcr": True}})]:
+        _result(runs, f"sft_{name}", method="sft", init="scratch", seed=0, acc=[0, 0, 0, 1],
+                run_id=f"sft__tiny__addition__s0__{name}")
+        r = json.loads((runs / f"sft_{name}" / "result_addition.json").read_text())
+        r["decoding"].update(change)
+        (runs / f"sft_{name}" / "result_addition.json").write_text(json.dumps(r))
+    items, _ = load.load_all()
+    sft = [r for _, r in items if r.method.baseline == "sft" and r.model.name == "tiny"]
+    assert sorted(load.benchmark_label(r) for r in sft) == [
+        "addition [4/4/4, T=0, cache=dual]", "addition [4/4/4, T=0, sampler=maskgit, rcr=True]",
+        "addition [4/4/4, T=0, threshold=0.9]", "addition [4/4/4, T=0]"]
+    sdar = next(r for _, r in items if r.model.family == "sdar")
+    assert load.benchmark_label(sdar) == "addition [4/4/4, T=0]"  # the block sampler is SDAR's default
+    heat = [row for row in load.family_method_rows(items) if row["method"] == "sft" and row["family"] == "llada"]
+    assert sorted((row["benchmark"], row["mean"]) for row in heat) == [
+        ("addition [4/4/4, T=0, cache=dual]", 25.0), ("addition [4/4/4, T=0, sampler=maskgit, rcr=True]", 25.0),
+        ("addition [4/4/4, T=0, threshold=0.9]", 25.0), ("addition [4/4/4, T=0]", 75.0)]

@@ -17,7 +17,7 @@ def make_result(**changes) -> dict:
         "model": {"name": "tiny", "family": "llada", "kind": "masked", "dtype": "float32", "n_params": 1000},
         "benchmark": {"name": "addition", "split": "test", "version": "1",
                       "n_samples": {"original": 4, "effective": 4}},
-        "decoding": {"sampler": "llada", "gen_length": 4, "block_length": 4, "steps": 4,
+        "decoding": {"sampler": "masked", "gen_length": 4, "block_length": 4, "steps": 4,
                      "remasking": "low_confidence", "temperature": 0.0},
         "metrics": [metric_from_values("accuracy", [1, 0, 1, 1]).model_dump()],
         "training": {"seed": 0, "steps": 10, "config_hash": "ab", "wall_time_s": 1.5, "recipe_hash": "r-ab",
