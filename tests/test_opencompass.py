@@ -205,7 +205,9 @@ def test_dare_eval_runs_opencompass_on_gsm8k_and_humaneval(family, checkpoints, 
     assert len(mine) == len(benchmarks) and not bad
     columns, rows, _ = table(mine)
     t = {"dream": "0.2", "sdar": "1"}.get(family, "0")  # the family presets' temperature (not overridden here)
-    assert len(rows) == 1 and columns == [f"{b} (OpenCompass) [8/4/8, T={t}]" for b in benchmarks]
+    # one column per benchmark, keyed by the preset's whole decoding (its cache and commit rule in the label)
+    assert len(rows) == 1 and len(columns) == len(benchmarks)
+    assert all(c.startswith(f"{b} (OpenCompass) [8/4/8, T={t}") for c, b in zip(columns, benchmarks)), columns
 
 
 def samples_of(results, name):
