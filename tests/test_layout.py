@@ -203,7 +203,7 @@ def test_the_checklist_names_what_is_missing(tmp_path, monkeypatch):
     (root / "half" / "config.py").write_text("Config = None\n")
     (tmp_path / "tests").mkdir()
     found = "\n".join(baselines.checklist("half", repo=tmp_path))
-    for piece in ("front matter lacks title, arxiv, reference_code", "name 'other' is not the folder name",
+    for piece in ("front matter lacks title, summary, arxiv, reference_code", "name 'other' is not the folder name",
                   "status 'done'", "families ['gpt']", "no '## Deviations' section", "no '## Results' section",
                   "no test under tests/", "no valid result JSON"):
         assert piece in found, (piece, found)

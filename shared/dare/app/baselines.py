@@ -47,6 +47,21 @@ def front_matter(name: str) -> dict:
     return meta
 
 
+def glossary() -> list[dict]:
+    """One entry per baseline from its README's front matter (torch-free: the leaderboard's method
+    glossary and the docs' method table read it): name, title, summary (the one-line objective), arxiv,
+    its link, families, status and the reference code."""
+    rows = []
+    for name in names():
+        meta = front_matter(name)
+        arxiv = str(meta.get("arxiv", ""))
+        rows.append({"name": name, "title": meta.get("title", ""), "summary": meta.get("summary", ""),
+                     "arxiv": arxiv, "url": f"https://arxiv.org/abs/{arxiv}" if arxiv else "",
+                     "families": list(meta.get("families") or []), "status": meta.get("status", ""),
+                     "reference_code": meta.get("reference_code", "")})
+    return rows
+
+
 @dataclass
 class Baseline:
     name: str
@@ -72,7 +87,7 @@ def load(name: str) -> Baseline:
     return Baseline(name, folder, algorithm, config.Config)
 
 
-REQUIRED_FRONT_MATTER = ("name", "title", "arxiv", "reference_code", "families", "status")
+REQUIRED_FRONT_MATTER = ("name", "title", "summary", "arxiv", "reference_code", "families", "status")
 STATUSES = ("verified", "partial", "wip", "stale")
 REQUIRED_SECTIONS = ("## Deviations", "## Results")
 MAX_ALGORITHM_LINES = 250
