@@ -207,10 +207,10 @@ def check_published(path: Path, entries) -> list[dict]:
                 raise _shown(path, i, "temperature", t, "a number >= 0, or the list a best-of report chose from")
         if "init" in e and e["init"] not in names():
             raise _shown(path, i, "init", e["init"], f"not a baseline ({', '.join(names())})")
-        key = (e["model"], e["benchmark"], e.get("init"), e["source"], *(repr(e.get(k)) for k in PROTOCOL))
+        key = (e["model"], e["benchmark"], e.get("init"), e["source"], e.get("note"), *(repr(e.get(k)) for k in PROTOCOL))
         if key in seen:
             raise UserError(f"{path}: published[{i}]: the same number as published[{seen[key]}] (model, benchmark, "
-                            f"protocol, init and source)")
+                            f"protocol, init, source and note)")
         seen[key] = i
     return [dict(e) for e in entries]
 
