@@ -21,7 +21,7 @@ GPU_COMPILE := --quiet --generate-hashes --no-config --python-version 3.11 --pyt
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test data checklist leaderboard gpu-check setup eval-env lock lock-gpu sandbox browser slurm clean-venv help
+.PHONY: demo test data checklist leaderboard docs gpu-check setup eval-env lock lock-gpu sandbox browser slurm clean-venv help
 
 # `make help` lists every target with the `## ` description on its line (tests/test_cli.py checks
 # that each target has one).
@@ -51,7 +51,7 @@ INSTALL = @$(call OWNER,$(1)) && \
 $(EVAL)/.installed: locks/eval.txt
 	$(call INSTALL,$(EVAL),locks/eval.txt)
 
-# The train environment (the `train` and `dev` extras).
+# The train environment (the `train`, `dev` and `docs` extras).
 $(TRAIN)/.installed: locks/train.txt
 	$(call INSTALL,$(TRAIN),locks/train.txt)
 
@@ -63,7 +63,7 @@ $(TRAIN)/.installed: locks/train.txt
 # through the CUDA wheels after 40 minutes).
 lock: lock-gpu ## regenerate every lock (locks/*.txt) from pyproject.toml's pins (then commit them)
 	@test -x $(VENV)/tools/bin/pip-compile || ($(PYTHON) -m venv $(VENV)/tools && $(VENV)/tools/bin/pip install $(PIP_FLAGS) "$(PIP_TOOLS)")
-	$(VENV)/tools/bin/pip-compile $(COMPILE) --extra train --extra dev -o locks/train.txt pyproject.toml
+	$(VENV)/tools/bin/pip-compile $(COMPILE) --extra train --extra dev --extra docs -o locks/train.txt pyproject.toml
 	$(VENV)/tools/bin/pip-compile $(COMPILE) --extra eval --extra dev -o locks/eval.txt pyproject.toml
 
 lock-gpu: ## regenerate only the GPU locks (locks/gpu-train.txt, locks/gpu-eval.txt) with uv
@@ -118,6 +118,11 @@ slurm: ## install SLURM and munge for the sweep tests' one-node cluster (needs r
 
 leaderboard: $(TRAIN)/.installed ## open the Streamlit leaderboard on 127.0.0.1 (committed results + runs/)
 	$(TRAIN)/bin/dare leaderboard --runs runs
+
+# The documentation site (mkdocs.yml, docs/; the baselines' pages are generated from their READMEs at build
+# time). tests/test_docs.py builds it with --strict, so a broken link fails `make test`.
+docs: $(TRAIN)/.installed ## serve the documentation site on 127.0.0.1:8000 (mkdocs serve; rebuilt on every edit)
+	NO_MKDOCS_2_WARNING=1 $(TRAIN)/bin/python -m mkdocs serve -a 127.0.0.1:8000
 
 clean-venv: ## delete both venvs (the VENV folder, default .venv)
 	rm -rf $(VENV)

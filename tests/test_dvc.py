@@ -60,9 +60,9 @@ def test_fresh_clone_dvc_pull_says_to_add_a_remote_and_our_messages_say_how(tmp_
     r = dvc(fresh_clone(tmp_path), "pull", ok=False)
     assert r.returncode != 0
     assert "no default remote set" in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
-    # the one-line fix is in the README's data section, and in the error of a missing split
-    readme = (REPO / "README.md").read_text()
-    assert "dvc remote add -d lab " in readme and "dare data build" in readme
+    # the one-line fix is on the docs' data page, and in the error of a missing split
+    page = (REPO / "docs/concepts/data.md").read_text()
+    assert "dvc remote add -d lab " in page and "dare data build" in page
     with pytest.raises(DataError, match=r"`dare data build sudoku`"):
         load_split("sudoku", "test", tmp_path / "data", build_missing=False)
     with pytest.raises(DataError, match=r"`dvc remote add -d lab <url>` then `dvc pull`"):

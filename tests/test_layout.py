@@ -38,7 +38,7 @@ def test_ci_runs_exactly_make_test():
 
 # every lock: the extras it holds, and how torch appears in it (this machine's local CPU build in the
 # venvs' locks, PyPI's CUDA build with its nvidia libraries in the conda files' GPU locks)
-LOCKS = {"locks/train.txt": ("train", "dev"), "locks/eval.txt": ("eval", "dev"),
+LOCKS = {"locks/train.txt": ("train", "dev", "docs"), "locks/eval.txt": ("eval", "dev"),
          "locks/gpu-train.txt": ("train", "dev"), "locks/gpu-eval.txt": ("eval", "dev")}
 CONDA_LOCKS = {"environment-train.yml": "locks/gpu-train.txt", "environment-eval.yml": "locks/gpu-eval.txt"}
 

@@ -1,0 +1,149 @@
+"""The documentation's generated parts, torch-free: the method table (README.md's and the site's
+Baselines page), one site page per baseline from `baselines/<name>/README.md`, and the link rewriting
+that keeps the site's build strict.
+
+`python -m dare.app.docs --write-readme` rewrites README.md's method table from the baselines' front
+matter (`dare.app.baselines.glossary`); `--check` exits 1 when it differs (tests/test_docs.py does the
+same). The MkDocs hook (docs/hooks.py) calls `baseline_page` and `rewrite_links` at build time, so
+nothing generated is committed under docs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import posixpath
+import re
+import sys
+from pathlib import Path
+
+from dare.app import baselines
+
+TABLE_START = "<!-- methods: generated from the baselines' front matter by `python -m dare.app.docs --write-readme` -->"
+TABLE_END = "<!-- /methods -->"
+REGENERATE = "python -m dare.app.docs --write-readme"
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def method_table(link: str = "baselines/{name}/README.md") -> str:
+    """The Markdown table of every baseline: its name (linked through `link`, formatted with the
+    name), the paper on arXiv, the one-line objective, the model families and the status."""
+    rows = ["| method | paper | objective | families | status |", "|---|---|---|---|---|"]
+    for entry in baselines.glossary():
+        name = entry["name"]
+        paper = f"[arXiv:{entry['arxiv']}]({entry['url']})" if entry["url"] else "-"
+        rows.append(f"| [{name}]({link.format(name=name)}) | {paper} | {_cell(entry['summary'])} | "
+                    f"{', '.join(entry['families'])} | {_cell(entry['status'])} |")
+    return "\n".join(rows)
+
+
+def readme_with_table(text: str) -> str:
+    """README.md's text with the block between the table's markers regenerated."""
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    if start < 0 or end < start:
+        raise ValueError(f"README.md has no method table markers ({TABLE_START!r} ... {TABLE_END!r})")
+    return text[:start] + TABLE_START + "\n" + method_table() + "\n" + text[end:]
+
+
+# --- the site's pages from repository files ------------------------------------------------------------
+
+LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)(\s+\"[^\"]*\")?\)")
+
+
+def site_path(repo_path: str, docs_dir: str = "docs") -> str | None:
+    """The site page (a path below the docs folder) that shows a repository file, or None."""
+    if repo_path.startswith(docs_dir + "/"):
+        return repo_path[len(docs_dir) + 1:]
+    if repo_path == "README.md":
+        return "index.md"
+    if repo_path == "CONTRIBUTING.md":
+        return "contributing.md"
+    m = re.fullmatch(r"baselines/([A-Za-z0-9_]+)/README\.md", repo_path)
+    if m and m.group(1) in baselines.names():
+        return f"baselines/{m.group(1)}.md"
+    return None
+
+
+def repo() -> Path:
+    """The checkout (baselines/ lies at its top)."""
+    return baselines.root().parent
+
+
+def rewrite_links(markdown: str, source: str, page: str, repo_root: Path | None = None) -> str:
+    """The links of `markdown` (the text of repository file `source`, shown as site page `page`)
+    that point into the repository: a file the site shows becomes a link to its page, any other file
+    or folder that exists becomes its path as code (the site has no copy of it). Web links, anchors and
+    links to nothing are left as they are, so `mkdocs build --strict` reports the broken ones."""
+    root = repo_root or repo()
+
+    def one(m: re.Match) -> str:
+        bang, text, target, title = m.group(1), m.group(2), m.group(3), m.group(4) or ""
+        if re.match(r"^[a-z][a-z0-9+.-]*:|^#|^/", target, re.I):
+            return m.group(0)
+        path, _, anchor = target.partition("#")
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(source), path))
+        if resolved.startswith("../") or not (root / resolved).exists():
+            return m.group(0)
+        shown = site_path(resolved) if (root / resolved).is_file() else None
+        if shown is not None:
+            rel = posixpath.relpath(shown, posixpath.dirname(page) or ".")
+            return f"{bang}[{text}]({rel}{'#' + anchor if anchor else ''}{title})"
+        if bang:
+            return m.group(0)
+        return f"`{resolved}`" if text.strip("`") in (path, resolved, "") else f"{text} (`{resolved}`)"
+    return LINK.sub(one, markdown)
+
+
+def baseline_page(name: str) -> str:
+    """The site page of one baseline: its README without the front matter, a header from the front
+    matter (paper, arXiv, families, status, reference code, folder) under its first heading."""
+    text = (baselines.root() / name / "README.md").read_text()
+    meta = baselines.front_matter(name)
+    body = text[text.find("\n---", 4) + 4:].lstrip("\n") if text.startswith("---\n") else text
+    lines = body.splitlines()
+    if lines and lines[0].startswith("# "):
+        heading, rest = lines[0], lines[1:]
+    else:
+        heading, rest = f"# {name}", lines
+    arxiv = str(meta.get("arxiv", ""))
+    facts = [f"**Paper**: {_cell(meta.get('title', name))}"
+             + (f" ([arXiv:{arxiv}](https://arxiv.org/abs/{arxiv}))" if arxiv else "")]
+    if meta.get("summary"):
+        facts.append(f"**Objective**: {_cell(meta['summary'])}")
+    facts.append(f"**Families**: {', '.join(meta.get('families') or []) or '-'}")
+    facts.append(f"**Status**: {_cell(meta.get('status', '-'))}")
+    if meta.get("reference_code"):
+        facts.append(f"**Reference code**: {_cell(meta['reference_code'])}")
+    facts.append(f"**Folder**: `baselines/{name}/` (this page is its `README.md`)")
+    header = "\n".join(f"- {fact}" for fact in facts)
+    page = "\n".join([heading, "", header, "", *rest]) + "\n"
+    return rewrite_links(page, f"baselines/{name}/README.md", f"baselines/{name}.md")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dare.app.docs", description=__doc__.split("\n\n")[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write-readme", action="store_true", help="rewrite README.md's method table")
+    group.add_argument("--check", action="store_true", help="exit 1 when README.md's method table is stale")
+    args = parser.parse_args(argv)
+    readme = repo() / "README.md"
+    text = readme.read_text()
+    new = readme_with_table(text)
+    if args.write_readme:
+        if new != text:
+            readme.write_text(new)
+        print(f"README.md: method table of {len(baselines.names())} baselines written")
+        return 0
+    if args.check:
+        if new != text:
+            print(f"README.md's method table is stale; run: {REGENERATE}", file=sys.stderr)
+            return 1
+        return 0
+    print(method_table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
