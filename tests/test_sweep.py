@@ -254,7 +254,7 @@ def test_the_papers_numbers_come_from_targets_yaml_into_every_result(tmp_path, c
         [path] = results_of(r)
         assert read_result(path).reference.model_dump() == {"value": 0.9, "source": "Table 9 (arXiv 0000.00000)",
                                                             "same_decoding": True}
-    [copied] = collect(sweep, tmp_path / "published")
+    [copied] = collect(sweep, tmp_path / "published", allow_dirty=True)  # made from whatever tree runs the suite
     assert read_result(copied).reference.value == 0.9
     value = read_result(copied).metrics[0].value
     out = capsys.readouterr().out
@@ -302,12 +302,79 @@ def test_several_methods_from_one_trained_start(tmp_path, capsys):
             assert meta["init"]["config_hash"] == json.loads((Path(start) / "run.json").read_text())["config_hash"]
     assert [matches(r, {"baseline": "peft", "run.seed": "0"}) for r in sweep.runs].count(True) == 1
     assert not any(matches(r, {"run.seed": "1"}) for r in sweep.runs)
-    first = collect(sweep, tmp_path / "board")
+    first = collect(sweep, tmp_path / "board", allow_dirty=True)  # made from whatever tree runs the suite
     assert len(first) == 2  # the start and the peft run (the sft run was not launched)
     out = capsys.readouterr().out
     assert "sft (start)" in out and "peft" in out and "± " in out
-    again = collect(sweep, tmp_path / "board")
+    again = collect(sweep, tmp_path / "board", allow_dirty=True)
     assert sorted(again) == sorted(first) and len(list((tmp_path / "board").iterdir())) == 2
+
+
+def _evaluated(run, tag: str, commit: str = "a" * 40, dirty: bool | None = False) -> Path:
+    """A result in `run`'s eval folder, as its evaluation would write it, made at `commit` (dirty or not):
+    a committed result of the tiny task with its run id and provenance changed."""
+    source = sorted((REPO / "leaderboard" / "results" / "tiny-llada-espo").glob("*/result_addition.json"))[0]
+    result = json.loads(source.read_text())
+    result["run_id"] = f"{result['run_id']}-{tag}"
+    result["provenance"].update(git_commit=commit, git_dirty=dirty)
+    (run.dir / "eval").mkdir(parents=True)
+    for name in ("samples_addition.jsonl", "config.yaml"):
+        (run.dir / "eval" / name).write_text((source.parent / name).read_text())
+    (run.dir / "eval" / "result_addition.json").write_text(json.dumps(result))
+    return run.dir / "eval" / "result_addition.json"
+
+
+def test_collect_refuses_a_result_made_from_a_dirty_tree_unless_allowed(tmp_path, capsys):
+    """Issue 49: `dare sweep collect` copied a run made from a tree with uncommitted changes without a word, and
+    the repository's tests refused it later. It names the run and its file and copies nothing; `allow_dirty`
+    (--allow-dirty) copies it with a warning on stderr."""
+    from dare.app.sweep import collect
+
+    sweep = load_sweep(write_sweep(tmp_path, "s", {"run.seed": [0, 1]}))
+    _evaluated(sweep.runs[0], "clean")
+    dirty = _evaluated(sweep.runs[1], "dirty", dirty=True)
+    with pytest.raises(UserError, match=rf"^{dirty}: run run.seed=1 of .*uncommitted changes.*--allow-dirty"):
+        collect(sweep, tmp_path / "board")
+    assert not (tmp_path / "board").exists()
+    (tmp_path / "nogit").mkdir()
+    outside = load_sweep(write_sweep(tmp_path / "nogit", "s", {"run.seed": [0]}))
+    _evaluated(outside.runs[0], "nogit", commit=None, dirty=None)
+    with pytest.raises(UserError, match="run run.seed=0 of .*outside a git checkout"):
+        collect(outside, tmp_path / "board")
+    from dare.app.cli import main
+
+    capsys.readouterr()
+    assert main(["sweep", "collect", str(sweep.path), "--to", str(tmp_path / "board")]) != 0
+    assert str(dirty) in capsys.readouterr().err and not (tmp_path / "board").exists()
+    assert main(["sweep", "collect", str(sweep.path), "--to", str(tmp_path / "board"), "--allow-dirty"]) == 0
+    err = capsys.readouterr().err
+    assert f"WARNING: {dirty}: run run.seed=1" in err and "run.seed=0" not in err
+    assert len(list((tmp_path / "board").iterdir())) == 2
+
+
+def test_collect_refuses_a_folder_of_two_commits(tmp_path):
+    """A results folder holds one commit's runs (tests/test_leaderboard.py); collecting a new commit's runs into
+    a folder of an earlier commit (CONTRIBUTING's former route into leaderboard/results/tiny/) is refused at
+    collect time, naming both commits, and so is a sweep whose own runs come from two commits."""
+    from dare.app.sweep import collect
+
+    earlier = load_sweep(write_sweep(tmp_path / "earlier", "s", {"run.seed": [0]}))
+    _evaluated(earlier.runs[0], "earlier", commit="1" * 40)
+    assert len(collect(earlier, tmp_path / "board")) == 1
+    assert len(collect(earlier, tmp_path / "board")) == 1  # the same runs again: nothing new, no conflict
+    sweep = load_sweep(write_sweep(tmp_path / "mine", "s", {"run.seed": [0, 1]}))
+    for run in sweep.runs:
+        _evaluated(run, run.id, commit="2" * 40)
+    with pytest.raises(UserError, match=r"board: would hold results of 2 commits \(1111111: 1 already there; "
+                                        r"2222222: 2 from this sweep\); a results folder holds one commit's runs"):
+        collect(sweep, tmp_path / "board")
+    assert len(list((tmp_path / "board").iterdir())) == 1
+    assert len(collect(sweep, tmp_path / "board-mine")) == 2  # a folder of its own
+    mixed = load_sweep(write_sweep(tmp_path / "mixed", "s", {"run.seed": [0, 1]}))
+    for run, commit in zip(mixed.runs, ("3" * 40, "4" * 40)):
+        _evaluated(run, run.id, commit=commit)
+    with pytest.raises(UserError, match=r"2 commits \(3333333: 1 from this sweep; 4444444: 1 from this sweep\)"):
+        collect(mixed, tmp_path / "board-mixed")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -91,6 +91,43 @@ REQUIRED_FRONT_MATTER = ("name", "title", "summary", "arxiv", "reference_code", 
 STATUSES = ("verified", "partial", "wip", "stale")
 REQUIRED_SECTIONS = ("## Deviations", "## Results")
 MAX_ALGORITHM_LINES = 250
+TINY_SWEEP = "reproductions/tiny/{family}/{name}.yaml"
+"""A baseline's tiny-task sweep (CONTRIBUTING.md section 6): a file of its own, as every baseline since ESPO."""
+TINY_RESULTS = "leaderboard/results/tiny-{family}-{name}"
+"""Where that sweep is collected: a folder of its own, since a results folder holds one commit's runs."""
+BLOCK_MODULES = ("dare.train.noise", "dare.train.estimators", "dare.train.objectives")
+"""The shared building blocks' modules; CONTRIBUTING.md lists what they define (`blocks_markdown`)."""
+
+
+def tiny_family(families) -> str:
+    """The family a baseline's tiny-task result is made on: LLaDA (the demo's SFT start) if it applies."""
+    families = families if isinstance(families, list) and families else ["llada"]
+    return "llada" if "llada" in families else families[0]
+
+
+def tiny_commands(name: str, family: str) -> list[str]:
+    """The two commands that make and collect a baseline's tiny-task result, from a clean committed tree."""
+    sweep = TINY_SWEEP.format(family=family, name=name)
+    return [f"dare sweep {sweep} --cluster local",
+            f"dare sweep collect {sweep} --to {TINY_RESULTS.format(family=family, name=name)}"]
+
+
+def blocks() -> dict[str, list[str]]:
+    """The shared building blocks a baseline may call: per module of `BLOCK_MODULES`, the public functions
+    and classes it defines, in its order (what it imports from elsewhere is not its block)."""
+    import inspect
+
+    found = {}
+    for module in BLOCK_MODULES:
+        mod = importlib.import_module(module)
+        found[module] = [n for n, obj in vars(mod).items() if not n.startswith("_")
+                         and (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == module]
+    return found
+
+
+def blocks_markdown() -> str:
+    """`blocks()` as CONTRIBUTING.md lists them (`dare checklist --blocks` prints it)."""
+    return "\n".join(f"- `{module}`: " + ", ".join(f"`{n}`" for n in defined) for module, defined in blocks().items())
 
 
 def folders() -> list[str]:
@@ -146,8 +183,9 @@ def checklist(name: str, repo: Path | None = None) -> list[str]:
 
     valid, _ = load_results(repo / "leaderboard" / "results")
     if not any(r.method.baseline == name for _, r in valid):
-        problems.append(f"baselines/{name}: no valid result JSON for it under leaderboard/results/ (run it on "
-                        f"the tiny task: dare sweep reproductions/tiny/sweep.yaml --cluster local --only "
-                        f"baseline={name}, then dare sweep collect reproductions/tiny/sweep.yaml "
-                        f"--to leaderboard/results/tiny)")
+        family = tiny_family(meta.get("families"))
+        launch, collect = tiny_commands(name, family)
+        problems.append(f"baselines/{name}: no valid result JSON for it under leaderboard/results/ (CONTRIBUTING.md "
+                        f"section 6: write {TINY_SWEEP.format(family=family, name=name)}, commit, then from the "
+                        f"clean tree: {launch}, then {collect})")
     return problems

@@ -381,13 +381,16 @@ def cmd_sweep(ns) -> int:
             print(f"  {r.id}  {st:8s} {r.name}" + (f"  log: {log}" if log and st != "done" else ""))
         print("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     else:
-        collect(sweep, ns.to or "leaderboard/results/" + sweep.path.parent.name, only=only)
+        collect(sweep, ns.to or "leaderboard/results/" + sweep.path.parent.name, only=only, allow_dirty=ns.allow_dirty)
     return 0
 
 
 def cmd_checklist(ns) -> int:
     from dare.app import baselines
 
+    if ns.blocks:
+        print(baselines.blocks_markdown())
+        return 0
     names = ns.names or baselines.folders()
     failed = 0
     for name in names:
@@ -593,6 +596,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cluster", default="slurm", choices=["slurm", "local", "debug"])
     s.add_argument("--dry-run", action="store_true", help="print the runs and the sbatch script submitit writes, submit nothing")
     s.add_argument("--to", help="collect: destination folder")
+    s.add_argument("--allow-dirty", action="store_true",
+                   help="collect: copy results made from a tree with uncommitted changes (warned; the tests refuse them)")
     s.add_argument("--only", action="append", metavar="KEY=VALUE",
                    help="only the runs with this baseline or grid value (repeatable), e.g. --only baseline=d1")
     s.add_argument("--max-runs", type=int, default=SWEEP_MAX_RUNS, metavar="N",
@@ -604,6 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
         "sections, the hooks of its recipe, a test that runs it, a valid result JSON. Exit 1 when anything is "
         "missing; needs only the train environment."))
     s.add_argument("names", nargs="*", metavar="NAME")
+    s.add_argument("--blocks", action="store_true",
+                   help="print the shared building blocks a baseline may call (as CONTRIBUTING.md lists them)")
     s.set_defaults(func=cmd_checklist)
 
     s = sub.add_parser("demo", help="the embedded default: tiny SFT -> d1 -> eval -> comparison table",

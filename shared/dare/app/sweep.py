@@ -615,31 +615,77 @@ def matches(run: Run, only: dict | None) -> bool:
     return all(values.get(k) == v for k, v in only.items())
 
 
-def collect(sweep: Sweep, dest: str | Path, only: dict | None = None) -> list[Path]:
+def untraced(result) -> str | None:
+    """Why a result cannot be traced to one commit (None when it can): made from a tree with uncommitted
+    changes, or outside a git checkout. tests/test_leaderboard.py refuses such a result under leaderboard/results/."""
+    prov = result.provenance
+    if prov.git_dirty:
+        return "was made from a tree with uncommitted changes (provenance.git_dirty)"
+    if prov.git_dirty is None or not prov.git_commit:
+        return "was made outside a git checkout (no commit in its provenance)"
+    return None
+
+
+def collect(sweep: Sweep, dest: str | Path, only: dict | None = None, allow_dirty: bool = False) -> list[Path]:
     """Publish the valid results of finished runs (and of the init run they start from) to `dest`,
     each with the paper's number of its reproduction in `reference` (targets.yaml beside the sweep
     file); print ours against the paper and, per method, the mean and spread over the grid. A result
-    already in `dest` (same run id) is left as it is."""
+    already in `dest` (same run id) is left as it is.
+
+    Before anything is copied, what the repository's tests would refuse later is refused here: a result
+    made from a dirty tree (or outside a checkout; `allow_dirty` copies it with a warning on stderr), and a
+    `dest` that would hold results of more than one commit (a results folder is one commit's runs: collect
+    into a folder of its own)."""
     import math
+
+    from dare.results import load_results
 
     copied, by_target, by_method = [], {}, {}
     sources = ([("init", sweep.init.baseline, None, sweep.init)] if sweep.init else []) + [
         (r.name, r.baseline, r.config, r) for r in sweep.runs if matches(r, only)]
-    for _, baseline, config, run in sources:
-        for p in results_of(run):
-            path = publish(p, dest)
-            res = read_result(path)
-            if sweep.targets and run is not sweep.init:
-                ref = sweep.targets.reference(config, res.benchmark.model_dump(), res.decoding.model_dump())
-                if ref != (res.reference.model_dump() if res.reference else None):
-                    res = res.model_copy(update={"reference": ref})
-                    write_result(res, path)
-                if ref:
-                    key = (res.benchmark.name, res.decoding.gen_length, ref["value"], ref["same_decoding"])
-                    by_target.setdefault(key, []).append(res.metrics[0].value)
-            label = f"{baseline} (start)" if run is sweep.init else baseline
-            by_method.setdefault((label, res.benchmark.name, res.metrics[0].name), []).append(res.metrics[0].value)
-            copied.append(path)
+    found = [(name, baseline, config, run, p, read_result(p)) for name, baseline, config, run in sources
+             for p in results_of(run)]
+    for name, _, _, run, p, res in found:
+        why = untraced(res)
+        if why and not allow_dirty:
+            raise UserError(f"{p}: run {name} of {sweep.path} {why}: commit, delete {run.dir} and run the sweep "
+                            f"again from the clean tree (or pass --allow-dirty; the tests refuse it under "
+                            f"leaderboard/results/)")
+        if why:
+            print(f"WARNING: {p}: run {name} {why}; collected anyway (--allow-dirty): the tests refuse it under "
+                  f"leaderboard/results/, do not commit it", file=sys.stderr)
+        if not res.provenance.lock:
+            print(f"WARNING: {p}: run {name} was made in an environment with no recorded lock (install it with make, "
+                  f"or dare env --record-lock <lock>): the tests refuse it under leaderboard/results/", file=sys.stderr)
+    present = {(r.run_id, path.name): r.provenance.git_commit for path, r in
+               load_results(dest, pattern="*/result_*.json")[0]} if Path(dest).is_dir() else {}
+    commits: dict[str | None, list[str]] = {}
+    for commit in present.values():
+        commits.setdefault(commit, []).append("already there")
+    for *_, p, res in found:
+        if (res.run_id, p.name) not in present:
+            commits.setdefault(res.provenance.git_commit, []).append("from this sweep")
+    if len(commits) > 1:
+        shown = "; ".join(f"{(c or 'no commit')[:7]}: "
+                          + ", ".join(f"{where.count(w)} {w}" for w in dict.fromkeys(where))
+                          for c, where in commits.items())
+        raise UserError(f"{dest}: would hold results of {len(commits)} commits ({shown}); a results folder holds "
+                        f"one commit's runs: collect into a folder of its own (--to), or delete {sweep.out} and run the "
+                        f"sweep again from one commit")
+    for _, baseline, config, run, p, res in found:
+        path = publish(p, dest)
+        res = read_result(path)
+        if sweep.targets and run is not sweep.init:
+            ref = sweep.targets.reference(config, res.benchmark.model_dump(), res.decoding.model_dump())
+            if ref != (res.reference.model_dump() if res.reference else None):
+                res = res.model_copy(update={"reference": ref})
+                write_result(res, path)
+            if ref:
+                key = (res.benchmark.name, res.decoding.gen_length, ref["value"], ref["same_decoding"])
+                by_target.setdefault(key, []).append(res.metrics[0].value)
+        label = f"{baseline} (start)" if run is sweep.init else baseline
+        by_method.setdefault((label, res.benchmark.name, res.metrics[0].name), []).append(res.metrics[0].value)
+        copied.append(path)
     print(f"{len(copied)} result(s) -> {dest}")
     for (label, bench, metric), values in by_method.items():
         mean = sum(values) / len(values)
