@@ -5,7 +5,8 @@ committed under docs/.
   shown as a small header: `dare.app.docs.baseline_page`), listed under Baselines in the navigation;
 - `contributing.md`, CONTRIBUTING.md as it is;
 - `<!-- method table -->` on a page becomes the method table (`dare.app.docs.method_table`);
-- on every page, a relative link to a repository file the site does not show becomes its path as code
+- on every page, lists written for GitHub read as GitHub reads them (`dare.app.docs.github_lists`) and a
+  relative link to a repository file the site does not show becomes its path as code
   (`dare.app.docs.rewrite_links`); a link to nothing is left, and `mkdocs build --strict` fails on it.
 """
 
@@ -47,6 +48,7 @@ def on_files(files, config):
 
 def on_page_markdown(markdown, page, config, files):
     uri = page.file.src_uri
+    markdown = docs.github_lists(markdown)
     if uri not in GENERATED:
         markdown = docs.rewrite_links(markdown, f"docs/{uri}", uri)
     if METHOD_TABLE in markdown:

@@ -89,3 +89,12 @@ def test_links_to_repository_files_become_code_paths():
     assert "[d1](d1.md)" in out and "[guide](../contributing.md)" in out
     assert "[gone](../../nothing.py)" in out and "[web](https://arxiv.org/abs/1)" in out
     assert "![pic](../img/landing.png)" in out
+
+
+def test_lists_written_for_github_read_the_same_in_the_site():
+    """Python-Markdown needs a blank line before a list and 4 spaces for what an item holds; GitHub does not."""
+    text = ("Steps:\n1. first\n   wrapped\n2. second\n\n   ```yaml\n   a:\n     b: 1\n   ```\n\n   more\n3. third\n\n"
+            "After.\n- x\n\n```\n- not a list\n```\n")
+    assert docs.github_lists(text) == (
+        "Steps:\n\n1. first\n    wrapped\n2. second\n\n    ```yaml\n    a:\n      b: 1\n    ```\n\n    more\n\n3. third\n\n"
+        "After.\n\n- x\n\n```\n- not a list\n```\n")

@@ -96,6 +96,51 @@ def rewrite_links(markdown: str, source: str, page: str, repo_root: Path | None 
     return LINK.sub(one, markdown)
 
 
+ITEM = re.compile(r"^(?:([-*+])|(\d{1,9})[.)])( {1,4})(?=\S)")
+FENCE = re.compile(r"^(`{3,}|~{3,})")
+
+
+def github_lists(markdown: str) -> str:
+    """Markdown written for GitHub (CommonMark lists) read the same by Python-Markdown, which MkDocs uses: a
+    list that follows a paragraph line (or an item that follows an item's second paragraph) gets the blank
+    line before it that Python-Markdown needs, and what a
+    top-level list item holds (its paragraphs, fenced code) is indented to the 4 spaces Python-Markdown
+    needs instead of the marker's width (`3. ` holds text at 3 spaces on GitHub). Fenced code is kept."""
+    out: list[str] = []
+    head = ""
+    width = None  # the content column of the open top-level list item
+    fence = None
+    for line in markdown.split("\n"):
+        body = line.lstrip(" ")
+        indent = len(line) - len(body)
+        if fence is not None:
+            if body.startswith(fence) and not body.strip(fence[0]).strip():
+                fence = None
+            out.append(" " * (indent - width + 4) + body if width and indent >= width else line)
+            continue
+        m = ITEM.match(line)
+        prev_blank = not out or not out[-1].strip()
+        if prev_blank:
+            head = line  # the first line of this blank-separated block (Python-Markdown's unit)
+        if m and (width or prev_blank or m.group(1) or m.group(2) == "1"):
+            if not prev_blank and not ITEM.match(head):
+                out.append("")  # a list after a paragraph, or an item after an item's second paragraph
+                head = line
+            width = len(m.group(0))
+            out.append(line)
+        elif width and body and indent >= width:
+            out.append(" " * (indent - width + 4) + body)
+        elif width and body and prev_blank:
+            width = None  # the list ended at the blank line
+            out.append(line)
+        else:
+            out.append(line)
+        f = FENCE.match(body)
+        if f and not m:
+            fence = f.group(1)
+    return "\n".join(out)
+
+
 def baseline_page(name: str) -> str:
     """The site page of one baseline: its README without the front matter, a header from the front
     matter (paper, arXiv, families, status, reference code, folder) under its first heading."""
