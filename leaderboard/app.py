@@ -6,15 +6,20 @@ reason, never fatal. A row is one training recipe (method, start, config without
 the seeds of one recipe are pooled, and a mean or delta over runs made on different hardware or
 from different lock files is marked ⚠. Views (tabs):
 
+- Overview (the landing view): what the results are (scope), one task and decoding with every method
+  ranked by its mean over the models it ran on, each cell a 95% interval over distinct seeds, the best
+  of each column marked, and the method glossary (from the baselines' front matter);
 - Leaderboard: every recipe on one model, benchmarks as columns, with deltas to a pinned row;
 - Families: every method on every family of one task (deltas to each family's start, links to runs);
 - Compute: the same task's recipes at equal steps and at equal forward passes (the score, what each
   spent from `training.compute`, a curve metric interpolated at the common forward budget), and each
   run's curve against compute/total_forwards;
-- By method: one method across models and families; Reproduction: ours against the papers' numbers;
-  Speed: decoding and training throughput;
-- Run detail: one run's config, provenance and samples, and the training curves (reward, val
-  accuracy, KL, diagnostics, ...) of several runs and seeds overlaid, against steps or compute.
+- By method: one method across models and families; Published: every number the papers report, ours
+  beside it where the protocol matches; Speed: decoding throughput per task with its accuracy-speed
+  Pareto front, and training throughput;
+- Run detail (opened directly by a `?run=<id>` link): one run's config, provenance and samples, and the
+  training curves (reward, val accuracy, KL, diagnostics, ...) of several runs and seeds overlaid, against
+  steps or compute, the raw records last.
 
 Views say what is missing (older results have no compute record and no compute/* curves). Every
 name or path from a file is shown as plain text (`plain`): a Markdown image in a model's name is text,
@@ -34,6 +39,8 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import load  # noqa: E402  (leaderboard/load.py)
+import published  # noqa: E402  (leaderboard/published.py)
+from dare.app.baselines import glossary  # noqa: E402  (torch-free: the baselines' front matter)
 from dare.results import printable  # noqa: E402
 
 st.set_page_config(page_title="dLLM post-training leaderboard", layout="wide")
@@ -112,6 +119,54 @@ def curve_chart(rows: list[dict], x: str, y: str, budget: float | None = None) -
     return lines + rule
 
 
+def dot_plot(rows: list[dict], y: str, color: str, title: str, order: list[str] | None = None) -> alt.Chart:
+    """Means as dots with their 95% intervals as bars, one line per `y` label (every label shown in full), the
+    axis fitted to the values (not 0-100), full width."""
+    df = pd.DataFrame(rows)
+    y_enc = alt.Y(f"{y}:N", title=None, sort=order or "-x", axis=alt.Axis(labelLimit=600))
+    x_title = f"{title}, % (mean and 95% interval over seeds)"
+    base = alt.Chart(df).encode(y=y_enc, yOffset=alt.YOffset(f"{color}:N"), color=alt.Color(f"{color}:N", legend=alt.Legend(
+        orient="bottom", columns=4, labelLimit=400)), tooltip=[y, color, "mean", "low", "high", "n"])
+    dots = base.mark_point(filled=True, size=90).encode(x=alt.X("mean:Q", title=x_title, scale=alt.Scale(zero=False)))
+    bars = base.transform_filter("isValid(datum.low)").mark_rule(strokeWidth=2).encode(
+        x=alt.X("low:Q", title=x_title), x2="high:Q")
+    return alt.layer(bars, dots).properties(height=40 + 16 * len(df))
+
+
+def overview() -> None:
+    """The landing view: scope, the ranking of one task and decoding, the method glossary."""
+    s = load.scope(shown)
+    size = (f", {s['params'][0]:,} to {s['params'][1]:,} parameters" if s["params"] and s["params"][0] != s["params"][1]
+            else f", {s['params'][0]:,} parameters" if s["params"] else "")
+    tiny = s["params"] is not None and s["params"][1] < 100_000_000
+    st.markdown(
+        f"**What is here.** {s['results']} results ({s['runs']} distinct runs) on the tasks "
+        f"{plain(', '.join(s['tasks']))}, with the models {plain(', '.join(s['models']))}{size}, of the families "
+        f"{plain(', '.join(s['families']))}, made on {plain('; '.join(s['hardware']))}."
+        + (" These are **tiny models trained from scratch on synthetic tasks on CPUs**: they show that every "
+           "method runs and learns on every family, and how the methods rank at this scale, not at 8B. What "
+           "the papers report at 8B is in the Published tab." if tiny else ""))
+    columns = sorted({load.benchmark_label(r) for _, r in shown})
+    default = load.default_column(shown)
+    column = st.selectbox("Task and decoding", columns, index=columns.index(default), key="overview_column")
+    models, rows, numbers = load.ranking(shown, column)
+    st.caption(f"{plain(column)}: methods ranked by **across**, their mean over the models they ran on (of "
+               f"{len(models)}). Each cell is the mean [95% t interval over distinct seeds] (n seeds), in %; "
+               "★ marks the best of a column. A (start) row is the model the methods were trained from: not "
+               "ranked, compare against it.")
+    static_table(pd.DataFrame(rows).set_index("method"))
+    download(pd.DataFrame(numbers), "ranking.csv", "csv_ranking")
+    st.altair_chart(dot_plot(numbers, "method", "model", load.main_metric(next(
+        r for _, r in shown if load.benchmark_label(r) == column)),
+        order=[row["method"].removesuffix(" (start)") for row in rows]), width="stretch")
+    st.subheader("Methods")
+    st.caption("Every baseline in this repository, from its README's front matter (baselines/<name>/README.md).")
+    st.dataframe(pd.DataFrame([{"method": g["name"], "paper": g["title"], "arXiv": g["url"], "objective": g["summary"],
+                                "families": ", ".join(g["families"]), "status": g["status"]} for g in glossary()]),
+                 hide_index=True, key="glossary", width="stretch",
+                 column_config={"arXiv": st.column_config.LinkColumn("arXiv", display_text=r"abs/(.*)$")})
+
+
 def compute_view(columns: list[str]) -> None:
     """One task and decoding: each recipe at equal steps and at equal forward passes, and its curves."""
     ready = [c for c in columns if any(load.has_compute(p, r) for p, r in shown if load.benchmark_label(r) == c)]
@@ -120,7 +175,13 @@ def compute_view(columns: list[str]) -> None:
     metrics, default = load.compute_metrics(shown, pick)
     metric = st.selectbox("Curve metric at equal forwards", metrics, key="compute_metric",
                           index=metrics.index(default)) if metrics else None
-    budget, rows = load.compute_table(shown, pick, metric)
+    budget, _ = load.compute_table(shown, pick, metric)
+    reach = None
+    if budget is not None:
+        reach = st.number_input(f"Forwards to reach this {metric} (the first point at or above it)",
+                                value=float(load.reach_default(shown, pick, metric)), step=0.01, format="%.3f",
+                                key="compute_reach")
+    budget, rows = load.compute_table(shown, pick, metric, reach)
     if budget is None:
         st.caption(f"{plain(pick)}: no run here logged compute curves ({load.FORWARDS}), so there is no comparison "
                    "at equal forward passes; the scores at equal steps and the compute records are below.")
@@ -129,7 +190,16 @@ def compute_view(columns: list[str]) -> None:
                    f"over seeds of rollout + training sequence forwards, update tokens, wall time; equal forwards = "
                    f"{plain(metric)} at {budget:,.0f} forwards (the smallest last {load.FORWARDS} at which a run "
                    "logged it), interpolated linearly between each run's logged points; mean ± std over seeds.")
-    static_table(pd.DataFrame(rows).set_index("method"))
+    recorded = [row for row in rows if row["forwards"]]
+    others = [row for row in rows if not row["forwards"]]
+    if recorded:
+        static_table(pd.DataFrame(recorded).set_index("method"))
+    if others:
+        with st.expander(f"{len(others)} recipe(s) without a compute record: results before schema 3 and supervised "
+                         "runs (SFT, preference, and base models) count no forwards; their score and wall time:",
+                         expanded=not recorded):
+            static_table(pd.DataFrame(others).drop(columns=["forwards", "update tokens", "equal forwards"])
+                         .set_index("method"))
     download(pd.DataFrame(rows), "compute.csv", "csv_compute")
     if budget is not None:
         ids = [r.run_id for _, r in shown if load.benchmark_label(r) == pick]
@@ -161,8 +231,16 @@ def overlay_view(run_id: str) -> None:
         st.caption("Left out: " + plain("; ".join(left_out)))
 
 
-main, families_tab, compute_tab, by_method, repro, speed, detail = st.tabs(
-    ["Leaderboard", "Families", "Compute", "By method", "Reproduction", "Speed", "Run detail"])
+linked = st.query_params.get("run")  # a link to one run (the families table's, a shared URL): ?run=<id>
+overview_tab, main, families_tab, compute_tab, by_method, published_tab, speed, detail = st.tabs(
+    ["Overview", "Leaderboard", "Families", "Compute", "By method", "Published", "Speed", "Run detail"],
+    default="Run detail" if linked else "Overview")
+
+with overview_tab:
+    if not shown:
+        st.info("No result matches the filters.")
+    else:
+        overview()
 
 with main:
     families = sorted({r.model.family for _, r in shown})
@@ -173,6 +251,14 @@ with main:
         models = sorted({r.model.name for _, r in shown if r.model.family == family})
         model = st.selectbox("Model", models, key="model")
         results = [r for _, r in shown if r.model.family == family and r.model.name == model]
+        if selected["method"]:  # the model's start stays as the row the deltas are taken against
+            kept = {r.run_id for r in results}
+            starts = [r for _, r in load.apply_filters(items, **{**selected, "method": ()})
+                      if r.model.name == model and r.method.init in load.BASE_INITS and r.run_id not in kept]
+            results += starts
+            if starts:
+                st.caption(f"The start ({plain(load.method_label(starts[0]))}) is kept as the first row, for the "
+                           "deltas, although the method filter leaves it out.")
         st.subheader(f"{plain(model)} ({plain(family)})")
         long = pd.DataFrame(load.long_rows(results))
         methods = list(dict.fromkeys(long["method"]))
@@ -192,18 +278,16 @@ with main:
                    "different decodings never share a column.")
         static_table(df.set_index("method"))
         download(long, f"leaderboard_{model}.csv", "csv_main")
-        if deltas:
+        if deltas and base_default is None:
+            st.caption(f"The selection holds no start of this model (the model its methods were trained from: a "
+                       f"filter removes it), so the differences below are to {plain(base)}, in points:")
+        elif deltas:
             st.caption(f"Difference to {plain(base)}, in points:")
             order = [m for m in df["method"] if m != base]
             static_table(pd.DataFrame(deltas).set_index("method").loc[order])
-        bars = alt.Chart().mark_bar().encode(
-            x=alt.X("method:N", title=None, sort=list(df["method"]), axis=alt.Axis(labelAngle=-30, labelLimit=260)),
-            y=alt.Y("mean:Q", title=f"{metric}, % (mean ± 1 std over seeds)"),
-            color=alt.Color("method:N", legend=None), tooltip=["method", "mean", "std", "n", "hardware"])
-        y_title = f"{metric}, % (mean ± 1 std over seeds)"
-        errors = alt.Chart().mark_errorbar().encode(x=alt.X("method:N", sort=list(df["method"])),
-                                                    y=alt.Y("low:Q", title=y_title), y2="high:Q")
-        st.altair_chart(alt.layer(bars, errors, data=long).facet(column=alt.Column("benchmark:N", title=None)))
+        shown_column = st.selectbox("Chart the column", benchmarks, key="dot_benchmark")
+        st.altair_chart(dot_plot(long[long["benchmark"] == shown_column].to_dict("records"), "method", "benchmark",
+                                 metric, order=list(df["method"])), width="stretch")
         st.subheader("Runs")
         st.dataframe(pd.DataFrame(load.run_rows([(p, r) for p, r in shown if r.model.family == family
                                                  and r.model.name == model])), hide_index=True)
@@ -250,34 +334,61 @@ with by_method:
         st.dataframe(df, hide_index=True, key="method_table")
         download(df, f"method_{method}.csv", "csv_method")
 
-with repro:
+with published_tab:
+    published_rows = pd.DataFrame(published.published_rows(shown))
+    st.caption("Every number the papers report for the methods here (and DARE's README, and the compilations in "
+               "JustGRPO and d-TreeRPO), by model, benchmark and protocol, with its source table (one file per "
+               "baseline: reproductions/<name>/targets.yaml or published.yaml). Where one of our results was "
+               "evaluated with the same protocol, ours (mean over distinct seeds) and the difference in points "
+               "stand beside it; otherwise the row says why not.")
+    if len(published_rows):
+        pick = st.selectbox("Method", ["every method", *sorted(published_rows["method"].unique())],
+                            key="published_method")
+        mine = published_rows if pick == "every method" else published_rows[published_rows["method"] == pick]
+        columns = ["method", "model", "benchmark", "protocol", "published", "source", "ours", "seeds", "delta",
+                   "status", "note"]
+        st.dataframe(mine[[c for c in columns if c in mine.columns]], hide_index=True, key="published_table",
+                     width="stretch")
+        download(mine, "published.csv", "csv_published")
+    none = [m for m in published.published_methods() if m["why none"]]
+    if none:
+        st.caption("No published number: " + plain("; ".join(f"{m['method']} ({m['why none']})" for m in none)))
     rows = load.reproduction_rows(shown)
-    st.caption("Ours (mean over seeds) against the paper's number. ✓ reproduced only when the decoding matches the "
-               "paper's protocol, the whole test split was evaluated and ours is within 2 points of the paper.")
+    st.subheader("Our reproductions")
+    st.caption("Results that carry the paper's number (the 8B reproductions of reproductions/): ours (mean over "
+               "seeds) against it. ✓ reproduced only when the decoding matches the paper's protocol, the whole test "
+               "split was evaluated and ours is within 2 points of the paper.")
     if not rows:
-        st.info("No result carries a paper reference (the 8B reproductions in reproductions/ need GPUs).")
+        st.info("No result carries a paper reference yet (the 8B reproductions in reproductions/ need GPUs).")
     else:
         df = pd.DataFrame(rows)
         st.dataframe(df, hide_index=True, key="repro_table")
         download(df, "reproduction.csv", "csv_repro")
-        pairs = df.melt(id_vars=["method", "benchmark"], value_vars=["ours", "paper"], var_name="source",
-                        value_name="score")
-        st.altair_chart(alt.Chart(pairs).mark_bar().encode(
-            x=alt.X("source:N", title=None), y=alt.Y("score:Q", title="score, %"), color="source:N",
-            column=alt.Column("benchmark:N", title=None), row=alt.Row("method:N", title=None),
-            tooltip=["method", "benchmark", "source", "score"]))
 
 with speed:
     st.caption("Decoding throughput recorded with each evaluation (dare bench rollout writes one result per "
                "strategy), and the training-side comparisons of dare bench train.")
     rollout = pd.DataFrame(load.rollout_speed_rows(shown))
     if len(rollout):
-        st.dataframe(rollout, hide_index=True, key="rollout_speed")
-        st.caption("Accuracy against decoding speed, one point per decoding strategy:")
-        st.altair_chart(alt.Chart(rollout.dropna(subset=["tokens/s"])).mark_point(filled=True, size=80).encode(
+        tasks = sorted(rollout["benchmark"].unique())
+        task = st.selectbox("Task", tasks, key="speed_task")
+        mine = rollout[rollout["benchmark"] == task]
+        st.dataframe(mine, hide_index=True, key="rollout_speed")
+        front = pd.DataFrame(load.pareto(mine.to_dict("records")))
+        st.caption(f"{plain(task)}: accuracy against decoding speed, one point per decoding strategy and model; the "
+                   "line joins the Pareto front (no other strategy is both faster and more accurate). Speeds are "
+                   "comparable only on one machine (the table's hardware column).")
+        points = alt.Chart(mine.dropna(subset=["tokens/s"])).mark_point(filled=True, size=80).encode(
             x=alt.X("tokens/s:Q", scale=alt.Scale(type="log"), title="tokens/s (log)"),
-            y=alt.Y("accuracy:Q", title="accuracy, %"), color="strategy:N", shape="model:N",
-            tooltip=["model", "method", "strategy", "tokens/s", "NFE/sample", "tokens/forward", "accuracy"]))
+            y=alt.Y("accuracy:Q", title="accuracy, %", scale=alt.Scale(zero=False)),
+            color=alt.Color("strategy:N", legend=alt.Legend(orient="bottom", columns=2, labelLimit=500)),
+            shape=alt.Shape("model:N", legend=alt.Legend(orient="bottom", labelLimit=300)),
+            tooltip=["model", "method", "strategy", "tokens/s", "NFE/sample", "tokens/forward", "accuracy"])
+        chart = points
+        if len(front):
+            chart = points + alt.Chart(front).mark_line(color="gray", strokeDash=[4, 3]).encode(
+                x="tokens/s:Q", y="accuracy:Q", order=alt.Order("tokens/s:Q"))
+        st.altair_chart(chart.properties(height=420), width="stretch")
     training = pd.DataFrame(load.training_speed_rows(bench))
     if len(training):
         st.dataframe(training, hide_index=True, key="train_speed")
@@ -291,9 +402,10 @@ with detail:
     if not ids:
         st.info("No result matches the filters.")
     else:
-        linked = st.query_params.get("run")  # the families table links here with ?run=<id>
-        run_id = st.selectbox("Run", ids, index=ids.index(linked) if linked in ids else 0, key="run",
-                              on_change=_new_run)
+        names = {r.run_id: load.run_label(r) for _, r in shown}
+        run_id = st.selectbox("Run (method · family · task · seed · date · run id)", ids,
+                              index=ids.index(linked) if linked in ids else 0, key="run", on_change=_new_run,
+                              format_func=lambda i: names[i])
         path, r = next((p, r) for p, r in shown if r.run_id == run_id)
         info = load.run_detail(path, r)
         st.markdown(f"**{plain(load.method_label(r))}** on **{plain(r.model.name)}** ({plain(r.model.family)}), "
@@ -309,12 +421,9 @@ with detail:
                     f"{plain(lock.get('lock', 'none'))} {plain(lock.get('sha256', '')[:12])}")
         if prov.get("command"):
             st.code(prov["command"], language="bash")
-        st.caption("Fingerprint (hardware, environment, packages):")
-        st.json({"hardware": prov["hardware"], "lock": prov.get("lock"), "packages": prov["packages"]})
-        st.json({"decoding": info["decoding"], "training": info["training"]}, expanded=False)
         if info["config"]:
-            st.caption(f"Resolved config: {plain(printable(info['config_path']))}")
-            st.code(info["config"], language="yaml")
+            with st.expander(f"Resolved config: {plain(printable(info['config_path']))}"):
+                st.code(info["config"], language="yaml")
         elif info["config_note"]:
             st.caption(f"Resolved config: {plain(info['config_note'])}")
         if info["samples"]:
@@ -324,3 +433,6 @@ with detail:
             st.caption(f"Samples: {plain(info['samples_note'])}")
         st.subheader("Training curves")
         overlay_view(run_id)
+        with st.expander("Raw records: fingerprint (hardware, environment, packages), decoding, training"):
+            st.json({"hardware": prov["hardware"], "lock": prov.get("lock"), "packages": prov["packages"]})
+            st.json({"decoding": info["decoding"], "training": info["training"]}, expanded=False)

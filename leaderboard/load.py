@@ -324,15 +324,18 @@ def table(results: list[Result], base: str | None = None) -> tuple[list[str], li
 
 
 def long_rows(results: list[Result]) -> list[dict]:
-    """One row per (recipe, benchmark) with numeric columns, in points: mean, std, n, the error
-    bar's ends, and whether the runs mix machines (for CSV downloads, charts and sorting)."""
+    """One row per (recipe, benchmark) with numeric columns, in points: mean, std, n, the 95% interval's ends
+    (`interval`; none for one seed), and whether the runs mix machines (for CSV downloads, charts and sorting)."""
     labels = row_labels(results)
     cells, _, _ = _cells(results, lambda r: labels[recipe(r)], benchmark_label)
     out = []
     for (m, b), rs in cells.items():
-        mean, std, n = stats(per_seed(rs))
+        seeds = per_seed(rs)
+        mean, std, n = stats(seeds)
+        _, low, high, _ = interval(seeds)
         out.append({"method": m, "benchmark": b, "mean": round(100 * mean, 2), "std": round(100 * std, 2), "n": n,
-                    "low": round(100 * (mean - std), 2), "high": round(100 * (mean + std), 2),
+                    "low": None if low is None else round(100 * low, 2),
+                    "high": None if high is None else round(100 * high, 2),
                     "hardware": "; ".join(sorted({environment(r)[0] for r in rs})), "mixed": mixed(rs)})
     return out
 
@@ -706,13 +709,17 @@ def spread(values: list[float]) -> str:
 
 
 def _spent(results: list[Result]) -> dict:
-    """The compute columns of a row: means over the seeds that recorded `training.compute`."""
+    """The compute columns of a row: forwards and update tokens as means over the seeds that recorded
+    `training.compute`; wall time as the mean over every seed that trained (the compute record's, else the
+    result's `training.wall_time_s`, which every trained result has)."""
     spent = [r.training.compute for r in results if r.training and r.training.compute]
+    walls = [r.training.compute.wall_time_s if r.training.compute else r.training.wall_time_s
+             for r in results if r.training]
+    wall = f"{stats(walls)[0]:.1f} s" if walls else ""
     if not spent:
-        return {"forwards": "", "update tokens": "", "wall time": ""}
+        return {"forwards": "", "update tokens": "", "wall time": wall}
     return {"forwards": f"{stats([c.rollout_forwards + c.train_forwards for c in spent])[0]:,.0f}",
-            "update tokens": f"{stats([c.update_tokens for c in spent])[0]:,.0f}",
-            "wall time": f"{stats([c.wall_time_s for c in spent])[0]:.1f} s"}
+            "update tokens": f"{stats([c.update_tokens for c in spent])[0]:,.0f}", "wall time": wall}
 
 
 def _notes(results: list[Result], curves: dict[str, list[dict]], metric: str | None, budget: float | None) -> str:
@@ -735,12 +742,28 @@ def _notes(results: list[Result], curves: dict[str, list[dict]], metric: str | N
     return "; ".join(notes)
 
 
-def compute_table(items, benchmark: str, metric: str | None = None) -> tuple[float | None, list[dict]]:
+def _reached(results: list[Result], curves: dict[str, list[dict]], metric: str | None, target: float) -> str:
+    """`mean ± std (n seeds)` of the forwards at which each seed's curve first reached `target`; the seeds
+    that never did are said ('' without curves of `metric` against forwards)."""
+    logged = [r for r in results if metric and any(FORWARDS in rec and metric in rec for rec in curves[r.run_id])]
+    hits = [x for x in (forwards_to_reach(curves[r.run_id], metric, target) for r in logged) if x is not None]
+    if not logged:
+        return ""
+    if not hits:
+        return "not reached"
+    mean, std, n = stats(hits)
+    text = f"{mean:,.0f}" + (f" ± {std:,.0f}" if n > 1 else "") + f" ({n} seed{'s' if n > 1 else ''})"
+    return text + (f", {len(logged) - n} not reached" if len(logged) > n else "")
+
+
+def compute_table(items, benchmark: str, metric: str | None = None,
+                  reach: float | None = None) -> tuple[float | None, list[dict]]:
     """Methods at equal steps and at equal forward passes on one benchmark column (`benchmark_label`):
     (the forward budget, one row per family x recipe: the final score (`mean ± std (n seeds)`, %), the
     compute spent (means over the seeds that recorded it: rollout + training sequence forwards, update
-    tokens, wall time), `metric` (default: `compute_metrics`') at the budget, mean ± std over seeds, and
-    a note on what is missing). The budget is the smallest, over the runs with compute curves, of the
+    tokens; wall time over every seed), `metric` (default: `compute_metrics`') at the budget, mean ± std
+    over seeds, with `reach` the sequence forwards at which `metric` first reached it (`forwards_to_reach`;
+    over the seeds that reached it, `not reached` when none did), and a note on what is missing). The budget is the smallest, over the runs with compute curves, of the
     last `compute/total_forwards` at which `metric` was logged; each run's value there is `value_at`
     (linear interpolation between its logged points). None: no run logged compute curves."""
     metric = metric or compute_metrics(items, benchmark)[1]
@@ -758,5 +781,161 @@ def compute_table(items, benchmark: str, metric: str | None = None) -> tuple[flo
         rows.append({"family": family, "model": model, "method": label, "equal steps": format_cell(rs),
                      "steps": ", ".join(str(s) for s in sorted({r.training.steps for r in rs if r.training})),
                      **_spent(rs), "equal forwards": spread([v for v in at_budget if v is not None]),
+                     **({} if reach is None else {f"forwards to reach {reach:g}": _reached(rs, curves, metric, reach)}),
                      "note": _notes(rs, curves, metric, budget)})
     return budget, rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The landing view: methods ranked per task, with 95% intervals over distinct seeds
+# ---------------------------------------------------------------------------------------------
+
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+"""Student's t 0.975 quantiles for 1..30 degrees of freedom (three decimals, as printed in t tables)."""
+
+
+def t_975(df: int) -> float:
+    """The two-sided 95% t quantile for `df` >= 1 degrees of freedom: the table up to 30, beyond it the normal
+    quantile with the first two terms of its Cornish-Fisher expansion (within 0.001 of the exact value)."""
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def interval(values: list[float]) -> tuple[float, float | None, float | None, int]:
+    """(mean, low, high, n) of per-seed values: the 95% t interval of the mean, mean ± t(n-1) s / sqrt(n);
+    no interval (None, None) for one seed."""
+    mean, std, n = stats(values)
+    if n < 2:
+        return mean, None, None, n
+    half = t_975(n - 1) * std / math.sqrt(n)
+    return mean, mean - half, mean + half, n
+
+
+def format_interval(results: list[Result]) -> str:
+    """`mean [low, high] (n seeds)` in %, over distinct seeds (`per_seed`); ⚠ over mixed machines."""
+    mean, low, high, n = interval(per_seed(results))
+    text = (f"{100 * mean:.1f} (1 seed, no interval)" if low is None else
+            f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}] ({n} seeds)")
+    return text + (MIXED if mixed(results) else "")
+
+
+def default_column(items) -> str | None:
+    """The task and decoding the landing view opens on: the column with the most (family, method) cells."""
+    cells: dict[str, set] = defaultdict(set)
+    for _, r in items:
+        cells[benchmark_label(r)].add((r.model.family, method_label(r)))
+    return max(sorted(cells), key=lambda c: len(cells[c])) if cells else None
+
+
+BEST = "★ "  # marks the best mean of a column in the ranking
+
+
+def ranking(items, column: str) -> tuple[list[str], list[dict], list[dict]]:
+    """One task and decoding (`benchmark_label`), methods ranked: (the model columns, one row per recipe
+    label (the same recipe the same label on every model: `row_labels(within=model)`) with each model's
+    `mean [95% interval] (n seeds)` and the mean over the models it ran on (`across`), sorted by it, highest
+    first, the best of each column marked ★ and the starts (a base model another result of its model trained
+    from) marked and not ranked; the same as numbers, one row per
+    (recipe, model), for charts and CSV). A model column is its family, or `family: model` when a family has
+    several models in the column."""
+    results = [r for _, r in items if benchmark_label(r) == column]
+    models = sorted({(r.model.family, r.model.name) for r in results})
+    several = {f for f, _ in models if sum(1 for g, _ in models if g == f) > 1}
+    name = {(f, m): f"{f}: {m}" if f in several else f for f, m in models}
+    labels = row_labels(results, within=lambda r: r.model.name)
+    cells: dict[tuple[str, str], list[Result]] = defaultdict(list)
+    started_from = {(r.model.name, r.method.init) for r in results}  # a start: what another result trained from
+    starts = set()
+    for r in results:
+        label = labels[recipe(r)]
+        cells[(label, name[(r.model.family, r.model.name)])].append(r)
+        if r.method.init in BASE_INITS and (r.model.name, r.method.baseline) in started_from:
+            starts.add(label)
+    columns = [name[m] for m in models]
+    numbers = []
+    for (label, col), rs in cells.items():
+        mean, low, high, n = interval(per_seed(rs))
+        numbers.append({"method": label, "model": col, "mean": round(100 * mean, 2), "n": n,
+                        "low": None if low is None else round(100 * low, 2),
+                        "high": None if high is None else round(100 * high, 2), "start": label in starts,
+                        "mixed": mixed(rs)})
+    means = {(x["method"], x["model"]): x["mean"] for x in numbers}
+    best = {c: max((v for (m, cc), v in means.items() if cc == c and m not in starts), default=None) for c in columns}
+    rows = []
+    for label in dict.fromkeys(x["method"] for x in numbers):
+        mine = [means[(label, c)] for c in columns if (label, c) in means]
+        row = {"method": label + (" (start)" if label in starts else "")}
+        for c in columns:
+            text = format_interval(cells[(label, c)]) if (label, c) in means else ""
+            row[c] = (BEST if text and means[(label, c)] == best[c] and label not in starts else "") + text
+        row["across"] = round(sum(mine) / len(mine), 1)
+        row["models"] = f"{len(mine)} of {len(columns)}"
+        rows.append(row)
+    rows.sort(key=lambda row: -row["across"])
+    top = max((row["across"] for row in rows if not row["method"].endswith(" (start)")), default=None)
+    for row in rows:
+        row["across"] = (BEST if row["across"] == top and not row["method"].endswith(" (start)") else "") + \
+            f"{row['across']:.1f}"
+    return columns, rows, numbers
+
+
+def scope(items) -> dict:
+    """What the shown results are: tasks, families and models (with their parameter counts when recorded),
+    machines, result count and distinct runs, for the landing view's scope note."""
+    rs = [r for _, r in items]
+    sizes = sorted({r.model.n_params for r in rs if r.model.n_params})
+    return {"results": len(rs), "runs": len(distinct_runs(rs)), "tasks": sorted({r.benchmark.name for r in rs}),
+            "families": sorted({r.model.family for r in rs}), "models": sorted({r.model.name for r in rs}),
+            "params": (sizes[0], sizes[-1]) if sizes else None,
+            "hardware": sorted({environment(r)[0] for r in rs})}
+
+
+# ---------------------------------------------------------------------------------------------
+# Speed and compute: the Pareto front, forwards to reach a score, labels of runs
+# ---------------------------------------------------------------------------------------------
+
+
+def pareto(rows: list[dict], x: str = "tokens/s", y: str = "accuracy") -> list[dict]:
+    """The rows no other row beats on both `x` and `y` (higher is better on both), by `x` descending: the
+    accuracy-versus-speed front. Rows without both values are left out."""
+    points = sorted((row for row in rows if _number(row.get(x)) and _number(row.get(y))),
+                    key=lambda row: (-row[x], -row[y]))
+    front, best = [], -math.inf
+    for row in points:
+        if row[y] > best:
+            front.append(row)
+            best = row[y]
+    return front
+
+
+def forwards_to_reach(curve: list[dict], metric: str, target: float, x_key: str = FORWARDS) -> float | None:
+    """The `x_key` (sequence forwards) at which `metric` first reaches `target`: the logged point, or the linear
+    interpolation between the last point below and the first at or above it; None if never reached."""
+    points = sorted(((rec[x_key], rec[metric]) for rec in curve if x_key in rec and metric in rec),
+                    key=lambda p: p[0])
+    for i, (x1, y1) in enumerate(points):
+        if y1 >= target:
+            if i == 0:
+                return x1
+            x0, y0 = points[i - 1]
+            return x0 + (x1 - x0) * (target - y0) / (y1 - y0)
+    return None
+
+
+def reach_default(items, benchmark: str, metric: str | None) -> float:
+    """The score the compute view asks "forwards to reach" by default: the smallest, over the runs of the
+    column with compute curves, of the best `metric` each logged (so every such run reached it); 0 without."""
+    bests = [max(rec[metric] for rec in c if FORWARDS in rec and metric in rec)
+             for c in (read_curve(curve_file(p)) for p, r in items if benchmark_label(r) == benchmark)
+             if metric and any(FORWARDS in rec and metric in rec for rec in c)]
+    return round(min(bests), 3) if bests else 0.0
+
+
+def run_label(r: Result) -> str:
+    """How the run picker names a run: method, family, task, seed, date, and the run id last."""
+    seed_text = f"seed {r.training.seed}" if r.training else "no training"
+    return (f"{method_label(r)} · {r.model.family} · {r.benchmark.name} · {seed_text} · {r.created_at[:10]}"
+            f" · {r.run_id}")

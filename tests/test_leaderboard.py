@@ -147,8 +147,18 @@ def _tables(at):
     return out
 
 
+def _tab(at, label: str):
+    return next(tab for tab in at.tabs if tab.label == label)
+
+
 def _table(at, index=0):
-    return _tables(at)[index]
+    """The `index`-th static table of the Leaderboard tab (one model's recipes, then the deltas)."""
+    return _tables(_tab(at, "Leaderboard"))[index]
+
+
+def _run_ids(at) -> set[str]:
+    """The run ids the run picker offers (each option reads `method · family · task · seed · date · run id`)."""
+    return {option.rsplit(" · ", 1)[-1] for option in at.selectbox(key="run").options}
 
 
 def _captions(at) -> list[str]:
@@ -166,8 +176,8 @@ def test_invalid_files_are_listed_and_the_rest_works(runs):
     assert reasons["result_missing.json"].startswith("model: Field required")
     assert "NaN" in reasons["result_nan.json"]
     assert "train-1.json" not in " ".join(reasons)  # a bench report is not an invalid result
-    assert [t.label for t in at.tabs] == ["Leaderboard", "Families", "Compute", "By method", "Reproduction", "Speed",
-                                          "Run detail"]
+    assert [t.label for t in at.tabs] == ["Overview", "Leaderboard", "Families", "Compute", "By method", "Published",
+                                          "Speed", "Run detail"]
 
 
 def test_main_view_cells_deltas_and_sorting(runs):
@@ -189,8 +199,11 @@ def test_main_view_cells_deltas_and_sorting(runs):
     assert list(_table(at).index) == ["wd1 (from sft)", "sft", "d1 (from sft)"]
     assert _table(at, 1).loc["sft", "addition [4/4/4, T=0]"] == "-25.0"
     assert len(at.get("download_button")) >= 1
-    chart = next(c.proto.spec for c in at.get("vega_lite_chart") if '"errorbar"' in c.proto.spec)
-    assert "1 std over seeds" in chart and '"title": "low"' not in chart  # one axis title, no "low"
+    # the dot plot: every recipe on its own line, the mean and its 95% interval, the axis fitted to the values
+    chart = next(c for c in _tab(at, "Leaderboard").get("vega_lite_chart"))
+    assert "95% interval over seeds" in chart.proto.spec and '"zero": false' in chart.proto.spec
+    assert {r["method"] for r in _chart_rows(chart)} == {"sft", "wd1 (from sft)", "d1 (from sft)"}
+    assert '"labelLimit": 600' in chart.proto.spec  # labels are not cut
 
 
 def test_two_configs_of_one_method_are_two_rows_and_only_seeds_pool(runs):
@@ -242,10 +255,10 @@ ALL_RUNS = {"sft__tiny__addition__s0__g4", "d1__tiny__addition__s0__g4", "d1__ti
 ])
 def test_every_filter_narrows_the_views(runs, key, value, kept):
     at = _app()
-    assert set(at.selectbox(key="run").options) == ALL_RUNS
+    assert _run_ids(at) == ALL_RUNS
     at.multiselect(key=key).select(value).run()
     assert not at.exception
-    assert set(at.selectbox(key="run").options) == kept  # every view draws from the filtered results
+    assert _run_ids(at) == kept  # every view draws from the filtered results
     assert f"{len(kept)} of {len(ALL_RUNS)} results shown" in [c.value for c in at.sidebar.caption]
     families = {r.split("__")[1] for r in kept}
     assert at.selectbox(key="model").value in families  # the leaderboard view follows too
@@ -288,12 +301,10 @@ def test_family_view_compares_every_method_on_every_family_with_deltas_to_each_s
 
 def test_reproduction_view_marks_only_matching_protocols(runs):
     at = _app()
-    table = next(d.value for d in at.dataframe if "paper" in d.value.columns)
+    table = next(d.value for d in _tab(at, "Published").dataframe if "paper" in d.value.columns)
     rows = {r["method"]: r for r in table.to_dict("records")}
     assert rows["d1"]["status"] == "✓ reproduced" and rows["d1"]["delta"] == 1.0
     assert rows["wd1"]["status"] == "protocol differs"  # even though ours is above the paper
-    specs = [c.proto.spec for c in at.get("vega_lite_chart")]
-    assert any('"score"' in spec and '"source"' in spec for spec in specs)  # ours vs paper per benchmark
 
 
 def test_speed_view_shows_rollout_and_training_results(runs):
@@ -347,7 +358,7 @@ def _chart_rows(chart) -> list[dict]:
 
 def _overlay_chart(at):
     """The run detail's chart: lines dashed by seed, no budget rule (the Compute tab's has one)."""
-    return next(c for c in at.get("vega_lite_chart") if '"strokeDash"' in c.proto.spec and '"rule"' not in c.proto.spec)
+    return next(c for c in _tab(at, "Run detail").get("vega_lite_chart") if '"strokeDash"' in c.proto.spec)
 
 
 def test_value_at_uses_a_logged_point_or_interpolates_between_the_two_around_the_budget(monkeypatch):
@@ -420,8 +431,8 @@ def test_compute_table_compares_methods_at_equal_steps_and_equal_forwards(runs, 
     assert wd1["note"] == "1 of 3 seeds: no training curves"
     assert load.compute_table(items, "addition [8/4/4, T=0]") == (None, [
         {"family": "llada", "model": "tiny", "method": "d1 (from sft)", "equal steps": "50.0 (1 seed)", "steps": "10",
-         "forwards": "", "update tokens": "", "wall time": "", "equal forwards": "",
-         "note": "no compute record; no compute curves"}])
+         "forwards": "", "update tokens": "", "wall time": "1.5 s", "equal forwards": "",
+         "note": "no compute record; no compute curves"}])  # every trained result records its wall time
 
 
 def test_compute_metric_defaults_to_the_validation_score_when_logged(runs, monkeypatch):
@@ -471,15 +482,24 @@ def test_compute_view_shows_scores_at_equal_steps_and_forwards(runs):
     at = _app()
     assert at.selectbox(key="compute_benchmark").value == "addition [4/4/4, T=0]"
     assert at.selectbox(key="compute_metric").value == "rollout/reward_mean"
-    table = next(t for t in _tables(at) if "equal forwards" in t.columns)
+    compute = _tab(at, "Compute")
+    table = next(t for t in _tables(compute) if "equal forwards" in t.columns)
     tiny = table[table["model"] == "tiny"]
     assert tiny.loc["d1 (from sft)", "equal forwards"] == "0.725 ± 0.177 (2 seeds)"
     assert tiny.loc["wd1 (from sft)", "equal forwards"] == "0.675 ± 0.035 (2 seeds)"
     assert tiny.loc["wd1 (from sft)", "equal steps"] == "87.5 ± 17.7 (2 seeds)"
     assert tiny.loc["wd1 (from sft)", "forwards"] == "425"
-    assert tiny.loc["sft", "note"] == "no compute record; no training curves"
+    assert "sft" not in tiny.index  # rows without a compute record are collapsed, with their wall time
+    collapsed = compute.expander[0]
+    assert "without a compute record" in collapsed.label
+    other = _tables(collapsed)[0]
+    assert other[other["model"] == "tiny"].loc["sft", "note"] == "no compute record; no training curves"
+    assert other[other["model"] == "tiny"].loc["sft", "wall time"] == "1.5 s"
     assert any("rollout/reward_mean at 300 forwards" in c for c in _captions(at))
-    chart = next(c for c in at.get("vega_lite_chart") if '"rule"' in c.proto.spec)
+    # forwards to reach: by default the lowest best reward among the runs (d1 s0's 0.6), so every run reaches it
+    assert at.number_input(key="compute_reach").value == 0.6
+    assert tiny.loc["d1 (from sft)", "forwards to reach 0.6"] == "250 ± 71 (2 seeds)"  # 300; 160 + 160 x 0.1/0.4
+    chart = next(c for c in compute.get("vega_lite_chart") if '"rule"' in c.proto.spec)
     assert {r["run_id"] for r in _chart_rows(chart) if "run_id" in r and isinstance(r["run_id"], str)} == {
         D1_S0, D1_S1, WD1_S0, "wd1__tiny__addition__s1__g4"}
     at.selectbox(key="compute_metric").select("loss/total").run()
@@ -487,7 +507,7 @@ def test_compute_view_shows_scores_at_equal_steps_and_forwards(runs):
     at.selectbox(key="compute_benchmark").select("addition [8/4/4, T=0]").run()  # an older run: no compute at all
     assert not at.exception
     assert any("no run here logged compute curves" in c.value for c in at.caption)
-    table = next(t for t in _tables(at) if "equal forwards" in t.columns)
+    table = _tables(_tab(at, "Compute").expander[0])[0]  # no row with a record: the collapsed table, open
     assert table.loc["d1 (from sft)", "note"] == "no compute record; no compute curves"
 
 
@@ -715,3 +735,155 @@ def test_every_setting_of_the_decoding_keys_its_own_column_and_heatmap_cell(runs
     assert sorted((row["benchmark"], row["mean"]) for row in heat) == [
         ("addition [4/4/4, T=0, cache=dual]", 25.0), ("addition [4/4/4, T=0, sampler=maskgit, rcr=True]", 25.0),
         ("addition [4/4/4, T=0, threshold=0.9]", 25.0), ("addition [4/4/4, T=0]", 75.0)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The landing view, charts a reader can use, and usability (issue 49, items 2, 4, 5)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_t_quantiles_and_the_95_percent_interval(monkeypatch):
+    load = _load(monkeypatch)
+    assert load.t_975(1) == 12.706 and load.t_975(2) == 4.303 and load.t_975(30) == 2.042
+    for df, exact in [(31, 2.0395), (40, 2.0211), (60, 2.0003), (120, 1.9799), (1000, 1.9623)]:
+        assert abs(load.t_975(df) - exact) < 0.001, df  # beyond the table, within 0.001
+    mean, low, high, n = load.interval([0.97, 0.99, 0.98])  # s = 0.01: half-width 4.303 x 0.01 / sqrt 3
+    assert n == 3 and mean == pytest.approx(0.98) and high - mean == pytest.approx(0.024843, abs=1e-6)
+    assert low == pytest.approx(2 * mean - high)
+    assert load.interval([0.5]) == (0.5, None, None, 1)  # one seed: no interval
+
+
+def test_overview_ranks_methods_per_task_with_intervals_across_families(runs, monkeypatch):
+    """On addition [4/4/4]: tiny has sft (start) 75, d1 62.5 (2 seeds), wd1 100; tiny-sdar sft 50, d1 75;
+    LLaDA-8B d1 75 and wd1 100 (from no start). A model column per family, `family: model` where a family
+    has two; methods sorted by their mean over the models they ran on, the best of each column marked."""
+    load = _load(monkeypatch)
+    items, _ = load.load_all()
+    column = "addition [4/4/4, T=0]"
+    assert load.default_column(items) == column  # the column with the most (family, method) cells
+    models, rows, numbers = load.ranking(items, column)
+    assert models == ["llada: LLaDA-8B", "llada: tiny", "sdar"]
+    by = {row["method"]: row for row in rows}
+    assert [row["method"] for row in rows][:2] == ["wd1", "wd1 (from sft)"]  # 100 across, then 100 on tiny
+    half = 100 * 12.706 * 0.1767767 / 2 ** 0.5  # two seeds: t(1) s / sqrt 2 around 62.5
+    assert by["d1 (from sft)"]["llada: tiny"] == f"62.5 [{62.5 - half:.1f}, {62.5 + half:.1f}] (2 seeds)"
+    assert by["d1 (from sft)"]["sdar"] == "★ 75.0 (1 seed, no interval)"  # the only trained method on sdar
+    assert by["wd1 (from sft)"]["llada: tiny"] == "★ 100.0 (1 seed, no interval)"
+    assert by["d1 (from sft)"]["across"] == "68.8" and by["d1 (from sft)"]["models"] == "2 of 3"
+    assert by["sft (start)"]["across"] == "62.5" and "★" not in by["sft (start)"]["llada: tiny"]  # starts unranked
+    d1 = next(x for x in numbers if x["method"] == "d1 (from sft)" and x["model"] == "llada: tiny")
+    assert (d1["mean"], d1["n"]) == (62.5, 2) and d1["low"] == pytest.approx(62.5 - half, abs=0.01)
+    s = load.scope(items)
+    assert s["models"] == ["LLaDA-8B", "tiny", "tiny-sdar"] and s["tasks"] == ["addition"] and s["runs"] == 9
+
+
+def test_overview_tab_shows_the_scope_the_ranking_and_the_glossary(runs):
+    at = _app()
+    assert at.selectbox(key="overview_column").value == "addition [4/4/4, T=0]"
+    overview = _tab(at, "Overview")
+    text = " ".join(_plain(m.value) for m in overview.markdown)
+    assert "9 results (9 distinct runs)" in text and "tiny-sdar" in text
+    ranking = _tables(overview)[0]
+    assert list(ranking.columns) == ["llada: LLaDA-8B", "llada: tiny", "sdar", "across", "models"]
+    assert ranking.loc["wd1 (from sft)", "llada: tiny"] == "★ 100.0 (1 seed, no interval)"
+    chart = overview.get("vega_lite_chart")[0]
+    assert "95% interval" in chart.proto.spec and '"yOffset"' in chart.proto.spec
+    glossary = next(d.value for d in overview.dataframe)
+    from dare.app.baselines import names
+    assert sorted(glossary["method"]) == names()  # every baseline, from its front matter
+    d1 = glossary[glossary["method"] == "d1"].iloc[0]
+    assert d1["arXiv"] == "https://arxiv.org/abs/2504.12216" and "mean-field" in d1["objective"]
+    assert d1["paper"].startswith("d1: Scaling Reasoning")
+
+
+def test_the_start_row_stays_under_a_method_filter(runs):
+    """Filtering to wd1 used to drop the sft start and with it every delta, silently."""
+    at = _app()
+    at.multiselect(key="filter_method").select("wd1 (from sft)").run()
+    at.selectbox(key="family").select("llada").run()
+    at.selectbox(key="model").select("tiny").run()
+    assert list(_table(at).index) == ["sft", "wd1 (from sft)"]
+    assert _table(at, 1).loc["wd1 (from sft)", "addition [4/4/4, T=0]"] == "+25.0"
+    assert any("The start (sft) is kept" in c for c in _captions(_tab(at, "Leaderboard")))
+    # a filter that leaves no start (the sft start was evaluated at gen 4): the deltas say what they are against
+    _result(runs, "wd1_long", method="wd1", init="sft", seed=0, acc=[1, 1, 0, 1], gen=8)
+    at = _app()
+    at.multiselect(key="filter_gen_length").select(8).run()
+    at.selectbox(key="family").select("llada").run()
+    assert list(_table(at).index) == ["d1 (from sft)", "wd1 (from sft)"]
+    assert any("holds no start of this model" in c for c in _captions(_tab(at, "Leaderboard")))
+
+
+def test_a_run_link_opens_run_detail_with_that_run(runs):
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params["run"] = D1_S1
+    at.run()
+    assert not at.exception
+    tabs = next(b for b in _blocks(at) if b.proto.HasField("tab_container"))
+    labels = [t.label for t in at.tabs]
+    assert labels[tabs.proto.tab_container.default_tab_index] == "Run detail"
+    assert at.selectbox(key="run").value == D1_S1
+    assert at.selectbox(key="run").format_func(D1_S1) == f"d1 (from sft) · llada · addition · seed 1 · " \
+        f"{at.selectbox(key='run').format_func(D1_S1).split(' · ')[4]} · {D1_S1}"
+    plain_at = _app()  # without a link the Overview opens
+    tabs = next(b for b in _blocks(plain_at) if b.proto.HasField("tab_container"))
+    assert [t.label for t in plain_at.tabs][tabs.proto.tab_container.default_tab_index] == "Overview"
+
+
+def _blocks(at):
+    stack, out = [at._tree], []
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        children = getattr(node, "children", None)
+        stack += list(children.values()) if isinstance(children, dict) else []
+    return [b for b in out if type(b).__name__ == "Block"]
+
+
+def test_run_detail_puts_the_raw_records_last_in_an_expander(runs):
+    at = _app()
+    at.selectbox(key="run").select(D1_S0).run()
+    detail = _tab(at, "Run detail")
+    raw = next(e for e in detail.expander if e.label.startswith("Raw records"))
+    assert len(detail.json) == len(raw.json) == 2 and '"hardware"' in raw.json[0].value  # none outside it
+    order = list(detail.children.values())
+    curves = next(i for i, c in enumerate(order) if c in detail.subheader and c.value == "Training curves")
+    assert next(i for i, c in enumerate(order) if c is raw) > curves  # after the curves
+    assert next(e for e in detail.expander if e.label.startswith("Resolved config")).code[0].language == "yaml"
+
+
+def test_pareto_front_and_forwards_to_reach(monkeypatch):
+    load = _load(monkeypatch)
+    rows = [{"s": "a", "tokens/s": 10.0, "accuracy": 90.0}, {"s": "b", "tokens/s": 50.0, "accuracy": 80.0},
+            {"s": "c", "tokens/s": 40.0, "accuracy": 70.0}, {"s": "d", "tokens/s": 100.0, "accuracy": 60.0},
+            {"s": "e", "tokens/s": None, "accuracy": 99.0}, {"s": "f", "tokens/s": 10.0, "accuracy": 85.0}]
+    assert [r["s"] for r in load.pareto(rows)] == ["d", "b", "a"]  # c is beaten by b, f by a; e has no speed
+    curve = _curve(*D1[1][1])  # forwards 80, 160, 320; rewards 0.3, 0.5, 0.9
+    assert load.forwards_to_reach(curve, "rollout/reward_mean", 0.3) == 80
+    assert load.forwards_to_reach(curve, "rollout/reward_mean", 0.7) == pytest.approx(240)
+    assert load.forwards_to_reach(curve, "rollout/reward_mean", 0.95) is None
+
+
+def test_speed_view_is_per_task_with_its_pareto_front(runs):
+    _result(runs, "sdar_fast", method="d1", init="sft", seed=1, acc=[0, 1, 0, 0], model="tiny-sdar", family="sdar",
+            throughput={"eval_tokens_per_s": 9000.0, "nfe_per_sample": 4.0, "tokens_per_forward": 4.0})
+    at = _app()
+    assert at.selectbox(key="speed_task").options == ["addition"]
+    chart = _tab(at, "Speed").get("vega_lite_chart")[0]
+    front = [r for r in _chart_rows(chart) if r.get("tokens/s") is not None]
+    assert '"line"' in chart.proto.spec and {9000.0, 2441.0} <= {r["tokens/s"] for r in front}
+
+
+def test_published_tab_lists_the_papers_numbers_with_sources(runs):
+    """The Published tab replaces the empty Reproduction tab: d1's Table 1 at 256 tokens is there with its source
+    and, with no result of ours under that protocol, says so; the baselines with no number say why."""
+    at = _app()
+    published = _tab(at, "Published")
+    table = next(d.value for d in published.dataframe if "published" in d.value.columns)
+    d1 = table[(table["method"] == "d1") & (table["benchmark"] == "gsm8k") & (table["published"] == 79.8)].iloc[0]
+    assert "d1 Table 1" in d1["source"] and "gen 256" in d1["protocol"] and d1["status"] == "not run here"
+    assert {"d1", "wd1", "spg", "tracerl"} <= set(table["method"])
+    assert any("No published number: agrpo" in c for c in _captions(published))
+    at.selectbox(key="published_method").select("wd1").run()
+    table = next(d.value for d in _tab(at, "Published").dataframe if "published" in d.value.columns)
+    assert set(table["method"]) == {"wd1"}

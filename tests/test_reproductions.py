@@ -10,7 +10,7 @@ from dare.data import TASKS
 from dare.app.runs import resolve
 
 ROOT = Path(__file__).resolve().parents[1] / "reproductions"
-CONFIGS = sorted(p for p in ROOT.glob("*/*.yaml") if p.name not in ("targets.yaml", "eval.yaml")
+CONFIGS = sorted(p for p in ROOT.glob("*/*.yaml") if p.name not in ("targets.yaml", "eval.yaml", "published.yaml")
                  and not p.name.startswith(("eval_", "sweep")))
 EVALS = sorted(ROOT.glob("*/eval_*.yaml"))
 SWEEPS = sorted(ROOT.glob("*/sweep*.yaml"))  # sweep.yaml, and sweep_<task>.yaml beside it
