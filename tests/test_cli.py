@@ -220,3 +220,44 @@ def test_dare_env_prints_the_fingerprint_in_both_environments(env):
     assert ("opencompass" in fp["packages"]) == (env == "eval")
     if os.environ.get("DARE_VENV"):  # under `make test` both venvs were installed from their locks
         assert fp["lock"]["lock"] == f"locks/{env}.txt", fp["lock"]
+
+
+def test_demo_compare_names_the_tiny_route_of_contributing(capsys):
+    """`dare demo --compare` (moved) prints the route CONTRIBUTING.md section 6 gives, from the same helper as
+    `dare checklist`, not a collect into leaderboard/results/tiny (an earlier commit's folder: collect refuses it)."""
+    from dare.app.baselines import tiny_commands
+
+    assert main(["demo", "--compare"]) != 0
+    err = capsys.readouterr().err
+    for command in tiny_commands("<name>", "<family>"):
+        assert command in err, command
+    assert not re.search(r"--to leaderboard/results/tiny\b(?!-)", err)
+
+
+def test_publish_warns_by_the_check_collect_makes(tmp_path, capsys):
+    """`dare results publish` copies a result the committed-results test would refuse, warning with the reason
+    `dare sweep collect` gives (one check, `dare.app.sweep.check_traceable`): a dirty tree, no commit (outside a
+    checkout), no recorded lock; a clean, locked result publishes quietly."""
+    import json
+
+    from dare.app.sweep import untraced
+    from dare.results import read_result
+
+    source = sorted((REPO / "leaderboard" / "results" / "tiny-llada-espo").glob("*/result_addition.json"))[0]
+    cases = {"clean": {}, "dirty": {"git_dirty": True}, "outside": {"git_dirty": None, "git_commit": None},
+             "unlocked": {"lock": None}}
+    for name, change in cases.items():
+        result = json.loads(source.read_text())
+        result["run_id"] += f"-{name}"
+        result["provenance"].update(change)
+        src = tmp_path / name / "result_addition.json"
+        src.parent.mkdir()
+        src.write_text(json.dumps(result))
+        assert main(["results", "publish", str(src), "--to", str(tmp_path / "board")]) == 0
+        err = capsys.readouterr().err
+        why = untraced(read_result(src))
+        assert (why is not None) == (name in ("dirty", "outside"))
+        if why:
+            assert f"WARNING: {src}: {why}; published anyway" in err, err
+        assert ("no recorded lock" in err) == (name == "unlocked") and (err == "") == (name == "clean"), err
+        assert (tmp_path / "board" / result["run_id"] / src.name).is_file()

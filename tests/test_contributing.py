@@ -67,6 +67,22 @@ def test_the_tiny_route_is_one_sweep_and_one_results_folder_per_baseline():
     assert yaml.safe_load(example) == yaml.safe_load(espo.read_text())
 
 
+def test_the_tiny_folder_and_dare_demo_tell_the_guides_route(capsys):
+    """reproductions/tiny/README.md, the header of its sweep.yaml (an earlier commit's comparison) and
+    `dare demo --compare` give the same route, not a collect into leaderboard/results/tiny (which collect refuses
+    for a later commit's runs)."""
+    readme = (REPO / "reproductions" / "tiny" / "README.md").read_text()
+    header = "".join(line for line in (REPO / "reproductions" / "tiny" / "sweep.yaml").read_text().splitlines(True)
+                     if line.startswith("#"))
+    assert main(["demo", "--compare"]) != 0
+    told = capsys.readouterr().err
+    for text in (readme, told):
+        assert all(c in text for c in tiny_commands(**PLACEHOLDERS)), text
+    assert TINY_SWEEP.format(**PLACEHOLDERS) in header and TINY_RESULTS.format(**PLACEHOLDERS) in header
+    for text in (readme, header, told):
+        assert not re.search(r"--to leaderboard/results/tiny\b(?!-)", text), text
+
+
 def test_the_checklist_prints_the_guides_route(tmp_path):
     """A baseline without a result is told the route of the guide, on its own family."""
     (tmp_path / "leaderboard" / "results").mkdir(parents=True)

@@ -377,6 +377,46 @@ def test_collect_refuses_a_folder_of_two_commits(tmp_path):
         collect(mixed, tmp_path / "board-mixed")
 
 
+def test_collect_defaults_to_the_folder_the_sweep_was_collected_into(tmp_path, monkeypatch, capsys):
+    """Without --to, `dare sweep collect` of a baseline's tiny sweep (`TINY_SWEEP`) goes to its own folder
+    (`TINY_RESULTS`, CONTRIBUTING.md section 6), not to `leaderboard/results/<family>` (the former default, the
+    sweep file's folder name); another sweep under reproductions/ to its path there joined by "-" (the folder's
+    sweep*.yaml left out), which is where each committed one was collected, and the former default for the
+    paper reproductions (reproductions/<name>/sweep.yaml)."""
+    from dare.app.baselines import TINY_RESULTS, TINY_SWEEP
+    from dare.app.cli import main
+    from dare.app.sweep import default_destination
+
+    tiny = []
+    for path in sorted((REPO / "reproductions" / "tiny").glob("*/*.yaml")):
+        family, name = path.parent.name, path.stem
+        if path == REPO / TINY_SWEEP.format(family=family, name=name) and (REPO / TINY_RESULTS.format(
+                family=family, name=name)).is_dir() and load_sweep(path).methods.keys() == {name}:
+            assert default_destination(load_sweep(path)) == TINY_RESULTS.format(family=family, name=name), path
+            tiny.append(f"{family}-{name}")
+    assert "llada-espo" in tiny and len(tiny) >= 10, tiny
+    for sweep, dest in {"tiny/sweep.yaml": "tiny", "tiny/dream/sweep.yaml": "tiny-dream",
+                        "tiny/sdar/sweep.yaml": "tiny-sdar", "tiny/llada2/supervised.yaml": "tiny-llada2-supervised",
+                        "tiny/dream/trajectory.yaml": "tiny-dream-trajectory", "sudoku/dream/sweep.yaml": "sudoku-dream",
+                        "d1/sweep.yaml": "d1", "justgrpo/sweep_math.yaml": "justgrpo"}.items():
+        assert default_destination(load_sweep(REPO / "reproductions" / sweep)) == f"leaderboard/results/{dest}", sweep
+        assert dest in ("d1", "justgrpo") or (REPO / "leaderboard" / "results" / dest).is_dir(), dest
+    # a new baseline's sweep, collected by the CLI without --to, from the directory it runs in
+    folder = tmp_path / "clone" / "reproductions" / "tiny" / "llada"
+    espo = {"baseline": "espo", "overrides": {k: v for k, v in TINY.items() if not k.startswith("algo.")}}
+    sweep = load_sweep(write_sweep(folder, "espo", {"run.seed": [0]}, **espo))
+    assert default_destination(sweep) == TINY_RESULTS.format(family="llada", name="espo")
+    _evaluated(sweep.runs[0], "default")
+    monkeypatch.chdir(tmp_path / "clone")
+    assert main(["sweep", "collect", str(sweep.path)]) == 0
+    assert f"1 result(s) -> {TINY_RESULTS.format(family='llada', name='espo')}" in capsys.readouterr().out
+    assert len(list((tmp_path / "clone" / TINY_RESULTS.format(family="llada", name="espo")).iterdir())) == 1
+    # a sweep file not named after the one baseline it runs is not a baseline's tiny sweep
+    other = load_sweep(write_sweep(folder, "mine", {"run.seed": [0]}, **espo))
+    assert default_destination(other) == "leaderboard/results/tiny-llada-mine"
+    assert default_destination(load_sweep(write_sweep(tmp_path / "s", "x", {"run.seed": [0]}))) == "leaderboard/results/s"
+
+
 # ---------------------------------------------------------------------------------------------
 # A real SLURM
 # ---------------------------------------------------------------------------------------------

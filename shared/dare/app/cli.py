@@ -27,14 +27,19 @@ from pathlib import Path
 
 from dare.utils import UserError
 from dare import config as config_mod
+from dare.app.baselines import TINY_RESULTS, TINY_SWEEP, tiny_commands
 from dare.app.demo import main as demo_main
-from dare.app.sweep import MAX_RUNS as SWEEP_MAX_RUNS, collect, launch, load_sweep, matches, state
+from dare.app.sweep import (MAX_RUNS as SWEEP_MAX_RUNS, check_traceable, collect, default_destination, launch,
+                             load_sweep, matches, state)
 from dare.data import TASKS, build, recorded_hashes, split_path
 from dare.eval import evaluate_checkpoint
 from dare.models import ATTENTION, FAMILIES, facts, family_module, load_pretrained
 from dare.models.api import count_parameters, meta_model
 from dare.results import publish, publish_destination, read_result
 from dare.utils import REPO_ROOT, sha256_file
+
+PLACEHOLDERS = {"name": "<name>", "family": "<family>"}
+"""How the tiny-task route is printed for any baseline (`dare.app.baselines.tiny_commands`)."""
 
 
 def _version() -> str:
@@ -350,12 +355,7 @@ def cmd_results(ns) -> int:
             print(publish(p, ns.to))
         except ValueError as e:
             raise UserError(f"{p}: not a valid result: {e}") from None
-        prov = read_result(p).provenance
-        if prov.git_dirty or not prov.lock:  # the repository's tests refuse such a result in leaderboard/results
-            print(f"warning: {p} was made " + ("from a tree with uncommitted changes" if prov.git_dirty else
-                  "in an environment with no recorded lock (`dare env --record-lock <lock>`)")
-                  + ": it cannot be traced to a commit and a lock; rerun it from a clean checkout before committing it",
-                  file=sys.stderr)
+        check_traceable(p, read_result(p), copied="published")  # warned, as collect --allow-dirty does
     return 0
 
 
@@ -381,7 +381,7 @@ def cmd_sweep(ns) -> int:
             print(f"  {r.id}  {st:8s} {r.name}" + (f"  log: {log}" if log and st != "done" else ""))
         print("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     else:
-        collect(sweep, ns.to or "leaderboard/results/" + sweep.path.parent.name, only=only, allow_dirty=ns.allow_dirty)
+        collect(sweep, ns.to or default_destination(sweep), only=only, allow_dirty=ns.allow_dirty)
     return 0
 
 
@@ -404,9 +404,11 @@ def cmd_checklist(ns) -> int:
 
 def cmd_demo(ns) -> int:
     if ns.compare:
-        raise UserError("dare demo --compare is a sweep now: dare sweep reproductions/tiny/sweep.yaml --cluster local "
-                        "[--only baseline=NAME], then dare sweep collect reproductions/tiny/sweep.yaml "
-                        "--to leaderboard/results/tiny")
+        launch_command, collect_command = tiny_commands(**PLACEHOLDERS)
+        raise UserError("dare demo --compare is a sweep now: a method's tiny-task result is a sweep of its own, run and "
+                        f"collected from a clean committed tree (CONTRIBUTING.md section 6; dare checklist <name> prints "
+                        f"the commands): {launch_command}, then {collect_command}. reproductions/tiny/sweep.yaml is an "
+                        f"earlier commit's comparison, in leaderboard/results/tiny/")
     return demo_main(smoke=ns.smoke, seeds=ns.seeds)
 
 
@@ -589,13 +591,15 @@ def build_parser() -> argparse.ArgumentParser:
         "dare sweep <sweep.yaml>: submit the runs of the grid that are not done or queued, as one SLURM job "
         "array through submitit (--cluster local: one after another on this machine, no cluster; debug: "
         "submitit's in-process executor). dare sweep status <sweep.yaml>: done/running/failed/pending with logs. "
-        "dare sweep collect <sweep.yaml> [--to DIR]: copy valid results (default leaderboard/results/<folder>) "
+        f"dare sweep collect <sweep.yaml> [--to DIR]: copy valid results (default: a baseline's tiny sweep "
+        f"{TINY_SWEEP.format(**PLACEHOLDERS)} to {TINY_RESULTS.format(**PLACEHOLDERS)}, any other "
+        "reproductions/<a>/<b>/<c>.yaml to leaderboard/results/<a>-<b>-<c>, a folder's sweep*.yaml left out) "
         "with the paper's numbers from targets.yaml beside the sweep file in `reference`, and print ours against "
         "them. Format: shared/dare/app/sweep.py."))
     s.add_argument("args", nargs="+", metavar="[status|collect] sweep.yaml")
     s.add_argument("--cluster", default="slurm", choices=["slurm", "local", "debug"])
     s.add_argument("--dry-run", action="store_true", help="print the runs and the sbatch script submitit writes, submit nothing")
-    s.add_argument("--to", help="collect: destination folder")
+    s.add_argument("--to", help="collect: destination folder (default: the sweep's own, above)")
     s.add_argument("--allow-dirty", action="store_true",
                    help="collect: copy results made from a tree with uncommitted changes (warned; the tests refuse them)")
     s.add_argument("--only", action="append", metavar="KEY=VALUE",

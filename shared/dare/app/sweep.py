@@ -626,6 +626,53 @@ def untraced(result) -> str | None:
     return None
 
 
+def check_traceable(path: str | Path, result, run: str = "", refuse: str | None = None, copied: str = "copied") -> None:
+    """The one check of a result on its way under leaderboard/results/ (`dare sweep collect`, `dare results
+    publish`), against what tests/test_leaderboard.py refuses there. A result that cannot be traced to one commit
+    (`untraced`) raises, naming `path` (and `run`, e.g. "run run.seed=1 of <sweep>"), followed by `refuse`, the
+    way out, when that is given; else it is warned on stderr as `copied` anyway. A result made in an environment
+    with no recorded lock is warned."""
+    who = f"{path}: " + (f"{run} " if run else "")
+    why = untraced(result)
+    if why and refuse:
+        raise UserError(f"{who}{why}: {refuse}")
+    if why:
+        print(f"WARNING: {who}{why}; {copied} anyway: the tests refuse it under leaderboard/results/, do not commit "
+              f"it (rerun it from a clean committed tree)", file=sys.stderr)
+    if not result.provenance.lock:
+        print(f"WARNING: {who}was made in an environment with no recorded lock (install it with make, or dare env "
+              f"--record-lock <lock>): the tests refuse it under leaderboard/results/", file=sys.stderr)
+
+
+def default_destination(sweep: Sweep) -> str:
+    """`dare sweep collect`'s folder when `--to` is not given. A baseline's tiny-task sweep (`TINY_SWEEP`,
+    running that one baseline) goes to its own folder (`TINY_RESULTS`), as CONTRIBUTING.md section 6 and
+    `dare checklist` say; any other sweep under reproductions/ to its path there joined by "-", the file's name
+    left out when it is a folder's sweep (`sweep*.yaml`): reproductions/d1/sweep.yaml -> leaderboard/results/d1
+    and reproductions/justgrpo/sweep_math.yaml -> leaderboard/results/justgrpo, as before;
+    reproductions/tiny/sdar/sweep.yaml -> tiny-sdar, reproductions/tiny/sdar/supervised.yaml ->
+    tiny-sdar-supervised, reproductions/sudoku/dream/sweep.yaml -> sudoku-dream, as they were collected (the
+    former default, the sweep file's folder name, gave `dream` for the last). A sweep outside reproductions/
+    goes to its folder's name."""
+    import re
+    import string
+
+    from dare.app.baselines import TINY_RESULTS, TINY_SWEEP
+
+    parts = sweep.path.resolve().parts
+    if "reproductions" not in parts:
+        return "leaderboard/results/" + sweep.path.resolve().parent.name
+    start = len(parts) - 1 - parts[::-1].index("reproductions")
+    where = "/".join(parts[start:])
+    pattern = "".join(re.escape(text) + (f"(?P<{field}>[^/]+)" if field else "")
+                      for text, field, _, _ in string.Formatter().parse(TINY_SWEEP))
+    tiny = re.fullmatch(pattern, where)
+    if tiny and list(sweep.methods) == [tiny["name"]]:
+        return TINY_RESULTS.format(**tiny.groupdict())
+    folders = list(parts[start + 1:-1]) + ([] if sweep.path.stem.startswith("sweep") else [sweep.path.stem])
+    return "leaderboard/results/" + "-".join(folders)
+
+
 def collect(sweep: Sweep, dest: str | Path, only: dict | None = None, allow_dirty: bool = False) -> list[Path]:
     """Publish the valid results of finished runs (and of the init run they start from) to `dest`,
     each with the paper's number of its reproduction in `reference` (targets.yaml beside the sweep
@@ -646,17 +693,9 @@ def collect(sweep: Sweep, dest: str | Path, only: dict | None = None, allow_dirt
     found = [(name, baseline, config, run, p, read_result(p)) for name, baseline, config, run in sources
              for p in results_of(run)]
     for name, _, _, run, p, res in found:
-        why = untraced(res)
-        if why and not allow_dirty:
-            raise UserError(f"{p}: run {name} of {sweep.path} {why}: commit, delete {run.dir} and run the sweep "
-                            f"again from the clean tree (or pass --allow-dirty; the tests refuse it under "
-                            f"leaderboard/results/)")
-        if why:
-            print(f"WARNING: {p}: run {name} {why}; collected anyway (--allow-dirty): the tests refuse it under "
-                  f"leaderboard/results/, do not commit it", file=sys.stderr)
-        if not res.provenance.lock:
-            print(f"WARNING: {p}: run {name} was made in an environment with no recorded lock (install it with make, "
-                  f"or dare env --record-lock <lock>): the tests refuse it under leaderboard/results/", file=sys.stderr)
+        check_traceable(p, res, run=f"run {name} of {sweep.path}", copied="collected (--allow-dirty)",
+                        refuse=None if allow_dirty else f"commit, delete {run.dir} and run the sweep again from the "
+                        f"clean tree (or pass --allow-dirty; the tests refuse it under leaderboard/results/)")
     present = {(r.run_id, path.name): r.provenance.git_commit for path, r in
                load_results(dest, pattern="*/result_*.json")[0]} if Path(dest).is_dir() else {}
     commits: dict[str | None, list[str]] = {}
