@@ -21,7 +21,7 @@ GPU_COMPILE := --quiet --generate-hashes --no-config --python-version 3.11 --pyt
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test data checklist leaderboard docs gpu-check setup eval-env lock lock-gpu sandbox browser slurm clean-venv help
+.PHONY: demo test data checklist leaderboard docs gpu-check screenshot setup eval-env lock lock-gpu sandbox browser slurm clean-venv help
 
 # `make help` lists every target with the `## ` description on its line (tests/test_cli.py checks
 # that each target has one).
@@ -80,7 +80,7 @@ test: sandbox $(TRAIN)/.installed $(EVAL)/.installed ## set up both venvs and ru
 	DARE_VENV=$(abspath $(VENV)) DARE_EVAL_PYTHON=$(abspath $(EVAL))/bin/python $(TRAIN)/bin/python -m pytest $(PYTEST_ARGS)
 
 # The offline tasks, rebuilt from code to the hashes in shared/dare/data/hashes.json (the same bytes
-# and DVC hash as data.dvc). There is no project DVC remote: `dvc pull` needs a lab's own (README, Data).
+# and DVC hash as data.dvc). There is no project DVC remote: `dvc pull` needs a lab's own (docs/concepts/data.md).
 data: $(TRAIN)/.installed ## build every offline task under data/ from code (byte-identical, no remote needed)
 	$(TRAIN)/bin/dare data build
 
@@ -126,3 +126,10 @@ docs: $(TRAIN)/.installed ## serve the documentation site on 127.0.0.1:8000 (mkd
 
 clean-venv: ## delete both venvs (the VENV folder, default .venv)
 	rm -rf $(VENV)
+
+# The docs' two pictures of the leaderboard (docs/img/landing.png: the Overview; docs/img/published.png: the
+# Published tab), taken from the committed results in headless Chromium with the browser test's machinery
+# (dare.app.screenshot); docs/img/screenshots.json records which results they show, and the browser test
+# fails when the committed results have changed since.
+screenshot: browser $(TRAIN)/.installed ## retake the docs' leaderboard pictures from the committed results (docs/img/)
+	$(TRAIN)/bin/python -m dare.app.screenshot docs/img

@@ -347,8 +347,10 @@ with published_tab:
         mine = published_rows if pick == "every method" else published_rows[published_rows["method"] == pick]
         columns = ["method", "model", "benchmark", "protocol", "published", "source", "ours", "seeds", "delta",
                    "status", "note"]
-        st.dataframe(mine[[c for c in columns if c in mine.columns]], hide_index=True, key="published_table",
-                     width="stretch")
+        shown_rows = mine[[c for c in columns if c in mine.columns]].astype(object).where(mine.notna(), "")
+        shown_rows["published"] = [f"{v:g}" for v in mine["published"]]  # as the papers print them
+        shown_rows["seeds"] = [n or "" for n in mine["seeds"]]
+        static_table(shown_rows.set_index("method"))
         download(mine, "published.csv", "csv_published")
     none = [m for m in published.published_methods() if m["why none"]]
     if none:

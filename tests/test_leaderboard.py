@@ -522,76 +522,80 @@ def test_leaderboard_loader_is_torch_free(runs):
 # ---------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_browser_shows_the_leaderboard(runs, tmp_path):
-    """Installs Chromium and its driver through the Makefile (`make browser`) when missing, starts
-    the app with `dare leaderboard`, reads the table in the page (a mean over two machines marked ⚠,
-    the hardware of every run listed), saves a screenshot, then opens the Compute tab and reads the
-    scores at equal forward passes."""
+    """Installs Chromium and its driver through the Makefile (`make browser`) when missing, starts the app with
+    `dare leaderboard` (`dare.app.screenshot`'s machinery, which `make screenshot` uses too), and reads in the
+    page: the landing ranking (intervals, the best starred), the Leaderboard tab's table (a mean over two
+    machines marked ⚠), a Published row with its source, the Compute tab's scores at equal forwards, and a
+    Run detail opened by a `?run=` link. Then checks the docs' pictures show the committed results."""
+    from dare.app import screenshot
+
     _result(runs, "repro_other_xeon", method="wd1", init="pretrained", seed=1, acc=[1, 1, 1, 1], model="LLaDA-8B",
             cpu="Intel Xeon", run_id="wd1__LLaDA-8B__addition__s1__xeon",
             reference={"value": 0.80, "source": "wd1 Table 1", "same_decoding": False})
     r = subprocess.run(["make", "-s", "browser"], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    port = _free_port()
-    exe = Path(sys.executable).parent / "dare"
-    app = subprocess.Popen([str(exe), "leaderboard", "--runs", str(runs), "--port", str(port)], cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = shutil.which("chromium")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1400,1800"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
-        driver.get(f"http://127.0.0.1:{port}")
-        # the default view: family llada, model LLaDA-8B (sorted first), its methods and numbers
-        WebDriverWait(driver, 90).until(lambda d: "75.0 (1 seed)" in d.find_element(By.TAG_NAME, "body").text)
-        text = driver.find_element(By.TAG_NAME, "body").text
-        for expected in ("dLLM post-training leaderboard", "LLaDA-8B (llada)", "75.0 (1 seed)",
-                         "addition [4/4/4, T=0]", "4 invalid result file(s) skipped",
+    with screenshot.leaderboard([runs]) as url, screenshot.chromium(1400, 1800) as driver:
+        port = int(url.rsplit(":", 1)[1])
+        driver.get(url)
+        # the landing view: scope, the ranking of addition [4/4/4], the glossary
+        text = screenshot.wait_for(driver, "★ 100.0 (1 seed, no interval)")
+        for expected in ("dLLM post-training leaderboard", "What is here.", "10 results", "addition [4/4/4, T=0]",
+                         "4 invalid result file(s) skipped", "llada: LLaDA-8B", "across",
                          "⚠ marks a mean or delta over runs from different hardware or lock files"):
             assert expected in text, expected
-        rows = [row.text for row in driver.find_elements(By.CSS_SELECTOR, "table tbody tr")]
-        assert any(r.startswith("d1") and "75.0 (1 seed)" in r and "⚠" not in r for r in rows), rows
-        assert any(r.startswith("wd1") and "100.0 ± 0.0 (2 seeds) ⚠" in r for r in rows), rows  # AVX2 + Xeon
-        shot = tmp_path / "leaderboard.png"
+        rows = screenshot.table_rows(driver)
+        assert any(r.startswith("wd1") and "100.0 [100.0, 100.0] (2 seeds) ⚠" in r for r in rows), rows
+        shot = tmp_path / "landing.png"
         driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
-        out = os.environ.get("DARE_SCREENSHOT")
-        if out:  # `DARE_SCREENSHOT=docs/leaderboard.png pytest -k browser` refreshes the README's picture
-            shutil.copyfile(shot, out)
-        # then the Compute tab (the screenshot stays the leaderboard's): d1 and wd1 at 300 forwards
-        next(t for t in driver.find_elements(By.CSS_SELECTOR, '[role="tab"]') if t.text == "Compute").click()
-        WebDriverWait(driver, 30).until(lambda d: "0.725 ± 0.177" in d.find_element(By.TAG_NAME, "body").text)
-        text = driver.find_element(By.TAG_NAME, "body").text
+        # the Leaderboard tab: one model's recipes (family llada, model LLaDA-8B: sorted first)
+        screenshot.open_tab(driver, "Leaderboard")
+        text = screenshot.wait_for(driver, "LLaDA-8B (llada)")
+        rows = screenshot.table_rows(driver)
+        assert any(r.startswith("d1") and "75.0 (1 seed)" in r and "⚠" not in r for r in rows), rows
+        assert any(r.startswith("wd1") and "100.0 ± 0.0 (2 seeds) ⚠" in r for r in rows), rows  # AVX2 + Xeon
+        # the Published tab: d1's GSM8K at 256 tokens with its source
+        screenshot.open_tab(driver, "Published")
+        screenshot.wait_for(driver, "not run here")
+        assert any(r.startswith("d1") and "79.8" in r and "d1 Table 1" in r and "gen 256" in r
+                   for r in screenshot.table_rows(driver))
+        # the Compute tab: d1 and wd1 at 300 forwards
+        screenshot.open_tab(driver, "Compute")
+        text = screenshot.wait_for(driver, "0.725 ± 0.177", 30)
         for expected in ("0.725 ± 0.177 (2 seeds)", "0.650 (1 seed)", "rollout/reward_mean at 300 forwards",
-                         "no compute record"):
+                         "without a compute record"):
             assert expected in text, expected
-    finally:
-        driver.quit()
-        app.terminate()
-        app.wait(timeout=30)
+        # a link to one run opens Run detail on it
+        driver.get(f"{url}/?run={D1_S1}")
+        text = screenshot.wait_for(driver, "Result file:")
+        assert "d1 (from sft) on tiny (llada)" in text and "Training curves" in text
     with pytest.raises(OSError):  # stopping `dare leaderboard` stops its server (no orphaned streamlit)
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    # the docs' pictures (make screenshot) show the results committed now
+    assert screenshot.stale(REPO / "docs" / "img") is None, screenshot.stale(REPO / "docs" / "img")
+
+
+def test_the_docs_pictures_are_checked_against_the_committed_results(tmp_path):
+    """`screenshot.stale` names a missing picture and a changed result set (the check the browser test makes)."""
+    from dare.app import screenshot
+
+    results = tmp_path / "results"
+    (results / "tiny").mkdir(parents=True)
+    (results / "tiny" / "a.json").write_text("{}")
+    img = tmp_path / "img"
+    img.mkdir()
+    assert "landing.png, published.png missing: run `make screenshot`" in screenshot.stale(img, results)
+    for name in screenshot.PICTURES:
+        (img / name).write_bytes(b"png")
+    (img / screenshot.RECORD).write_text(json.dumps({"results": screenshot.results_fingerprint(results)}))
+    assert screenshot.stale(img, results) is None
+    (results / "tiny" / "b.json").write_text("{}")  # a result committed after the pictures
+    assert "older results than leaderboard/results/ holds now" in screenshot.stale(img, results)
+    first = screenshot.results_fingerprint(results)
+    (results / "tiny" / "b.json").write_text('{"x": 1}')  # rewritten: another fingerprint
+    assert screenshot.results_fingerprint(results) != first
 
 
 def test_committed_demo_and_baseline_results_appear(monkeypatch):
@@ -879,11 +883,12 @@ def test_published_tab_lists_the_papers_numbers_with_sources(runs):
     and, with no result of ours under that protocol, says so; the baselines with no number say why."""
     at = _app()
     published = _tab(at, "Published")
-    table = next(d.value for d in published.dataframe if "published" in d.value.columns)
-    d1 = table[(table["method"] == "d1") & (table["benchmark"] == "gsm8k") & (table["published"] == 79.8)].iloc[0]
+    table = next(t for t in _tables(published) if "published" in t.columns).reset_index()
+    d1 = table[(table["method"] == "d1") & (table["benchmark"] == "gsm8k") & (table["published"] == "79.8")].iloc[0]
     assert "d1 Table 1" in d1["source"] and "gen 256" in d1["protocol"] and d1["status"] == "not run here"
+    assert d1["ours"] == "" and d1["delta"] == ""  # nothing to put beside it
     assert {"d1", "wd1", "spg", "tracerl"} <= set(table["method"])
     assert any("No published number: agrpo" in c for c in _captions(published))
     at.selectbox(key="published_method").select("wd1").run()
-    table = next(d.value for d in _tab(at, "Published").dataframe if "published" in d.value.columns)
-    assert set(table["method"]) == {"wd1"}
+    table = next(t for t in _tables(_tab(at, "Published")) if "published" in t.columns)
+    assert set(table.index) == {"wd1"}

@@ -66,7 +66,7 @@ def hub_file(repo: str, pattern: str, task: str) -> Path:
     if not hub_reachable():
         raise DataError(
             f"{task}: the Hugging Face hub is not reachable, so {repo} ({pattern}) cannot be downloaded. Either "
-            f"`dvc pull` the preprocessed data (see README, Data), or download the original files elsewhere and "
+            f"`dvc pull` the preprocessed data (see docs/concepts/data.md), or download the original files elsewhere and "
             f"run `dare data build {task} --from <folder>`.")
     import fnmatch
 

@@ -54,13 +54,13 @@ def stale(task: str, split: str, path: Path) -> bool:
 
 
 def how_to_get(task: str) -> str:
-    """The one line that says how to get a missing split (README, Data): offline tasks rebuild from
+    """The one line that says how to get a missing split (docs/concepts/data.md): offline tasks rebuild from
     code; the others come from their original files, the hub, or a lab's own DVC remote (the project
     has none)."""
     if task in TASKS and TASKS[task].offline:
         return f"run `dare data build {task}` (rebuilt from code, byte-identical)"
     return (f"run `dare data build {task} --from <folder>` (or without --from where the Hugging Face hub is "
-            f"reachable), or `dvc remote add -d lab <url>` then `dvc pull` from your lab's remote (README, Data)")
+            f"reachable), or `dvc remote add -d lab <url>` then `dvc pull` from your lab's remote (docs/concepts/data.md)")
 
 
 def load_split(task: str, split: str, root: Path | None = None, *, build_missing: bool = True) -> list[dict]:

@@ -1,0 +1,170 @@
+"""The leaderboard in a real browser: `dare leaderboard` on loopback, opened in headless Chromium (Debian's
+chromium and chromium-driver, `make browser`). The end-to-end test drives it through these functions, and
+`make screenshot` takes the docs' two pictures with them:
+
+    python -m dare.app.screenshot docs/img      # landing.png (Overview), published.png (Published tab)
+
+The pictures show the committed results only (leaderboard/results/). Beside them, `screenshots.json`
+records the fingerprint of the results they show (`results_fingerprint`: the SHA-256 over every committed
+JSON's path and bytes); the browser test fails when the committed results have changed since, naming
+this command, so the docs never show results older than the repository's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from dare.utils import REPO_ROOT, atomic_write_json
+
+RECORD = "screenshots.json"
+PICTURES = {"landing.png": "Overview", "published.png": "Published"}  # file -> the tab it shows
+WINDOW = (1500, 1300)
+
+
+def results_fingerprint(root: Path | None = None) -> str:
+    """SHA-256 over the relative path and bytes of every *.json under `root` (default: the committed results,
+    leaderboard/results/), in path order: it changes when a result is added, removed or rewritten."""
+    root = Path(root or REPO_ROOT / "leaderboard" / "results")
+    digest = hashlib.sha256()
+    for path in sorted(root.glob("**/*.json")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def leaderboard(runs: list[Path] | None = None, port: int | None = None, env: dict | None = None):
+    """`dare leaderboard` on 127.0.0.1 (with `--runs` when given) until the block ends; yields its URL once the
+    port accepts connections (60 s at most), and stops the server after."""
+    port = port or free_port()
+    exe = Path(sys.executable).parent / "dare"
+    cmd = [str(exe), "leaderboard", "--port", str(port)] + [a for r in runs or [] for a in ("--runs", str(r))]
+    app = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           env={**os.environ, **(env or {})})
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline or app.poll() is not None:
+                    out = app.stdout.read().decode(errors="replace")[-2000:] if app.poll() is not None else ""
+                    raise RuntimeError(f"dare leaderboard did not start on port {port}: {out}")
+                time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        app.terminate()
+        app.wait(timeout=30)
+
+
+@contextmanager
+def chromium(width: int = WINDOW[0], height: int = WINDOW[1]):
+    """Headless Chromium through its WebDriver (both from `make browser`), quit when the block ends."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        raise RuntimeError("chromium and chromedriver are not installed: run `make browser`")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = shutil.which("chromium")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 f"--window-size={width},{height}", "--hide-scrollbars"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def page_text(driver) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.TAG_NAME, "body").text
+
+
+def wait_for(driver, text: str, timeout: float = 90) -> str:
+    """Wait until the page shows `text`; the page's text."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout).until(lambda d: text in page_text(d))
+    return page_text(driver)
+
+
+def open_tab(driver, label: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    next(t for t in driver.find_elements(By.CSS_SELECTOR, '[role="tab"]') if t.text == label).click()
+
+
+def table_rows(driver) -> list[str]:
+    """The text of every row of the static tables on the page (`st.table`), visible tab or not."""
+    from selenium.webdriver.common.by import By
+
+    return [row.get_attribute("textContent") for row in driver.find_elements(By.CSS_SELECTOR, "table tbody tr")]
+
+
+def take(out: Path) -> dict:
+    """The docs' pictures of the committed results: the Overview (landing.png) and the Published tab
+    (published.png), with `screenshots.json` (the results' fingerprint, the time, the command)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {"DARE_LEADERBOARD_RUNS": ""}  # committed results only
+    with leaderboard(env=env) as url, chromium() as driver:
+        driver.get(url)
+        wait_for(driver, "What is here.")
+        wait_for(driver, "★")
+        time.sleep(2)  # the charts draw after the tables
+        driver.save_screenshot(str(out / "landing.png"))
+        open_tab(driver, "Published")
+        wait_for(driver, "not run here")
+        driver.execute_script("window.scrollTo(0, 0)")
+        time.sleep(2)
+        driver.save_screenshot(str(out / "published.png"))
+    record = {"results": results_fingerprint(), "taken": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "command": "make screenshot", "pictures": sorted(PICTURES)}
+    atomic_write_json(out / RECORD, record)
+    return record
+
+
+def stale(folder: Path, results: Path | None = None) -> str | None:
+    """Why the pictures in `folder` do not show the committed results (`results`: another folder of them),
+    None when they do."""
+    path = Path(folder) / RECORD
+    missing = [name for name in PICTURES if not (Path(folder) / name).is_file()]
+    if missing or not path.is_file():
+        return f"{folder}: {', '.join(missing) or RECORD} missing: run `make screenshot`"
+    if json.loads(path.read_text()).get("results") != results_fingerprint(results):
+        return (f"{folder}: the pictures show older results than leaderboard/results/ holds now: run "
+                "`make screenshot` and commit them")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    out = Path(argv[0]) if argv else REPO_ROOT / "docs" / "img"
+    record = take(out)
+    print(f"{', '.join(f'{out}/{p}' for p in record['pictures'])} taken from the committed results "
+          f"(fingerprint {record['results'][:12]}); {out}/{RECORD} records it")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
