@@ -2,13 +2,10 @@
 panel), its torch-free loader, and an end-to-end check in a real headless Chromium."""
 
 import json
-import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
