@@ -10,9 +10,9 @@ _QWEN_TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, 
 SHRUNK = {
     "llada": dict(d_model=64, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=128),
     "dream": dict(_QWEN_TINY, head_dim=None),
-    "sdar": _QWEN_TINY,
-    "llada2": dict(_QWEN_TINY, moe_intermediate_size=32),
-    "sdar_moe": dict(_QWEN_TINY, moe_intermediate_size=32),
+    "sdar": dict(_QWEN_TINY, block_size=8),  # the block families: blocks of 8 (the configs' own field)
+    "llada2": dict(_QWEN_TINY, moe_intermediate_size=32, block_size=8),
+    "sdar_moe": dict(_QWEN_TINY, moe_intermediate_size=32, block_size=8),
     "lladamoe": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, dense_intermediate_size=128,
                      expert_intermediate_size=32),
 }
@@ -35,7 +35,7 @@ def build_released(family: str, device: str, dtype: str, shrink: bool):
     import torch
 
     name, model_class, config = released_config(family, **(SHRUNK[family] if shrink else {}))
-    if shrink:  # a small vocabulary, the special ids moved to its top (their order kept), blocks of 8
+    if shrink:  # a small vocabulary, the special ids moved to its top (their order kept)
         vocab = SHRUNK_VOCAB
         ids = sorted({v for k, v in config.to_dict().items() if k.endswith("_token_id") and isinstance(v, int)})
         moved = {old: vocab - len(ids) + i for i, old in enumerate(ids)}
@@ -45,8 +45,6 @@ def build_released(family: str, device: str, dtype: str, shrink: bool):
         config.vocab_size = vocab
         if hasattr(config, "embedding_size"):
             config.embedding_size = vocab
-        if hasattr(config, "block_size"):
-            config.block_size = 8
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))

@@ -283,13 +283,14 @@ def advice(plan: Plan, *, lora: bool, gradient_checkpointing: bool, micro_batch:
     if items.get("reference model") and not reference_offload:
         out.append(("train.reference_offload=true", items["reference model"]))
     opt = items.get("optimizer (AdamW moments)", 0)
+    master = items.get("weights (float32 master)", 0)
     if opt and not lora:
         out.append(("model.lora.rank=128 (LoRA: a frozen base, adapters trained)",
                     opt + items.get("gradients (float32)", 0)))
     if opt and not optimizer_offload and not lora and processes == 1:
-        out.append(("train.optimizer=adamw_offload model.dtype=bfloat16 (master and moments on the CPU)",
-                    opt + master / 2 + items.get("gradients (float32)", 0) / 2 if (master := items.get(
-                        "weights (float32 master)", 0)) else opt))
+        # the moments leave the device, and bf16 weights and gradients take half the float32 ones' bytes
+        halved = (master + items.get("gradients (float32)", 0)) / 2 if master else 0
+        out.append(("train.optimizer=adamw_offload model.dtype=bfloat16 (master and moments on the CPU)", opt + halved))
     gathered = items.get("gathered model for the rollout", 0)
     if gathered:
         out.append(("rl.gather_rollout=false (FSDP gathers per forward: slower rollouts)", gathered))
@@ -298,7 +299,6 @@ def advice(plan: Plan, *, lora: bool, gradient_checkpointing: bool, micro_batch:
         out.append(("rl.decoding.masked.cache=dual (a block of queries per forward, not the whole canvas)",
                     logits * 0.85))
         out.append(("rl.prompts_per_step halved (fewer rollout rows per GPU)", logits / 2))
-    master = items.get("weights (float32 master)", 0)
     if master:
         out.append((f"--gpus {processes * 2} (FSDP shards weights, gradients and optimizer)", (master + opt) / 2))
     out.sort(key=lambda t: -t[1])
