@@ -1,4 +1,5 @@
-"""The objectives baselines share: group advantages and PPO's clipped surrogate, per token and per sequence.
+"""The objectives baselines share: group advantages, PPO's clipped surrogate (per token and per sequence) and
+self-normalised clipped importance weights.
 Small functions a baseline's `algorithm.py` imports instead of writing them again."""
 
 from __future__ import annotations
@@ -44,3 +45,11 @@ def clipped_token_objective(ratio: torch.Tensor, adv: torch.Tensor, eps_low: flo
     D-TreeRPO."""
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
     return torch.min(ratio * adv, clipped * adv), clipped
+
+
+def clipped_self_normalized_weights(log_ratio: torch.Tensor, max_ratio: float) -> torch.Tensor:
+    """(..., G) -> (..., G) self-normalised importance weights of clipped ratios along the last dimension:
+    w_i = min(r_i, max_ratio) / sum_j min(r_j, max_ratio), from log-ratios as a softmax of min(log r, log
+    max_ratio) (no exp overflows). The clip is unconditional (it ignores the advantage's sign) and the weights of
+    a group sum to 1, so the update lies in the convex hull of the per-sample updates. StableDRL."""
+    return torch.softmax(log_ratio.clamp(max=math.log(max_ratio)), dim=-1)

@@ -1,0 +1,62 @@
+"""StableDRL defaults: the Block-R1 reference (`YanJiangJerry/Block-R1@fd7a1b8`): `rl/train.yaml`, the
+`stable_drl_*` fields of `rl/trainers/diffu_grpo_config.py` and `reproduce/stable_drl/stable_drl_gsm8k.sh`
+(LLaDA-8B-Instruct, 4 GPUs), unless noted."""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+
+
+@dataclass
+class StableDRL:
+    max_ratio: float = 5.0
+    """Unconditional clip of the sequence importance ratio before self-normalisation (`stable_drl_ais_clip_iw`):
+    w = min(r, max_ratio), whatever the advantage's sign."""
+    snis: bool = True
+    """Self-normalise the clipped ratios within each group (`stable_drl_use_snis`, True in Block-R1); False is
+    the reference's fallback, SPG's length-weighted sandwich without any ratio."""
+    negative: Literal["mix", "eubo", "elbo", "zero"] = "mix"
+    """The likelihood of the completions with advantage <= 0 (`stable_drl_logp_estimation`, derived from omega:
+    0 < omega < 1 gives the mixture omega EUBO + (1 - omega) ELBO)."""
+    beta: float = 1.5
+    """Renyi order of the EUBO (`stable_drl_spg_beta`)."""
+    omega: float = 0.5
+    """Mixture weight of the EUBO (`stable_drl_spg_omega`)."""
+    num_t: int = 1
+    """Monte Carlo draws per completion and update (`stable_drl_num_mc_samples`)."""
+    min_t: float = 0.0
+    max_t: float = 1.0
+    """The masked share inside a draw's block: a count in [max(1, int(len min_t)), int(len max_t)] (SPGConfig)."""
+    p_mask_prompt: float = 0.15
+    """Each prompt token and each token of the clean blocks before a draw's block is masked with it
+    (`stable_drl_p_mask_perturb`)."""
+    advantage: Literal["center", "grpo_std"] = "center"
+    """`stable_drl_advantage_mode`: r - mean of the group (the default), or GRPO's (r - mean) / (std + 1e-4)."""
+
+    def validate(self):
+        check(self.max_ratio > 0, "must be > 0", "max_ratio")
+        check(self.beta > 0, "must be > 0", "beta")
+        check(0 <= self.omega <= 1, "must be in [0, 1]", "omega")
+        check(self.num_t >= 1, "must be >= 1", "num_t")
+        check(0 <= self.min_t <= self.max_t <= 1, "need 0 <= min_t <= max_t <= 1", "min_t", "max_t")
+        check(0 <= self.p_mask_prompt < 1, "must be within [0, 1)", "p_mask_prompt")
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The reference trains LoRA r 128 / alpha 64 / dropout 0.05 on a 4-bit LLaDA-8B-Instruct (`rl/train.yaml`):
+    set model.path (and model.lora.* for the LoRA)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    # AdamW (0.9, 0.99), weight decay 0.1, grad-norm clip 0.2, lr 3e-6 constant (warmup ratio 1e-4); max_steps
+    # 5000 optimizer steps at mu = 12 (GSM8K): 417 rollout batches.
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(
+        steps=417, lr=3e-6, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2))
+    # 4 GPUs x 12 completions x grad-acc 1 = 48 completions = 8 prompts x G = 6 per step, mu = 12 (GSM8K, MATH;
+    # Sudoku 8). Rollout: 256 tokens, block 32, 128 steps, temperature 0.9 (the config's default).
+    rl: RLConfig = field(default_factory=lambda: RLConfig(
+        prompts_per_step=8, group_size=6, num_iterations=12,
+        decoding=DecodingConfig(gen_length=256, block_length=32, steps=128, temperature=0.9)))
+    algo: StableDRL = field(default_factory=StableDRL)
