@@ -29,13 +29,71 @@ def group_advantages(rewards: torch.Tensor, baseline: str = "mean", std: str = "
 
 
 def clipped_sequence_objective(log_ratio: torch.Tensor, adv: torch.Tensor, eps_low: float,
-                               eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+                               eps_high: float, dual_clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(B,) PPO's min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) for sequence-level log-ratios, taken in log space
     so exp never overflows (A >= 0: A exp(min(log r, log(1 + eps_high))); A < 0: A exp(max(log r, log(1 - eps_low))),
-    the same value and gradient), and (B,) bool: where the clip bites. ESPO, GDPO, EBPO."""
+    the same value and gradient), and (B,) bool: where the clip bites. ESPO, GDPO, EBPO.
+
+    dual_clip c > 1 (dual-clip PPO, Ye et al. 2020, arXiv:1912.09729, as verl's `compute_policy_loss` takes it with
+    `clip_ratio_c`): for A < 0 the objective is also bounded below by c A, i.e. log r is capped at log c there
+    (the same value and a zero gradient where it bites). BridgeRatio-GRPO."""
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip={dual_clip}: the dual clip needs c > 1")
+    low = math.log1p(-eps_low) if eps_low < 1 else -math.inf
+    cap = math.log(dual_clip) if dual_clip is not None else math.inf
     clipped = torch.where(adv >= 0, log_ratio.clamp(max=math.log1p(eps_high)),
-                          log_ratio.clamp(min=math.log1p(-eps_low) if eps_low < 1 else -math.inf))
+                          log_ratio.clamp(min=low).clamp(max=cap))
     return torch.exp(clipped) * adv, clipped != log_ratio
+
+
+def bridge_log_ratio(scores: torch.Tensor, old_scores: torch.Tensor, correction: str = "none",
+                     detach_correction: bool = True, eps: float = 1e-8) -> tuple[torch.Tensor, torch.Tensor]:
+    """The BridgeRatio estimate of a sequence's log policy ratio log p_theta(y) / p_old(y) from K denoising paths
+    tau_k shared by both policies (DARE pull request #21, `estimate_bridge_log_ratio`): scores (B, K, ...) the
+    paths' log-weights l_theta(tau_k), old_scores the same paths under the old policy.
+
+        log rho = logsumexp_k l_theta(tau_k) - logsumexp_k l_old(tau_k)
+
+    the ratio of the two path-sum estimates of the likelihood, rather than the difference of two averaged ELBOs.
+    `correction`, for the bias of the log of a K-sample mean:
+      none      as above;
+      delta     + 1/(2K) [CV^2(w_theta) - CV^2(w_old)], CV^2 the squared coefficient of variation of the paths'
+                weights w = exp(l) over k (the delta method; detached with `detach_correction`);
+      jackknife K log rho - (K - 1) x the mean of the K leave-one-path-out estimates (none for K = 1);
+      cumulant  E_q[d] + Var_q[d] / 2 with d_k = l_theta(tau_k) - l_old(tau_k) and q = softmax_k l_old (the
+                second-order cumulant expansion of log E_q exp d; q detached with `detach_correction`).
+    -> (log rho (B, ...), the correction: log rho minus the uncorrected estimate)."""
+    if scores.shape != old_scores.shape or scores.dim() < 2:
+        raise ValueError(f"scores {tuple(scores.shape)} and old_scores {tuple(old_scores.shape)}: two (B, K, ...) "
+                         "tensors of the same shape expected")
+    K = scores.shape[1]
+    plain = torch.logsumexp(scores, dim=1) - torch.logsumexp(old_scores, dim=1)
+    if correction == "none":
+        return plain, torch.zeros_like(plain)
+    if correction == "delta":
+        def cv2(logw):
+            w = torch.exp(logw - logw.amax(dim=1, keepdim=True))
+            return w.var(dim=1, unbiased=False) / w.mean(dim=1).square().clamp(min=eps)
+
+        term = (cv2(scores) - cv2(old_scores)) / (2 * K)
+        term = term.detach() if detach_correction else term
+        return plain + term, term
+    if correction == "jackknife":
+        if K < 2:
+            return plain, torch.zeros_like(plain)
+        drop = [torch.logsumexp(torch.cat([scores[:, :k], scores[:, k + 1:]], dim=1), dim=1)
+                - torch.logsumexp(torch.cat([old_scores[:, :k], old_scores[:, k + 1:]], dim=1), dim=1)
+                for k in range(K)]
+        out = K * plain - (K - 1) * torch.stack(drop, dim=1).mean(dim=1)
+        return out, out - plain
+    if correction == "cumulant":
+        d = scores - old_scores
+        q = torch.softmax(old_scores, dim=1)
+        q = q.detach() if detach_correction else q
+        mean = (q * d).sum(dim=1)
+        out = mean + 0.5 * (q * (d - mean.unsqueeze(1)).square()).sum(dim=1)
+        return out, out - plain
+    raise ValueError(f"correction={correction!r}: expected none, delta, jackknife or cumulant")
 
 
 def clipped_token_objective(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float,
