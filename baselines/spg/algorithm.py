@@ -33,7 +33,7 @@ its 4 masks with 2 accumulation steps, and 1 with 4).
 import torch
 
 from dare.train import noise
-from dare.train.estimators import draw_logps, renyi_eubo, token_mean_elbo
+from dare.train.estimators import draw_logps, sandwiched_likelihood
 from dare.train.objectives import group_advantages
 
 RECIPE = "rl"
@@ -95,11 +95,7 @@ def sequence_scores(logps, batch, draw, cfg) -> tuple[torch.Tensor, torch.Tensor
     and its ELBO and EUBO (B,) for the metrics."""
     a, P = cfg.algo, batch.prompt_length
     scored = draw.masked[:, :, P:] & batch.response_mask[:, None, :]
-    elbo = token_mean_elbo(logps, scored)
-    eubo = renyi_eubo(logps, scored, 1.0 / draw.t.clamp(min=1e-8), a.beta)
-    negative = {"mix": a.omega * eubo + (1 - a.omega) * elbo, "eubo": eubo, "elbo": elbo,
-                "zero": torch.zeros_like(elbo)}[a.negative]
-    return torch.where(batch.advantages > 0, elbo, negative), elbo, eubo
+    return sandwiched_likelihood(logps, scored, draw.t, batch.advantages, a.beta, a.omega, a.negative)
 
 
 def loss(logps, old_logps, ref_logps, batch, draw, cfg):

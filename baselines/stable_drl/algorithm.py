@@ -40,7 +40,7 @@ import math
 import torch
 
 from dare.train import noise
-from dare.train.estimators import draw_logps, renyi_eubo, token_mean_elbo
+from dare.train.estimators import draw_logps, sandwiched_likelihood, token_mean_elbo
 from dare.train.objectives import clipped_self_normalized_weights, group_advantages
 
 RECIPE = "rl"
@@ -88,11 +88,7 @@ def sandwich(logps, batch, draw, cfg) -> tuple[torch.Tensor, torch.Tensor, torch
     """(B,) SPG's sandwiched likelihood S_i (ELBO for A > 0, the negative bound otherwise), the ELBO and EUBO."""
     a, P = cfg.algo, batch.prompt_length
     scored = draw.masked[:, :, P:] & batch.response_mask[:, None, :]
-    elbo = token_mean_elbo(logps, scored)
-    eubo = renyi_eubo(logps, scored, 1.0 / draw.t.clamp(min=1e-8), a.beta)
-    negative = {"mix": a.omega * eubo + (1 - a.omega) * elbo, "eubo": eubo, "elbo": elbo,
-                "zero": torch.zeros_like(elbo)}[a.negative]
-    return torch.where(batch.advantages > 0, elbo, negative), elbo, eubo
+    return sandwiched_likelihood(logps, scored, draw.t, batch.advantages, a.beta, a.omega, a.negative)
 
 
 def loss(logps, old_logps, ref_logps, batch, draw, cfg):

@@ -402,6 +402,20 @@ def renyi_eubo(logps: torch.Tensor, scored: torch.Tensor, weight: torch.Tensor, 
     return total / covered.sum(dim=1).clamp(min=1) / beta
 
 
+def sandwiched_likelihood(logps: torch.Tensor, scored: torch.Tensor, t: torch.Tensor, advantages: torch.Tensor,
+                          beta: float, omega: float, negative: str = "mix"
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SPG's sandwiched likelihood: ((B,) the score each completion is trained on, its ELBO, its EUBO): the ELBO
+    (`token_mean_elbo`) where the advantage is positive, the negative bound elsewhere: `negative` = "mix",
+    omega EUBO + (1 - omega) ELBO (`renyi_eubo` with the draws' 1/t weights), or "eubo", "elbo", "zero".
+    logps, scored: (B, n, G); t: (B, n) each draw's masked share; advantages: (B,). SPG, StableDRL."""
+    elbo = token_mean_elbo(logps, scored)
+    eubo = renyi_eubo(logps, scored, 1.0 / t.clamp(min=1e-8), beta)
+    bound = {"mix": lambda: omega * eubo + (1 - omega) * elbo, "eubo": lambda: eubo, "elbo": lambda: elbo,
+             "zero": lambda: torch.zeros_like(elbo)}[negative]()
+    return torch.where(advantages > 0, elbo, bound), elbo, eubo
+
+
 def block_diffusion_logps(model, x_noisy: torch.Tensor, clean: torch.Tensor, where: torch.Tensor,
                           attention_mask: torch.Tensor | None = None, chunk: int = 1024,
                           fused: bool = True) -> torch.Tensor:
