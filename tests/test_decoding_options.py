@@ -116,6 +116,17 @@ def test_the_flat_form_reads_the_options_of_the_sampler_that_runs():
         "masked": {k: getattr(d.masked, k) for k in decoding.OWNERS if "masked" in decoding.OWNERS[k]}}
 
 
+def test_a_saved_configs_flat_decoding_with_its_runtime_setting_reads_back():
+    """A run's saved config keeps `compile` (a runtime setting, never hashed) beside the flat decoding: reading it
+    into today's layout keeps it where it belongs, a common setting, and the hash does not see it (the committed
+    StableDRL and BridgeRatio results' configs failed here with KeyError: 'compile')."""
+    d = DecodingConfig(compile=False, masked={"threshold": 0.9})
+    saved = {**decoding.flat(d, "llada"), "compile": None}
+    back = decoding.from_flat(saved, "llada")
+    assert back["compile"] is None and back["masked"]["threshold"] == 0.9
+    assert decoding.hashed(load(DecodingConfig, data=back), "llada") == decoding.hashed(d, "llada")
+
+
 def test_a_results_decoding_record_keeps_its_flat_schema():
     from dare.eval import decoding_record
     from dare.results import Decoding
@@ -187,7 +198,8 @@ def test_every_committed_run_keeps_its_config_and_recipe_hash():
 
 def test_every_committed_evaluation_keeps_its_result_hash():
     """The eval hash in each committed result's run id, recomputed from the evaluation config saved beside it
-    (flat decoding keys, read into today's layout); the bench results' from their decoding record."""
+    (an older run's flat decoding keys read into today's layout; a newer run's saved in it, sections and the
+    runtime `compile` included); the bench results' from their decoding record."""
     from dare.eval import decoding_for, result_hash
 
     checked = 0
@@ -196,7 +208,9 @@ def test_every_committed_evaluation_keeps_its_result_hash():
         beside = Path(path).parent / "config.yaml"
         if beside.is_file():
             data = read_yaml(beside)
-            data["eval"]["decoding"] = decoding.from_flat(data["eval"]["decoding"])
+            saved = data["eval"]["decoding"]
+            if not any(isinstance(saved.get(s), dict) for s in decoding.OPTIONS):  # saved before the sections
+                data["eval"]["decoding"] = decoding.from_flat(saved)
             cfg = load(EvalRunConfig, data=data)
             name, family = result["benchmark"]["name"], result["model"]["family"]
             digest = result_hash(cfg, name, decoding_for(cfg, family, name)[0], family)

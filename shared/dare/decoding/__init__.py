@@ -168,11 +168,12 @@ def from_flat(values: Mapping[str, Any], family: str | None = None) -> dict[str,
     common settings as they are, each option in the section of every sampler that may run and has it
     (`used`: for sampler=auto and no `family` both of `AUTO`, as the option applied to whichever ran),
     where that section accepts the value. An option no such sampler has was ignored by the sampler; it is
-    kept, in its first owner's section, when it is not its default."""
-    out: dict[str, Any] = {k: v for k, v in values.items() if k in COMMON}
+    kept, in its first owner's section, when it is not its default. The runtime settings (`RUNTIME`: a recorded
+    run's saved config has them beside the flat decoding) stay as they are."""
+    out: dict[str, Any] = {k: v for k, v in values.items() if k in COMMON or k in RUNTIME}
     runs = used(values.get("sampler", "auto"), family)
     for name, value in values.items():
-        if name in COMMON:
+        if name in COMMON or name in RUNTIME:
             continue
         if name not in OWNERS:
             raise KeyError(name)
