@@ -119,11 +119,11 @@ def curve_chart(rows: list[dict], x: str, y: str, budget: float | None = None) -
     return lines + rule
 
 
-def dot_plot(rows: list[dict], y: str, color: str, title: str, order: list[str] | None = None) -> alt.Chart:
+def dot_plot(rows: list[dict], y: str, color: str, title: str, order: list[str]) -> alt.Chart:
     """Means as dots with their 95% intervals as bars, one line per `y` label (every label shown in full), the
     axis fitted to the values (not 0-100), full width."""
     df = pd.DataFrame(rows)
-    y_enc = alt.Y(f"{y}:N", title=None, sort=order or "-x", axis=alt.Axis(labelLimit=600))
+    y_enc = alt.Y(f"{y}:N", title=None, sort=order, axis=alt.Axis(labelLimit=600))
     x_title = f"{title}, % (mean and 95% interval over seeds)"
     base = alt.Chart(df).encode(y=y_enc, yOffset=alt.YOffset(f"{color}:N"), color=alt.Color(f"{color}:N", legend=alt.Legend(
         orient="bottom", columns=4, labelLimit=400)), tooltip=[y, color, "mean", "low", "high", "n"])

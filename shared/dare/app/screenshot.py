@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -55,7 +56,8 @@ def leaderboard(runs: list[Path] | None = None, port: int | None = None, env: di
     port = port or free_port()
     exe = Path(sys.executable).parent / "dare"
     cmd = [str(exe), "leaderboard", "--port", str(port)] + [a for r in runs or [] for a in ("--runs", str(r))]
-    app = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    log = tempfile.TemporaryFile()  # the server's output, read only to say why it did not start (a pipe nobody
+    app = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,  # reads could fill and block)
                            env={**os.environ, **(env or {})})
     try:
         deadline = time.time() + 60
@@ -65,13 +67,15 @@ def leaderboard(runs: list[Path] | None = None, port: int | None = None, env: di
                 break
             except OSError:
                 if time.time() > deadline or app.poll() is not None:
-                    out = app.stdout.read().decode(errors="replace")[-2000:] if app.poll() is not None else ""
+                    log.seek(0)
+                    out = log.read().decode(errors="replace")[-2000:]
                     raise RuntimeError(f"dare leaderboard did not start on port {port}: {out}")
                 time.sleep(0.5)
         yield f"http://127.0.0.1:{port}"
     finally:
         app.terminate()
         app.wait(timeout=30)
+        log.close()
 
 
 @contextmanager
@@ -121,6 +125,13 @@ def table_rows(driver) -> list[str]:
     return [row.get_attribute("textContent") for row in driver.find_elements(By.CSS_SELECTOR, "table tbody tr")]
 
 
+def _save(driver, path: Path) -> None:
+    """The page's picture at `path`, written whole or not at all (beside it, then renamed)."""
+    part = path.with_name(f".{path.name}.part.png")
+    driver.save_screenshot(str(part))
+    os.replace(part, path)
+
+
 def take(out: Path) -> dict:
     """The docs' pictures of the committed results: the Overview (landing.png) and the Published tab
     (published.png), with `screenshots.json` (the results' fingerprint, the time, the command)."""
@@ -132,12 +143,12 @@ def take(out: Path) -> dict:
         wait_for(driver, "What is here.")
         wait_for(driver, "★")
         time.sleep(2)  # the charts draw after the tables
-        driver.save_screenshot(str(out / "landing.png"))
+        _save(driver, out / "landing.png")
         open_tab(driver, "Published")
         wait_for(driver, "not run here")
         driver.execute_script("window.scrollTo(0, 0)")
         time.sleep(2)
-        driver.save_screenshot(str(out / "published.png"))
+        _save(driver, out / "published.png")
     record = {"results": results_fingerprint(), "taken": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
               "command": "make screenshot", "pictures": sorted(PICTURES)}
     atomic_write_json(out / RECORD, record)
