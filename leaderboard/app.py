@@ -396,7 +396,11 @@ with speed:
         st.dataframe(training, hide_index=True, key="train_speed")
         st.caption("gain: how many times better the accelerated pipeline is (faster, less memory); on the mean-reward "
                    "row, its reward over the naive one's: below 1, the speed cost rollout quality.")
-    if not len(rollout) and not len(training):
+    gpu = pd.DataFrame(load.gpu_target_rows(bench))
+    if len(gpu):
+        st.markdown("**GPU acceptance** (`dare bench gpu --device cuda`, released shapes with random weights, bf16)")
+        st.dataframe(gpu, hide_index=True, key="gpu_targets")
+    if not len(rollout) and not len(training) and not len(gpu):
         st.info("No throughput results yet: run `dare bench rollout` or `dare bench train`.")
 
 with detail:

@@ -455,7 +455,9 @@ def _round(x: float | None, digits: int = 1) -> float | None:
     """Speed numbers to a sensible precision: 3 significant digits, at most `digits` decimals."""
     if x is None:
         return None
-    return round(x, min(digits, max(0, 2 - int(math.floor(math.log10(abs(x)))))) if x else 0.0)
+    if not x:  # a zero has no magnitude (log10 fails)
+        return 0.0
+    return round(x, min(digits, max(0, 2 - int(math.floor(math.log10(abs(x)))))))
 
 
 def report_hardware(report: dict) -> str:
@@ -493,6 +495,23 @@ def training_speed_rows(reports) -> list[dict]:
                             "gain": fast / naive if naive else None, "hardware": hw, "report": path.name})
     return [{**row, **{k: _round(row[k], 2) if _number(row[k]) else None for k in ("baseline", "accelerated", "gain")}}
             for row in out]
+
+
+def gpu_target_rows(reports) -> list[dict]:
+    """`dare bench gpu` reports at the released shapes (shrunk CPU runs left out): one row per target, what was
+    measured against what was asked, the newest report first."""
+    out = []
+    for path, rep in reports:
+        if rep.get("kind") != "bench.gpu" or rep.get("shrunk") is not False or not isinstance(rep.get("targets"), list):
+            continue
+        for t in (x for x in rep["targets"] if isinstance(x, dict)):
+            met = t.get("met")
+            out.append({"date": str(rep.get("created", ""))[:10], "card": rep.get("card"),
+                        "target": t.get("target"), "measured": _round(t["measured"], 4) if _number(t.get("measured"))
+                        else None, "need": t.get("need"), "unit": t.get("unit"),
+                        "verdict": {True: "met", False: "missed"}.get(met, "not measured"),
+                        "commit": str(_dict(rep.get("git")).get("commit", ""))[:7], "report": path.name})
+    return sorted(out, key=lambda r: r["date"], reverse=True)
 
 
 def run_rows(items) -> list[dict]:

@@ -170,6 +170,32 @@ def test_bench_reports_are_read_with_the_same_guards(load, tmp_path):
     assert _invalid(load) == {"bench-deep.json": f"nested deeper than {MAX_DEPTH} levels"}
 
 
+def test_gpu_acceptance_rows_come_from_released_reports_only(load, tmp_path):
+    """`dare bench gpu` reports: one row per target with its verdict; the suite's shrunk CPU runs and a report
+    whose targets are not a list (or hold non-dicts) give no row and no crash."""
+    committed = tmp_path / "committed"
+    target = {"target": "dual cache over vanilla", "measured": 6.4437, "need": 5.0, "met": True, "unit": "x"}
+    base = {"kind": "bench.gpu", "card": "NVIDIA H200", "created": "2026-11-27T14:57:53Z",
+            "git": {"commit": "07810c8f501b"}}
+    _write(committed, {**base, "shrunk": False, "targets": [target, {**target, "met": False}, {**target, "met": None},
+                                                            "junk"]}, "gpu-real.json")
+    _write(committed, {**base, "shrunk": True, "targets": [target]}, "gpu-shrunk.json")
+    _write(committed, {**base, "shrunk": False, "targets": {"a": 1}}, "gpu-shape.json")
+    rows = load.gpu_target_rows(load.load_bench())
+    assert [(r["report"], r["verdict"], r["measured"], r["card"], r["commit"], r["date"]) for r in rows] == [
+        ("gpu-real.json", v, 6.44, "NVIDIA H200", "07810c8", "2026-11-27") for v in ("met", "missed", "not measured")]
+
+
+def test_the_committed_gpu_report_gives_its_targets(monkeypatch):
+    """The first H200 run (leaderboard/results/bench-gpu/): its 9 targets, 5 met."""
+    monkeypatch.syspath_prepend(str(REPO / "leaderboard"))
+    import load
+
+    rows = [r for r in load.gpu_target_rows(load.load_bench([])) if r["report"].startswith("gpu-NVIDIA_H200-2026-11-27")]
+    assert len(rows) == 9 and sum(r["verdict"] == "met" for r in rows) == 5
+    assert {r["measured"] for r in rows if r["unit"] == "calls"} == {0.0}  # a zero is shown, not an error
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. No file makes the app read or show another file
 # ---------------------------------------------------------------------------------------------
