@@ -30,7 +30,7 @@ committed each generated position and, with `record_trajectory`, the response af
 
 import torch
 
-from dare.rollout import block, dream, llada, maskgit, tree, truncated
+from dare.rollout import block, dream, dynamic, llada, maskgit, tree, truncated
 from dare.rollout.core import RolloutOutput, decode_responses, left_pad, response_mask
 from dare.models import facts
 from dare.utils import UserError
@@ -76,7 +76,7 @@ def generate(model, prompt_ids, prompt_mask, decoding, generator=None, marker_id
     if decoding.tree:
         return tree.generate(model, prompt_ids, prompt_mask, decoding, generator)
     if name == "block" and decoding.block.dynamic:
-        return block.generate(model, prompt_ids, prompt_mask, decoding, generator, marker_id)
+        return dynamic.generate(model, prompt_ids, prompt_mask, decoding, generator, marker_id)
     return SAMPLERS[name](model, prompt_ids, prompt_mask, decoding, generator)
 
 

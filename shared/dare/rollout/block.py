@@ -98,16 +98,12 @@ def choose(logits: torch.Tensor, decoding, mask_id: int, generator) -> tuple[tor
 
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decoding,
-             generator: torch.Generator | None = None, marker_id: int | None = None) -> RolloutOutput:
-    """`marker_id`: the token that ends a block under `decoding.block.dynamic` (b1's dynamic-size blocks,
-    `dare.rollout.dynamic`); unused with the model's fixed blocks."""
+             generator: torch.Generator | None = None) -> RolloutOutput:
     f, o = facts(model), decoding.block  # o: this sampler's options (`dare.decoding.block`)
     if f.block_size is None:
         raise ValueError("the block sampler needs a block-causal model (SDAR, LLaDA2); use sampler=masked")
-    if o.dynamic:
-        from dare.rollout import dynamic
-
-        return dynamic.generate(model, prompt_ids, prompt_mask, decoding, generator, marker_id)
+    if o.dynamic:  # b1's dynamic-size blocks: `dare.rollout.generate` runs them (`dare.rollout.dynamic`)
+        raise ValueError("decoding.block.dynamic: decode through dare.rollout.generate (dare.rollout.dynamic)")
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device).bool()
     bs, G, mask_id = f.block_size, decoding.gen_length, f.mask_token_id

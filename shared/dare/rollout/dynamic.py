@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 import dare.rollout.core as rollout_core
 from dare.models import facts
+from dare.rollout.block import choose
 from dare.rollout.core import RolloutOutput, any_rank, commit_quota, response_mask, sharded
 from dare.utils import UserError
 
@@ -80,8 +81,6 @@ def block_reward(entropies: torch.Tensor, counts: torch.Tensor, target: int) -> 
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decoding, generator=None,
              marker_id: int | None = None) -> RolloutOutput:
-    from dare.rollout.block import choose
-
     f, o = facts(model), decoding.block
     if marker_id is None:
         raise UserError("decoding.block.dynamic: the marker's token id is needed (dare.rollout.dynamic.marker_id)")
