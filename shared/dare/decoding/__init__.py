@@ -60,10 +60,13 @@ FLAT = {"sampler": "auto", "gen_length": 256, "block_length": 32, "steps": 128, 
         "alg": "maskgit_plus", "alg_temp": 0.0, "top_p": 1.0, "top_k": 0, "eps": 1e-3, "logits_eos_inf": False,
         "confidence_eos_eot_inf": False, "eos_early_stop": False, "editing_threshold": 0.0, "max_post_steps": 16,
         "record_trajectory": False, "schedule": "even", "ass_blocks": 1, "eos_gamma_min": 1.0,
-        "eos_gamma_max": 1.0, "rcr": False, "tree": (), "further_horizon": 0, "whole_last_block": True}
+        "eos_gamma_max": 1.0, "rcr": False, "tree": (), "further_horizon": 0, "whole_last_block": True,
+        "dynamic": False, "dynamic_max_block": 0, "dynamic_marker": "block", "dynamic_min_offset": 1,
+        "dynamic_reward": 0.0, "dynamic_target_blocks": 10}
 """The flat layout's names and defaults, in its order (every option's default is its section's)."""
 FLAT_ADDED = ("schedule", "ass_blocks", "eos_gamma_min", "eos_gamma_max", "rcr", "tree", "further_horizon",
-              "whole_last_block")
+              "whole_last_block", "dynamic", "dynamic_max_block", "dynamic_marker", "dynamic_min_offset",
+              "dynamic_reward", "dynamic_target_blocks")
 """Flat settings added after results were published: hashed only when they differ from their default."""
 
 OWNERS: dict[str, tuple[str, ...]] = {}
@@ -115,6 +118,8 @@ def runtime_rules(d, family: str | None = None):
         yield (d.masked.cache in ("prefix", "dual"), "the masked sampler's captured step is the cached one: set "
                "masked.cache=prefix or dual", "compile", "masked.cache")
     if runs == "block":
+        yield (not d.block.dynamic, "dynamic blocks decode eagerly (no captured step): leave compile unset",
+               "compile", "block.dynamic")
         yield (d.block.cache != "none", "the block sampler's captured step reads its cache: block.cache=none "
                "recomputes the prefix eagerly", "compile", "block.cache")
 

@@ -84,6 +84,9 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
 
     prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
     generator = make_generator(seed, f"eval:{task_name}:{split}")
+    from dare.rollout.dynamic import marker_id
+
+    marker = marker_id(tokenizer, decoding)  # dynamic blocks' marker token (None: fixed blocks)
     samples, values = [], defaultdict(list)
     nfe_total, tokens_total, committed_total = 0, 0, 0
     model.eval()
@@ -93,7 +96,7 @@ def evaluate_model(model, tokenizer, task_name: str, split: str, decoding, batch
         for start in range(0, len(rows), batch_size):
             chunk = rows[start:start + batch_size]
             ids, mask = left_pad(prompts[start:start + batch_size], f.pad_token_id)
-            out = generate(model, ids, mask, decoding, generator)
+            out = generate(model, ids, mask, decoding, generator, marker)
             texts = decode_responses(tokenizer, out.responses, f.stop_ids)
             nfe_total += out.nfe * len(chunk)
             tokens_total += int(out.response_mask.sum())

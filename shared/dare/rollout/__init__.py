@@ -12,7 +12,8 @@ defined and checked at config load by `dare.decoding`):
     masked   LLaDA's reference sampler + Fast-dLLM prefix/dual cache, threshold/factor parallel
              decoding (`dare.rollout.llada`); Dream runs here too through its aligned logits
     dream    Dream's own algorithms: origin, maskgit_plus, topk_margin, entropy (`dare.rollout.dream`)
-    block    SDAR / LLaDA2 block diffusion with a cache of committed blocks (`dare.rollout.block`)
+    block    SDAR / LLaDA2 block diffusion with a cache of committed blocks (`dare.rollout.block`); with
+             `block.dynamic` b1's dynamic-size blocks ended by a marker token (`dare.rollout.dynamic`)
     maskgit  MDPO's sampler: MaskGIT schedule, top-p/top-k confidences, running-confidence
              remasking (`rcr`, `dare.rollout.maskgit`)
     truncated AGRPO's sampler: a fixed count per step, top-k/top-p truncation, the drawn log-probs,
@@ -29,7 +30,7 @@ committed each generated position and, with `record_trajectory`, the response af
 
 import torch
 
-from dare.rollout import block, dream, llada, maskgit, tree, truncated
+from dare.rollout import block, dream, dynamic, llada, maskgit, tree, truncated
 from dare.rollout.core import RolloutOutput, decode_responses, left_pad, response_mask
 from dare.models import facts
 from dare.utils import UserError
@@ -61,7 +62,9 @@ BIDIRECTIONAL_ONLY = ("maskgit", "truncated")
 """Samplers that decode bidirectional (masked) models only."""
 
 
-def generate(model, prompt_ids, prompt_mask, decoding, generator=None) -> RolloutOutput:
+def generate(model, prompt_ids, prompt_mask, decoding, generator=None, marker_id=None) -> RolloutOutput:
+    """`marker_id`: the token that ends a block under the block sampler's dynamic blocks (`decoding.block.dynamic`;
+    `dare.rollout.dynamic.marker_id(tokenizer, decoding)`)."""
     name = sampler_name(model, decoding)
     if name in BIDIRECTIONAL_ONLY and facts(model).attention == "block_causal":
         raise UserError(f"decoding.sampler={name}: this sampler decodes bidirectional (masked) models; this model is "
@@ -72,6 +75,8 @@ def generate(model, prompt_ids, prompt_mask, decoding, generator=None) -> Rollou
     generator = on_device(generator, next(model.parameters()).device)
     if decoding.tree:
         return tree.generate(model, prompt_ids, prompt_mask, decoding, generator)
+    if name == "block" and decoding.block.dynamic:
+        return dynamic.generate(model, prompt_ids, prompt_mask, decoding, generator, marker_id)
     return SAMPLERS[name](model, prompt_ids, prompt_mask, decoding, generator)
 
 

@@ -102,6 +102,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     f, o = facts(model), decoding.block  # o: this sampler's options (`dare.decoding.block`)
     if f.block_size is None:
         raise ValueError("the block sampler needs a block-causal model (SDAR, LLaDA2); use sampler=masked")
+    if o.dynamic:  # b1's dynamic-size blocks: `dare.rollout.generate` runs them (`dare.rollout.dynamic`)
+        raise ValueError("decoding.block.dynamic: decode through dare.rollout.generate (dare.rollout.dynamic)")
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device).bool()
     bs, G, mask_id = f.block_size, decoding.gen_length, f.mask_token_id

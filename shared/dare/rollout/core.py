@@ -44,6 +44,11 @@ class RolloutOutput:
     the rollout/trainer agreement (`dare.train.diagnostics`). The masked and block samplers record it."""
     steps_done: int = 0
     """Decoding steps made (the masked sampler; a partial rollout continues from here)."""
+    segments: torch.Tensor | None = None
+    """(B, G) long: the block of each generated position, 0 = the response's first (dynamic blocks,
+    `decoding.block.dynamic`: each row's own layout; None where the blocks are the model's fixed ones)."""
+    block_reward: torch.Tensor | None = None
+    """(B,) float32: b1's block-entropy reward of each row (dynamic blocks; `dare.rollout.dynamic`)."""
 
     @property
     def responses(self) -> torch.Tensor:

@@ -297,7 +297,10 @@ def transition_sizes(rounds: torch.Tensor, on: torch.Tensor, segment: torch.Tens
 
 def rollout_segments(batch) -> torch.Tensor:
     """(B, G) the segment of each completion position of an RL batch: its block for a block-causal
-    model (counted as the sampler counts them, `blocks`), 0 everywhere for a masked model."""
+    model (counted as the sampler counts them, `blocks`), 0 everywhere for a masked model; with dynamic
+    blocks (`decoding.block.dynamic`) the block each row decoded it in (`batch.segments`, 0 = the first)."""
+    if getattr(batch, "segments", None) is not None:
+        return batch.segments
     if batch.block_size is None:
         return torch.zeros_like(batch.step_map)
     return blocks(batch.attention_mask, batch.block_size)[:, batch.prompt_length:]

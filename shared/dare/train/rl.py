@@ -64,6 +64,7 @@ import torch
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.rollout import decode_responses, generate, left_pad
+from dare.rollout.dynamic import marker_id
 from dare.train.batches import backward_by_parts, micro_slices, take
 from dare.train.checkpoint import save_final
 from dare.train.loop import Loop, build_model
@@ -113,6 +114,10 @@ class RLBatch:
     block_size: int | None = None
     """The model's block (block-causal models), counted from each row's first prompt token as the sampler counts
     it (`dare.train.noise.blocks`); None for bidirectional models."""
+    segments: torch.Tensor | None = None
+    """(B, G) long: each completion position's block as the rollout decoded it (dynamic blocks,
+    `decoding.block.dynamic`: each row's own layout, 0 = the first); None: the model's fixed blocks.
+    `dare.train.noise.rollout_segments` returns it, so the block estimators' draws follow each row's layout."""
     mask_token_id: int | None = None
     eos_token_id: int | None = None
     # --- rewards and advantages
@@ -200,6 +205,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     rollout_cfg = replace(cfg.rl.decoding, **hooks.rollout_options(cfg))
     if f.block_size is not None:  # the sampler's canvas ends where the trainer's batch does
         rollout_cfg = replace(rollout_cfg, whole_last_block=False)
+    marker = marker_id(tokenizer, rollout_cfg)  # the token that ends a dynamic block (None: fixed blocks)
     compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
     micro = cfg.train.micro_batch_size
 
@@ -229,10 +235,12 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
             policy.eval()
             counter.take()  # what ran between steps (checkpoints, a rollback) is not this step's
             with trainer.autocast(), counter.phase("rollout"), gathered(policy, cfg.rl.gather_rollout):
-                out = generate(policy, ids.to(dist.device), mask.to(dist.device), rollout_cfg, rollout_gen)
+                out = generate(policy, ids.to(dist.device), mask.to(dist.device), rollout_cfg, rollout_gen, marker)
             texts = decode_responses(tokenizer, out.responses, f.stop_ids)
             rewards = torch.tensor(task.rewards(texts, [rows[i] for i in row_of], style=cfg.data.reward),
                                    dtype=torch.float32, device=out.sequences.device)
+            if out.block_reward is not None and rollout_cfg.block.dynamic_reward:  # b1's block-entropy reward
+                rewards = rewards + rollout_cfg.block.dynamic_reward * out.block_reward.to(rewards.device)
             advantages = hooks.advantages(rewards.view(-1, G), cfg).reshape(-1)
             totals = dist.sum({"tokens": float(out.response_mask.sum()), "rows": float(len(row_of)),
                                "active": float((advantages != 0).sum())})
@@ -244,7 +252,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
 
             batch = RLBatch(
                 sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
-                response_mask=out.response_mask, step_map=out.step_map, decoding=rollout_cfg,
+                response_mask=out.response_mask, step_map=out.step_map, decoding=rollout_cfg, segments=out.segments,
                 trajectory=None if out.trajectory is None else out.trajectory.transpose(0, 1),
                 rollout_logps=out.logps, rollout_entropies=out.entropies, supports=out.supports,
                 commit_logps=out.commit_logps,
@@ -539,13 +547,24 @@ def validate(policy, trainer, tokenizer, task, rows: list[dict], decoding, gener
     ids, mask = left_pad(encode_chat(tokenizer, [r["prompt"] for r in mine]), f.pad_token_id)
     policy.eval()
     with torch.no_grad(), trainer.autocast(), gathered(policy, gather):
-        out = generate(policy, ids.to(dist.device), mask.to(dist.device), decoding, generator)
+        out = generate(policy, ids.to(dist.device), mask.to(dist.device), decoding, generator,
+                       marker_id(tokenizer, decoding))
     sums: dict[str, float] = {"count": float(len(mine))}
     for scores in task.scores(decode_responses(tokenizer, out.responses, f.stop_ids), mine):
         for k, v in scores.items():
             sums[k] = sums.get(k, 0.0) + float(v)
     totals = dist.sum(sums)
     return {f"val/{k}": v / totals["count"] for k, v in totals.items() if k != "count"}
+
+
+def dynamic_stats(dist, out, rows: int) -> dict:
+    """Dynamic blocks (`decoding.block.dynamic`): the mean block-entropy reward and number of blocks decoded
+    per completion (collective where there are any; nothing with the model's fixed blocks)."""
+    if out.segments is None:
+        return {}
+    blocks = (out.segments.masked_fill(~out.response_mask.bool(), -1).amax(dim=1) + 1).float()
+    s = dist.sum({"reward": float(out.block_reward.sum()), "blocks": float(blocks.sum())})
+    return {"rollout/block_reward": s["reward"] / rows, "rollout/blocks": s["blocks"] / rows}
 
 
 def step_metrics(dist, batch: RLBatch, out, mu: int, sums: dict, lr: float, times: dict) -> dict:
@@ -560,7 +579,7 @@ def step_metrics(dist, batch: RLBatch, out, mu: int, sums: dict, lr: float, time
     var = max(0.0, stats["reward_sq"] / rows - mean ** 2) * rows / max(1, rows - 1)
     return {"rollout/reward_mean": mean, "rollout/reward_std": var ** 0.5,
             "rollout/zero_std_groups": stats["zero_std"] / (rows / G),
-            "rollout/response_tokens": batch.num_tokens / rows, **sums, "optim/lr": lr,
+            "rollout/response_tokens": batch.num_tokens / rows, **sums, "optim/lr": lr, **dynamic_stats(dist, out, rows),
             "perf/rollout_tokens_per_s": stats["new_tokens"] / times["time/rollout_s"],
             "perf/train_tokens_per_s": stats["seq_tokens"] * mu / max(times["time/logp_s"] + times["time/update_s"], 1e-9),
             **times}
