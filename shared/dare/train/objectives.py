@@ -1,5 +1,5 @@
-"""The objectives baselines share: group advantages, PPO's clipped surrogate (per token and per sequence) and
-self-normalised clipped importance weights.
+"""The objectives baselines share: group advantages, PPO's clipped surrogate (per token and per sequence),
+self-normalised clipped importance weights and the clipped log-ratio regression.
 Small functions a baseline's `algorithm.py` imports instead of writing them again."""
 
 from __future__ import annotations
@@ -111,3 +111,15 @@ def clipped_self_normalized_weights(log_ratio: torch.Tensor, max_ratio: float) -
     max_ratio) (no exp overflows). The clip is unconditional (it ignores the advantage's sign) and the weights of
     a group sum to 1, so the update lies in the convex hull of the per-sample updates. StableDRL."""
     return torch.softmax(log_ratio.clamp(max=math.log(max_ratio)), dim=-1)
+
+
+def clipped_log_ratio_regression(log_ratio: torch.Tensor, target: torch.Tensor, eps_low: float, eps_high: float,
+                                 scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(...) the squared error (scale x clip(log r, log(1 - eps_low), log(1 + eps_high)) - target)^2 of a sequence
+    log-ratio regressed onto a target, and (...) bool: where the clip bites (the clip is two-sided, whatever the
+    target's sign, and the term has no gradient there). Unclipped, its minimum is log r = target / scale: the old
+    policy tilted by exp(target / scale), the closed-form optimum of a KL-regularised objective with that reward.
+    GDSD (target psi x A, scale 1 / generation length)."""
+    low = math.log1p(-eps_low) if eps_low < 1 else -math.inf
+    clipped = log_ratio.clamp(min=low, max=math.log1p(eps_high))
+    return (scale * clipped - target) ** 2, clipped != log_ratio
