@@ -19,7 +19,7 @@ from test_results import make_result
 
 REPO = Path(__file__).resolve().parent.parent
 ROOT = REPO / "reproductions"
-NONE_PUBLISHED = {"agrpo", "ebpo", "stable_drl", "bridgeratio_grpo"}  # the sources give no score of theirs (each file says why)
+NONE_PUBLISHED = {"agrpo", "ebpo", "stable_drl", "bridgeratio_grpo", "rldf"}  # the sources give no score of theirs (each file says why)
 
 
 @pytest.fixture

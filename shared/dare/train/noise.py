@@ -334,3 +334,55 @@ def trajectory_states(trajectory: torch.Tensor, steps: torch.Tensor, mask_id: in
     before = torch.cat([torch.full_like(trajectory[:, :1], mask_id), trajectory[:, :-1]], dim=1)
     states = before.gather(1, steps[..., None].expand(-1, -1, trajectory.shape[-1]))
     return states, states == mask_id
+
+
+UNIFORM_STEP_TEMPERATURE = 1e4
+"""`weighted_steps`: at or above this temperature the steps are drawn uniformly (Drift's `UNIFORM_TEMP_THRESHOLD`)."""
+
+
+def weighted_steps(step_map: torch.Tensor, on: torch.Tensor, k: int, generator: torch.Generator,
+                   scores: torch.Tensor | None = None, temperature: float = float("inf")) -> torch.Tensor:
+    """(B, k) long: k of the decoding steps that committed each row's `on` tokens (Drift's `sequential_masking`,
+    ant-research/Drift `trainer/masking_strategy.py`), -1 where a row has none. The candidates are the distinct
+    steps of `step_map` (B, G) at `on` (B, G); a step's weight is the mean of `scores` (B, G) over the `on` tokens it
+    committed (Drift: their surprisal -log p at the commit). Drawn with probabilities softmax(weight / temperature)
+    without replacement; uniformly (a permutation) without `scores`, at temperature >= `UNIFORM_STEP_TEMPERATURE` or
+    where a row's weights are all equal; the top k at temperature 0. A row with fewer than k candidates takes every
+    one once and draws the rest with replacement (at temperature 0: repeats the top one; uniform: whole rounds of
+    the candidates, then a permutation's first ones). The generator's calls are the reference's, row by row, so the
+    same seed draws the same steps. `step_states` gives the states they replay."""
+    uniform = scores is None or temperature >= UNIFORM_STEP_TEMPERATURE
+    steps = torch.full((step_map.shape[0], k), -1, dtype=torch.long)
+    for b in range(step_map.shape[0]):
+        where = on[b].bool() & (step_map[b] >= 0)
+        candidates = torch.unique(step_map[b][where]).cpu()  # sorted
+        n = len(candidates)
+        if n == 0:
+            continue
+        weights = None
+        if not uniform:
+            weights = torch.stack([scores[b][where & (step_map[b] == s)].float().mean() for s in candidates]).cpu()
+            if n > 1 and weights.std() < 1e-8:  # equal weights: uniform (one candidate: the weighted path, as Drift)
+                weights = None
+        if weights is None:
+            picked = (torch.randperm(n, generator=generator)[:k].tolist() if n >= k else
+                      list(range(n)) * (k // n) + (torch.randperm(n, generator=generator)[:k % n].tolist()
+                                                   if k % n else []))
+        elif temperature == 0:
+            picked = (weights.topk(k).indices.tolist() if n >= k else
+                      list(range(n)) + [int(weights.argmax())] * (k - n))
+        else:
+            probs = torch.softmax(weights / temperature, dim=0)
+            picked = (torch.multinomial(probs, k, replacement=False, generator=generator).tolist() if n >= k else
+                      list(range(n)) + torch.multinomial(probs, k - n, replacement=True, generator=generator).tolist())
+        steps[b] = candidates[picked]
+    return steps.to(step_map.device)
+
+
+def step_states(step_map: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The trajectory's states just before the given decoding steps, rebuilt from the step map: `step_map` (B, G),
+    `steps` (B, k) (-1: none) -> (masked (B, k, G): the positions that step or a later one committed, and those no
+    step committed; current (B, k, G): the positions that step committed). Nothing is masked for a step of -1."""
+    real = (steps >= 0)[..., None]
+    s, at = step_map[:, None, :], steps[..., None]
+    return ((s >= at) | (s < 0)) & real, (s == at) & real
