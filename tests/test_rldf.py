@@ -90,7 +90,8 @@ def _logps(W, E, E2, ids, masked):
     return torch.where(masked[:, :, P:], lp[:, :, P:], 0.0)
 
 
-def _case(name, seed=123):
+def _case(name, seed=None):
+    """The pinning script's inputs; the states the reference replayed (seed None), or our own draw from `seed`."""
     c = CASES[name]
     W, E, E2, W_old, W_ref, ids, step_map, response, commit_logps, rewards = _inputs()
     cfg = run_config("rldf", beta=c["beta"], low_prob_threshold=c["low_prob_threshold"],
@@ -100,7 +101,8 @@ def _case(name, seed=123):
                     step_map=step_map, commit_logps=commit_logps, rewards=rewards, group_size=4, num_sequences=B,
                     advantages=rldf.advantages(rewards.view(2, 4), cfg).view(-1))
     batch = rldf.prepare(batch, cfg)
-    draw = rldf.sample_noise(batch, torch.Generator().manual_seed(seed), cfg)
+    draw = _reference_draw(batch, REF_STEPS[name]) if seed is None else rldf.sample_noise(
+        batch, torch.Generator().manual_seed(seed), cfg)
     batch = replace(batch, num_units=rldf.loss_units(batch, draw, cfg))
     W = W.clone().requires_grad_(True)
     E = E.clone().requires_grad_(True)
@@ -108,6 +110,19 @@ def _case(name, seed=123):
     old = _logps(W_old, E, E2, ids, draw.masked).detach() if c["mu"] > 1 else logps.detach()
     ref = _logps(W_ref, E, E2, ids, draw.masked).detach()
     return W, E, logps, old, ref, batch, draw, cfg
+
+
+REF_STEPS = {"reinforce_kl": STEPS, "ppo_kl": STEPS, "plain": STEPS, "uniform": UNIFORM_STEPS, "argmax": ARGMAX_STEPS}
+
+
+def _reference_draw(batch, ranks):
+    """The reference's replayed states: its remapped step ids (the rank among the row's distinct response steps)
+    as our raw step ids, and the states before them."""
+    steps = torch.stack([torch.unique(batch.step_map[b][batch.response_mask[b]])[torch.tensor(ranks[b])]
+                         for b in range(B)])
+    masked, _ = noise.step_states(batch.step_map, steps)
+    return noise.Draw(masked=torch.cat([torch.zeros(B, len(ranks[0]), P, dtype=torch.bool), masked], dim=2),
+                      steps=steps)
 
 
 def _ranks(batch, steps):
@@ -119,26 +134,69 @@ def _ranks(batch, steps):
     return out
 
 
-@pytest.mark.parametrize("name, steps", [("reinforce_kl", STEPS), ("uniform", UNIFORM_STEPS), ("argmax", ARGMAX_STEPS)])
-def test_the_step_sampler_draws_the_reference_steps_from_the_same_seed(name, steps):
-    _, _, _, _, _, batch, draw, _ = _case(name)
-    assert _ranks(batch, draw.steps) == steps
+def test_at_temperature_0_the_sampler_draws_the_reference_steps():
+    """The top k are deterministic: sample_noise replays exactly the reference's states (its ARGMAX_STEPS)."""
+    _, _, _, _, _, batch, draw, _ = _case("argmax", seed=123)
+    assert _ranks(batch, draw.steps) == ARGMAX_STEPS
+    assert torch.equal(draw.masked, _reference_draw(batch, ARGMAX_STEPS).masked)
 
 
 def test_the_step_probabilities_are_the_softmax_of_the_steps_mean_surprisal():
     *_, step_map, response, commit_logps, _ = _inputs()
-    calls = []
-    original = torch.multinomial
-    try:
-        torch.multinomial = lambda probs, *a, **k: (calls.append(probs), original(probs, *a, **k))[1]
-        noise.weighted_steps(step_map, response, 4, torch.Generator().manual_seed(123), -commit_logps, 1.0)
-    finally:
-        torch.multinomial = original
-    for got, want in zip(calls[:2], PROBS):
-        assert got.tolist() == pytest.approx(want, rel=1e-5)
+    valid, weights = noise.step_weights(step_map, response, -commit_logps)
+    for b, want in enumerate(PROBS):  # the reference's softmax over rows 0 and 1's steps
+        assert torch.softmax(weights[b][valid[b]], 0).tolist() == pytest.approx(want, rel=1e-5)
     # row 1: six steps of one token each, so its law is softmax(-log p of each token), in step order
     order = step_map[1].argsort()
-    assert calls[1].tolist() == pytest.approx(torch.softmax(-commit_logps[1][order], 0).tolist(), rel=1e-5)
+    assert torch.softmax(weights[1][valid[1]], 0).tolist() == pytest.approx(
+        torch.softmax(-commit_logps[1][order], 0).tolist(), rel=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, math.inf])
+def test_the_draws_follow_the_references_law(temperature):
+    """Each row's first draw has the reference's probabilities (softmax over its steps; uniform), the k draws of a
+    row with at least k steps are distinct, and a row with fewer takes each of its steps once first (in step order;
+    uniform: whole rounds). 4,000 draws of each row at once; 5 standard errors of the frequencies."""
+    *_, step_map, response, commit_logps, _ = _inputs()
+    N, k = 4000, 4
+    steps = noise.weighted_steps(step_map.repeat(N, 1), response.repeat(N, 1), k, torch.Generator().manual_seed(0),
+                                 -commit_logps.repeat(N, 1), temperature).view(N, B, k)
+    valid, weights = noise.step_weights(step_map, response, -commit_logps)
+    for b in range(B):
+        ids = torch.nonzero(valid[b]).flatten()
+        law = torch.full((len(ids),), 1 / len(ids)) if temperature == math.inf else torch.softmax(weights[b][ids], 0)
+        if len(ids) >= k:
+            first = (steps[:, b, :1] == ids).float().mean(0)
+            assert (first - law).abs().max() < 5 * (0.25 / N) ** 0.5, (b, first, law)
+            assert all(len(set(row)) == k for row in steps[:, b].tolist())  # without replacement
+        else:
+            assert (steps[:, b, :len(ids)] == ids).all()  # each once, in step order
+            if temperature == math.inf:
+                rounds = k // len(ids) * len(ids)
+                assert (steps[:, b, :rounds] == ids.repeat(k // len(ids))).all()
+            else:  # the rest with replacement from the softmax
+                rest = (steps[:, b, len(ids):, None] == ids).float().mean((0, 1))
+                assert (rest - law).abs().max() < 5 * (0.25 / N) ** 0.5, (b, rest, law)
+
+
+def test_the_sampler_makes_one_host_read():
+    """One read of the largest step id, whatever the rows and steps: no per-row or per-step Python loop reading
+    tensors (`int`, `bool`, `item`, `tolist`, `cpu` are counted)."""
+    g = torch.Generator().manual_seed(0)
+    step_map = torch.stack([torch.randperm(64, generator=g) for _ in range(512)])
+    reads, saved = [], {}
+    names = ("__int__", "__bool__", "__float__", "item", "tolist", "cpu")
+    try:
+        for name in names:
+            saved[name] = original = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, lambda self, *a, _f=original, _n=name, **k: (reads.append(_n), _f(self, *a, **k))[1])
+        for temperature in (1.0, 0.0, math.inf):
+            steps = noise.weighted_steps(step_map, torch.ones_like(step_map, dtype=torch.bool), 4, g,
+                                         torch.rand(512, 64, generator=g), temperature)
+    finally:
+        for name in names:
+            setattr(torch.Tensor, name, saved[name])
+    assert reads == ["__int__"] * 3 and steps.shape == (512, 4) and (steps >= 0).all()
 
 
 @pytest.mark.parametrize("name", list(REF))

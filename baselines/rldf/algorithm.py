@@ -33,7 +33,8 @@ Deviations (README.md): a fresh draw of states per inner update when mu > 1 (the
 rollout; its configs use mu = 1); the kept groups are the first ones of each kind (the reference picks them at
 random); the response is the completion up to its first EOS, and the EOS tail keeps its recorded state (the
 reference remaps it to step 0); `loss_norm: token` and the entropy terms (coefficient 0 in every config) are not
-implemented; block-diffusion models are not covered (the reference runs LLaDA and Dream).
+implemented; block-diffusion models are not covered (the reference runs LLaDA and Dream); the step draws have
+the reference's law, not its random stream.
 """
 
 import math
@@ -76,22 +77,18 @@ def groups_kept(rewards: torch.Tensor, steps: torch.Tensor, share: float) -> tor
     """(P, 1) bool, the groups trained on (`filter_rollout_samples`): round(share P) of them (at least one), those
     whose rewards differ first, then all-correct ones, then all-wrong ones with the most decoding steps (the mean
     over the group of `steps` (P, G)); within each kind the first ones (the reference: chosen at random)."""
-    P = rewards.shape[0]
-    n = max(1, round(share * P))
+    n = max(1, round(share * rewards.shape[0]))
     varied = rewards.std(dim=1) > 1e-8
-    correct = ~varied & (rewards.mean(dim=1) > 0)
-    wrong = torch.nonzero(~varied & ~correct).flatten().tolist()
-    wrong.sort(key=lambda g: -steps[g].float().mean().item())  # stable: ties keep their order, as the reference
-    order = torch.nonzero(varied).flatten().tolist() + torch.nonzero(correct).flatten().tolist() + wrong
-    keep = torch.zeros(P, 1, dtype=torch.bool, device=rewards.device)
-    keep[order[:n]] = True
-    return keep
+    kind = torch.where(varied, 0, torch.where(rewards.mean(dim=1) > 0, 1, 2))
+    most_steps = torch.where(kind == 2, -steps.float().mean(dim=1), 0.0).argsort(stable=True)  # ties keep their order
+    order = most_steps[kind[most_steps].argsort(stable=True)]
+    return torch.zeros(rewards.shape[0], 1, dtype=torch.bool, device=rewards.device).index_fill_(0, order[:n], True)
 
 
 def prepare(batch, cfg):
     """`kept_groups` and extras "kept" (B,) float, 1 on the rows of kept groups."""
-    G, resp = batch.group_size, batch.response_mask
-    steps = torch.tensor([max(len(torch.unique(s[m])), 1) for s, m in zip(batch.step_map, resp)])
+    G = batch.group_size
+    steps = noise.step_weights(batch.step_map, batch.response_mask)[0].sum(dim=1).clamp(min=1)  # distinct steps
     keep = groups_kept(batch.rewards.view(-1, G), steps.view(-1, G), cfg.algo.keep_groups)
     return replace(batch, kept_groups=keep, extras={**batch.extras, "kept": keep.float().repeat_interleave(G, 0).view(-1)})
 

@@ -340,43 +340,52 @@ UNIFORM_STEP_TEMPERATURE = 1e4
 """`weighted_steps`: at or above this temperature the steps are drawn uniformly (Drift's `UNIFORM_TEMP_THRESHOLD`)."""
 
 
+def step_weights(step_map: torch.Tensor, on: torch.Tensor, scores: torch.Tensor | None = None):
+    """The decoding steps that committed each row's `on` tokens, as (B, S) tables indexed by step id (S: the largest
+    step id + 1, one host read): `valid` (B, S) bool, the row's distinct steps; `weights` (B, S), the mean of `scores`
+    (B, G) over the `on` tokens each step committed (zeros without `scores`). `valid.sum(1)`: each row's step count."""
+    on = on.bool() & (step_map >= 0)
+    B, S = step_map.shape[0], int(step_map.max().clamp(min=0)) + 1
+    idx = step_map.clamp(min=0)
+    count = torch.zeros(B, S, device=step_map.device).scatter_add_(1, idx, on.float())
+    if scores is None:
+        return count > 0, torch.zeros_like(count)
+    total = torch.zeros_like(count).scatter_add_(1, idx, torch.where(on, scores.float(), 0.0))
+    return count > 0, total / count.clamp(min=1)
+
+
 def weighted_steps(step_map: torch.Tensor, on: torch.Tensor, k: int, generator: torch.Generator,
                    scores: torch.Tensor | None = None, temperature: float = float("inf")) -> torch.Tensor:
-    """(B, k) long: k of the decoding steps that committed each row's `on` tokens (Drift's `sequential_masking`,
-    ant-research/Drift `trainer/masking_strategy.py`), -1 where a row has none. The candidates are the distinct
-    steps of `step_map` (B, G) at `on` (B, G); a step's weight is the mean of `scores` (B, G) over the `on` tokens it
-    committed (Drift: their surprisal -log p at the commit). Drawn with probabilities softmax(weight / temperature)
-    without replacement; uniformly (a permutation) without `scores`, at temperature >= `UNIFORM_STEP_TEMPERATURE` or
-    where a row's weights are all equal; the top k at temperature 0. A row with fewer than k candidates takes every
-    one once and draws the rest with replacement (at temperature 0: repeats the top one; uniform: whole rounds of
-    the candidates, then a permutation's first ones). The generator's calls are the reference's, row by row, so the
-    same seed draws the same steps. `step_states` gives the states they replay."""
-    uniform = scores is None or temperature >= UNIFORM_STEP_TEMPERATURE
-    steps = torch.full((step_map.shape[0], k), -1, dtype=torch.long)
-    for b in range(step_map.shape[0]):
-        where = on[b].bool() & (step_map[b] >= 0)
-        candidates = torch.unique(step_map[b][where]).cpu()  # sorted
-        n = len(candidates)
-        if n == 0:
-            continue
-        weights = None
-        if not uniform:
-            weights = torch.stack([scores[b][where & (step_map[b] == s)].float().mean() for s in candidates]).cpu()
-            if n > 1 and weights.std() < 1e-8:  # equal weights: uniform (one candidate: the weighted path, as Drift)
-                weights = None
-        if weights is None:
-            picked = (torch.randperm(n, generator=generator)[:k].tolist() if n >= k else
-                      list(range(n)) * (k // n) + (torch.randperm(n, generator=generator)[:k % n].tolist()
-                                                   if k % n else []))
-        elif temperature == 0:
-            picked = (weights.topk(k).indices.tolist() if n >= k else
-                      list(range(n)) + [int(weights.argmax())] * (k - n))
-        else:
-            probs = torch.softmax(weights / temperature, dim=0)
-            picked = (torch.multinomial(probs, k, replacement=False, generator=generator).tolist() if n >= k else
-                      list(range(n)) + torch.multinomial(probs, k - n, replacement=True, generator=generator).tolist())
-        steps[b] = candidates[picked]
-    return steps.to(step_map.device)
+    """(B, k) long: k of the decoding steps that committed each row's `on` tokens, -1 where a row has none (the law
+    of Drift's `sequential_masking`, ant-research/Drift `trainer/masking_strategy.py`). A step's weight is the mean
+    of `scores` over the tokens it committed (`step_weights`; Drift: their surprisal -log p at the commit). The
+    steps are drawn without replacement with probabilities softmax(weight / temperature) (the Gumbel top-k, which
+    has the law of drawing one at a time from the renormalised softmax); uniformly without `scores`, at
+    temperature >= `UNIFORM_STEP_TEMPERATURE` or where a row's weights are all equal; the top k at temperature 0.
+    A row with fewer than k steps takes each once, in step order, then: uniform, whole rounds of them and then a
+    random subset; temperature 0, the top one again; else draws with replacement from the softmax (the reference's
+    rules). Vectorised over rows and steps; the draws are not the reference's random stream (its law is; the top k
+    at temperature 0 are its steps exactly). `step_states` gives the states they replay."""
+    valid, w = step_weights(step_map, on, scores)
+    B, S, dev = *valid.shape, step_map.device
+    n = valid.sum(dim=1, keepdim=True)  # (B, 1) each row's step count
+    if scores is None or temperature >= UNIFORM_STEP_TEMPERATURE:
+        flat = torch.ones(B, 1, dtype=torch.bool, device=dev)
+    else:  # equal weights (a sample std under 1e-8, as the reference's) are drawn uniformly
+        mean = (w * valid).sum(1, keepdim=True) / n.clamp(min=1)
+        flat = (n > 1) & ((((w - mean) * valid) ** 2).sum(1, keepdim=True) / (n - 1).clamp(min=1)).sqrt().lt(1e-8)
+    greedy = ~flat & (temperature == 0)
+    logits = torch.where(flat, 0.0, w if temperature == 0 else w / temperature).masked_fill(~valid, -torch.inf)
+    gumbel = -torch.log(-torch.log(_rand((B, k + 1, S), generator, dev).clamp(1e-12, 1 - 1e-7)))
+    order = torch.where(greedy, logits, logits + gumbel[:, 0]).argsort(dim=1, descending=True, stable=True)
+    iid = (logits[:, None, :] + gumbel[:, 1:]).argmax(dim=2)  # (B, k): with replacement
+    ascending = torch.where(valid, torch.arange(S, device=dev), S).sort(dim=1).values  # the row's steps first
+    j = torch.arange(k, device=dev).expand(B, k)
+    at = lambda x, i: x.gather(1, i.clamp(min=0, max=S - 1))  # noqa: E731
+    rounds = k // n.clamp(min=1) * n
+    short = torch.where(flat, torch.where(j < rounds, at(ascending, j % n.clamp(min=1)), at(order, j - rounds)),
+                        torch.where(j < n, at(ascending, j), torch.where(greedy, order[:, :1], iid)))
+    return torch.where(n >= k, at(order, j), short).masked_fill(n == 0, -1)
 
 
 def step_states(step_map: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
