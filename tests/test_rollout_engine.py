@@ -328,3 +328,20 @@ def test_bench_rollout_released_shape_times_each_cache_on_random_weights(family,
     assert rows["vanilla"]["speedup_vs_vanilla"] == 1.0 and all(r["tokens_per_s"] > 0 for r in rows.values())
     saved = json.loads(out.read_text())
     assert saved["released"] == name and saved["rows"] == report["rows"] and saved["hardware"]["cpu_model"]
+
+
+def test_place_prompts_writes_each_rows_prompt_from_its_start_without_a_host_read():
+    """The block samplers' canvas: row r's prompt tokens (left padding dropped, order kept) from column starts[r]; the
+    rest of the canvas untouched (what the former per-row loop wrote)."""
+    from dare.rollout.core import place_prompts
+
+    ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 4], [0, 0, 0, 3]])
+    mask = ids != 0
+    starts = torch.tensor([4, 0, 8])
+    x = place_prompts(torch.full((3, 12), -1), ids, mask, starts)
+    want = torch.full((3, 12), -1)
+    for r in range(3):
+        n = int(mask[r].sum())
+        want[r, int(starts[r]):int(starts[r]) + n] = ids[r][mask[r]]
+    assert torch.equal(x, want)
+    assert x[0, 4:6].tolist() == [5, 6] and x[1, :4].tolist() == [7, 8, 9, 4] and x[2, 8].item() == 3

@@ -64,7 +64,7 @@ import torch.nn.functional as F
 
 from dare.models import facts
 import dare.rollout.core as rollout_core
-from dare.rollout.core import (RolloutOutput, StepForward, any_left, any_rank, commit_quota, compiles,
+from dare.rollout.core import (RolloutOutput, StepForward, any_left, any_rank, commit_quota, compiles, place_prompts,
                                max_rank, response_mask, sharded)
 from dare.rollout.dream import top_k_logits, top_p_logits
 
@@ -120,14 +120,12 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
         ends = pads + lengths + G
     collective = sharded(model)  # FSDP: every rank makes the same forwards (as many column chunks, ...)
     W = max_rank(-(-int(ends.max()) // bs) * bs, device, collective)
-    x = torch.full((B, W), f.pad_token_id, dtype=torch.long, device=device)
-    valid = torch.zeros((B, W), dtype=torch.bool, device=device)
     gen_start = pads + lengths
-    for r in range(B):
-        p0, n, end = int(pads[r]), int(lengths[r]), int(ends[r])
-        x[r, p0:p0 + n] = prompt_ids[r][prompt_mask[r]]
-        x[r, p0 + n:end] = mask_id
-        valid[r, p0:end] = True
+    col = torch.arange(W, device=device)[None, :]
+    x = place_prompts(torch.full((B, W), f.pad_token_id, dtype=torch.long, device=device), prompt_ids,
+                      prompt_mask, pads)
+    x = torch.where((col >= gen_start[:, None]) & (col < ends[:, None]), mask_id, x)
+    valid = (col >= pads[:, None]) & (col < ends[:, None])
     decoded = x == mask_id  # every position the sampler writes (the generated part and the last block's tail)
     gen_cols = gen_start[:, None] + torch.arange(G, device=device)[None, :]  # (B, G) canvas columns
     step_canvas = torch.full((B, W), -1, dtype=torch.long, device=device)

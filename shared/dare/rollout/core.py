@@ -203,6 +203,16 @@ def canvas(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen_lengt
     return x, torch.cat([prompt_mask.long(), ones], dim=1), prompt_ids, prompt_mask
 
 
+def place_prompts(x: torch.Tensor, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, starts: torch.Tensor):
+    """Writes each row's prompt tokens (its `prompt_mask` positions, in order) into the canvas `x` (B, W) from column
+    `starts[r]` (the block samplers' left padding by whole blocks), in place, without a host read."""
+    B, W = x.shape
+    cols = torch.where(prompt_mask, starts[:, None] + prompt_mask.long().cumsum(dim=1) - 1, W)  # W: a spare column
+    wide = torch.cat([x, x[:, :1]], dim=1).scatter_(1, cols, prompt_ids)
+    x.copy_(wide[:, :W])
+    return x
+
+
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists into (ids, mask), both (B, max_len)."""
     width = max(len(s) for s in sequences)

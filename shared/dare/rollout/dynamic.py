@@ -47,7 +47,7 @@ import torch.nn.functional as F
 import dare.rollout.core as rollout_core
 from dare.models import facts
 from dare.rollout.block import choose
-from dare.rollout.core import RolloutOutput, any_rank, commit_quota, response_mask, sharded
+from dare.rollout.core import RolloutOutput, any_rank, commit_quota, place_prompts, response_mask, sharded
 from dare.utils import UserError
 
 
@@ -100,10 +100,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     gen_start = pads + lengths
     W = C + G + M
     col = torch.arange(W, device=device)[None, :]
-    x = torch.full((B, W), f.pad_token_id, dtype=torch.long, device=device)
-    for r in range(B):  # once per rollout: place each prompt (as the block sampler)
-        p0, n = int(pads[r]), int(lengths[r])
-        x[r, p0:p0 + n] = prompt_ids[r][prompt_mask[r]]
+    x = place_prompts(torch.full((B, W), f.pad_token_id, dtype=torch.long, device=device), prompt_ids,
+                      prompt_mask, pads)
     gen_end = gen_start + G
     gen = (col >= gen_start[:, None]) & (col < gen_end[:, None])
     x = torch.where(gen, mask_id, x)
