@@ -196,6 +196,20 @@ def test_the_committed_gpu_report_gives_its_targets(monkeypatch):
     assert {r["measured"] for r in rows if r["unit"] == "calls"} == {0.0}  # a zero is shown, not an error
 
 
+def test_the_committed_h100_report_gives_its_targets(monkeypatch):
+    """The H100 run of 2026-11-27 (docs/gpus.md): its 9 targets, 6 met, the same three of issue 47 missed."""
+    monkeypatch.syspath_prepend(str(REPO / "leaderboard"))
+    import load
+
+    rows = [r for r in load.gpu_target_rows(load.load_bench([]))
+            if r["report"].startswith("gpu-NVIDIA_H100_80GB_HBM3-2026-11-27")]
+    assert len(rows) == 9 and sum(r["verdict"] == "met" for r in rows) == 6
+    assert {r["card"] for r in rows} == {"NVIDIA H100 80GB HBM3"}
+    assert sorted(r["target"] for r in rows if r["verdict"] == "missed") == sorted([
+        "LLaDA2.1-mini forward, batch 8, grouped experts", "... the former loop over the same run's grouped forward",
+        "LLaDA-8B cached block step, batch 1, captured, over one read of the weights"])
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. No file makes the app read or show another file
 # ---------------------------------------------------------------------------------------------
