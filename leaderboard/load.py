@@ -66,11 +66,33 @@ def load_all(extra_runs: list[Path] | None = None) -> tuple[list[tuple[Path, Res
         invalid += i
     invalid = [(p, why) for p, why in invalid if _bench(p) is None]  # bench reports are not results
     seen, unique = set(), []
+    _FOLDERS.clear()
+    _FIRST.clear()
     for path, r in valid:  # the same run can be both committed and in a run folder
-        if r.run_id not in seen:
-            seen.add(r.run_id)
+        _FOLDERS.setdefault(result_key(r), set()).add(path.parent.parent)
+        _FIRST[result_key(r)] = min(_FIRST.get(result_key(r), r.created_at), r.created_at)
+        if result_key(r) not in seen:
+            seen.add(result_key(r))
             unique.append((path, r))
     return unique, invalid
+
+
+_FOLDERS: dict[tuple, set[Path]] = {}  # result_key -> every results folder holding a copy (`load_all`; `own_start`)
+_FIRST: dict[tuple, str] = {}  # result_key -> when its first copy was made (`load_all`; `own_start`)
+
+
+def folders(path: Path, r: Result) -> set[Path]:
+    """The results folders that hold a copy of `r` (one copy is kept, `path`; a start is published in every
+    comparison that trained from it)."""
+    return _FOLDERS.get(result_key(r), set()) | {Path(path).parent.parent}
+
+
+def result_key(r: Result) -> tuple[str, str | None]:
+    """What makes two result files one: the run id and the evaluation (the samples' hash). A config trained
+    again (a start retrained on another day) has the same run id and other weights, so other samples: both
+    are kept, where keeping one per run id would show one start's score beside runs trained from the other."""
+    a = r.artifacts
+    return r.run_id, a.samples_total_sha256 or a.samples_sha256
 
 
 def load_bench(extra_runs: list[Path] | None = None) -> list[tuple[Path, dict]]:
@@ -299,6 +321,39 @@ def signed(points: float) -> str:
     return f"{points:+.1f}"
 
 
+def own_start(item: tuple[Path, Result], items) -> list[Result]:
+    """The results (of `items`) of the checkpoint `item`'s run trained from, on its task and decoding: the start
+    whose `training.checkpoint` is its `training.init_checkpoint`; for results recorded before those fields, the
+    start of the same config published in the same results folder (a sweep's collect publishes its start beside
+    its runs), else those evaluated before it was (a start evaluated later cannot be the one it trained from) and,
+    of those, the ones made on its hardware class and lock when there are such (a guess the record cannot
+    check, taken only where it says nothing), else every result of that config. [] for a result that started
+    from no run of ours."""
+    path, r = item
+    t = r.training
+    if t is None or not t.init_config_hash:
+        return []
+    same = [(p, s) for p, s in items if s.training and s.training.config_hash == t.init_config_hash
+            and s.model.name == r.model.name and benchmark_label(s) == benchmark_label(r)]
+    exact = [s for _, s in same if t.init_checkpoint and s.training.checkpoint == t.init_checkpoint]
+    if exact or t.init_checkpoint and any(s.training.checkpoint for _, s in same):
+        return exact
+    unknown = [(p, s) for p, s in same if not s.training.checkpoint]  # starts that name no checkpoint
+    beside = [s for p, s in unknown if folders(p, s) & folders(path, r)]
+    before = [s for _, s in unknown if _FIRST.get(result_key(s), s.created_at) <= r.created_at]
+    here = [s for s in before if environment(s) == environment(r)]
+    return beside or here or before or [s for _, s in unknown]
+
+
+def gain_over_start(cell: list[tuple[Path, Result]], items) -> tuple[float, list[Result]] | None:
+    """(mean over the cell's seeds minus the mean of the starts its runs trained from (`own_start`), those
+    starts), or None when no start of theirs is in `items`."""
+    starts = {result_key(s): s for item in cell for s in own_start(item, items)}
+    if not starts:
+        return None
+    return stats(per_seed([r for _, r in cell]))[0] - stats(per_seed(list(starts.values())))[0], list(starts.values())
+
+
 def table(results: list[Result], base: str | None = None) -> tuple[list[str], list[dict], list[dict]]:
     """Recipes as rows (the base first), benchmarks as columns: (columns, `mean ± std (n seeds)`
     rows, signed delta rows in points against the `base` row). A cell or delta over runs from
@@ -361,22 +416,25 @@ def family_table(items, benchmark: str) -> tuple[list[str], list[dict], list[dic
     from), one row per run with a `?run=<id>` link to its detail). A family with several models on
     the benchmark gets a row per model (`label [model]`). Cells and deltas over runs from different
     machines carry ⚠."""
-    results = [r for _, r in items if benchmark_label(r) == benchmark]
+    column = [(p, r) for p, r in items if benchmark_label(r) == benchmark]
+    results = [r for _, r in column]
     families = sorted({r.model.family for r in results})
     cells: dict[tuple[str, str], list[Result]] = defaultdict(list)
+    paired: dict[tuple[str, str], list[tuple[Path, Result]]] = defaultdict(list)  # the same cells, with paths
     start_of: dict[tuple[str, str], str | None] = {}  # (row label, family) -> the label of its start
     starts, order = [], []
     labels = row_labels(results, within=lambda r: r.model.name)  # one label per recipe across the families
     for family in families:
         models = sorted({r.model.name for r in results if r.model.family == family})
         for model in models:
-            mine = [r for r in results if r.model.family == family and r.model.name == model]
+            mine = [(p, r) for p, r in column if r.model.family == family and r.model.name == model]
             name = (lambda label: f"{label} [{model}]") if len(models) > 1 else (lambda label: label)
-            base = base_method(mine)
+            base = base_method([r for _, r in mine])
             starts += [name(base)] if base and name(base) not in starts else []
-            for r in mine:
+            for p, r in mine:
                 label = name(labels[recipe(r)])
                 cells[(label, family)].append(r)
+                paired[(label, family)].append((p, r))
                 start_of[(label, family)] = name(base) if base else None
                 order += [label] if label not in order else []
     order = starts + [m for m in order if m not in starts]
@@ -385,12 +443,17 @@ def family_table(items, benchmark: str) -> tuple[list[str], list[dict], list[dic
         row = {"method": label}
         for family in families:
             mine = cells.get((label, family))
-            base = cells.get((start_of.get((label, family)), family))
             row[family] = format_cell(mine) if mine else ""
             row[f"{family} Δ"] = ""
-            if mine and base and label not in starts:
-                diff = stats(per_seed(mine))[0] - stats(per_seed(base))[0]
-                row[f"{family} Δ"] = signed(100 * diff) + (MIXED if mixed(mine + base) else "")
+            if not mine or label in starts:
+                continue
+            gain = gain_over_start(paired[(label, family)], column)  # each run against the start it trained from
+            ours = any(r.training and r.training.init_config_hash for r in mine)  # else trained from a base model
+            if gain is None and not ours and cells.get((start_of.get((label, family)), family)):
+                base = cells[(start_of[(label, family)], family)]
+                gain = stats(per_seed(mine))[0] - stats(per_seed(base))[0], base
+            if gain is not None:
+                row[f"{family} Δ"] = signed(100 * gain[0]) + (MIXED if mixed(mine + gain[1]) else "")
         rows.append(row)
     runs = [{"family": f, "method": label, "seed": r.training.seed if r.training else None,
              "value": round(100 * value(r), 2), "model": r.model.name, "run_id": r.run_id,

@@ -30,6 +30,10 @@ def test_demo_smoke_end_to_end(tmp_path):
     assert sft.method.init == "scratch" and all(x.method.init == "sft" for x in d1)
     assert {x.training.seed for x in d1} == {0, 1}
     assert all(x.training.init_config_hash == sft.training.config_hash for x in d1)
+    # the start is its weights: each run names the checkpoint it trained from, the start's result its own
+    assert sft.training.checkpoint and sft.training.init_checkpoint is None
+    assert all(x.training.init_checkpoint == sft.training.checkpoint for x in d1)
+    assert len({x.training.checkpoint for x in d1} | {sft.training.checkpoint}) == 3
     assert all(x.decoding == sft.decoding for x in d1)  # identical decoding for every checkpoint
     assert sft.model.name == d1[0].model.name == "tiny-llada-addition"
     assert sft.benchmark.n_samples.effective == 40 and sft.benchmark.n_samples.original == 500

@@ -139,9 +139,12 @@ def decoding_record(decoding, sampler: str) -> dict:
 
 
 def build_result(*, meta: dict, model_info: dict, benchmark: dict, decoding, outcome: dict, eval_hash: str,
-                 seed: int, samples_path: Path, command: str | None, reference: dict | None = None) -> dict:
+                 seed: int, samples_path: Path, command: str | None, reference: dict | None = None,
+                 checkpoint: str | None = None) -> dict:
     """The result JSON (as a dict) of one benchmark evaluation of one checkpoint. `benchmark`:
-    name, split, version, n_shot; `outcome`: values per metric, sample counts, throughput."""
+    name, split, version, n_shot; `outcome`: values per metric, sample counts, throughput; `checkpoint`: the
+    evaluated checkpoint's fingerprint (`checkpoint_fingerprint`), recorded for a model we trained with its
+    start's (`training.init_checkpoint`), so that a result is paired with the start it really trained from."""
     baseline = meta.get("baseline", "base")
     paper = (meta.get("method") or {}).get("arxiv")  # recorded at training time by whoever named the method
     init = meta.get("init")
@@ -158,7 +161,8 @@ def build_result(*, meta: dict, model_info: dict, benchmark: dict, decoding, out
                     "wall_time_s": meta["wall_time_s"],
                     "init_config_hash": init.get("config_hash") if init else None,
                     "recipe_hash": meta.get("recipe_hash"), "config": meta.get("config"),
-                    "command": meta.get("command"), "compute": meta.get("compute")}
+                    "command": meta.get("command"), "compute": meta.get("compute"),
+                    "checkpoint": checkpoint, "init_checkpoint": meta.get("init_fingerprint")}
     commit, dirty = git_state()
     run_seed = meta.get("seed", seed)
     train_hash = meta.get("run_key", meta.get("config_hash", "base"))[:8]  # config + starting checkpoint
@@ -353,6 +357,12 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
     check_checkpoint(checkpoint)  # config, tokenizer and weights, before any decoding (one line each)
     family = suite.checkpoint_family(checkpoint)
     meta = checkpoint_meta(checkpoint)
+    if meta and "init_fingerprint" not in meta:  # trained before dare.json held it: its run folder's run.json
+        run = checkpoint.parent / "run.json"
+        status = json.loads(run.read_text()) if run.is_file() else {}
+        if status.get("config_hash") == meta.get("config_hash") and "init_fingerprint" in status:
+            meta = {**meta, "init_fingerprint": status["init_fingerprint"]}
+    fingerprint = checkpoint_fingerprint(checkpoint) if meta else None
     explicit = explicit_decoding(config_path, overrides)
     plans = {n: decoding_for(cfg, family, n, explicit) for n in cfg.eval.benchmarks}  # all checked up front
     digest = config_hash(cfg)
@@ -395,7 +405,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config_path: str | Path | None =
         result = build_result(meta=meta, model_info=model_info, benchmark=benchmark, decoding=plans[name][0],
                               outcome=outcome, eval_hash=result_hash(cfg, name, plans[name][0], family),
                               seed=cfg.run.seed, samples_path=samples_path,
-                              command=command, reference=reference_of(name, benchmark))
+                              command=command, reference=reference_of(name, benchmark), checkpoint=fingerprint)
         write_result(result, targets[name])
         acc = ", ".join(f"{m['name']}={m['value']:.4f}" for m in result["metrics"])
         print(f"[eval] {name}: {acc} ({outcome['n_effective']} samples) -> {targets[name]}",

@@ -169,6 +169,12 @@ class Training(_Strict):
     """The training command (v2)."""
     compute: Compute | None = None
     """The compute the run spent (v3; RL runs)."""
+    checkpoint: str | None = None
+    """The evaluated checkpoint's fingerprint (`dare.models.checkpoint_fingerprint`; v3, 2026-11-27 on): two runs
+    of one config (a start retrained) are told apart by it."""
+    init_checkpoint: str | None = None
+    """The fingerprint of the checkpoint this run started from (its run.json's `init_fingerprint`): the start
+    result it is compared with is the one whose `checkpoint` this is."""
 
 
 class Throughput(_Strict):

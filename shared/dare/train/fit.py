@@ -118,7 +118,7 @@ def fit(algorithm: ModuleType, cfg, run_dir: str | Path, *, name: str, force: bo
         meta = {
             "baseline": name, "config_hash": digest, "run_key": key, "seed": cfg.run.seed, "steps": outcome["steps"],
             "model_name": outcome["model_name"], "family": cfg.model.family,
-            "data": outcome["data"], "init": outcome["init"], "method": method or {},
+            "data": outcome["data"], "init": outcome["init"], "init_fingerprint": init, "method": method or {},
             "wall_time_s": round(outcome["elapsed_s"], 2), "git_commit": commit, "git_dirty": dirty,
             "created_at": now(), "config_path": config_path, "recipe_hash": recipe_hash(cfg),
             "config": to_dict(cfg, hashed_only=True), "command": command or None,
