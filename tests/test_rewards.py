@@ -219,3 +219,29 @@ def test_gsm8k_think_row_prompt_reward_and_accuracy():
     assert task.reward("<answer>\\boxed{1,250}</answer>", row) == 3.5  # while the reward's term accepts it
     with pytest.raises(Exception, match="d1_format"):
         task.rewards(["x"], [row], style="d1_format")
+
+
+def test_gsm8k_b1_is_block_r1s_prompt_with_gsm8ks_answers():
+    """b1's GSM8K (`gsm8k_b1`): Block-R1's b1 prompt word for word (YanJiangJerry/Block-R1@fd7a1b8,
+    rl/data_utils.py SYSTEM_PROMPT under a b1 trainer type: its sha256, taken from the reference's own string),
+    the question after one newline, every reasoning step ending in the `\\block` tag that b1's dynamic blocks end
+    a block after; GSM8K's answers, rewards and metrics."""
+    import hashlib
+
+    from dare.data import TASKS
+    from dare.data.mathtasks import B1_FORMAT
+
+    assert hashlib.sha256(B1_FORMAT.encode()).hexdigest() == \
+        "68e8fdd115b6698ece390f9ce94a0b8e1f88cdd5462ed1ef0bc07e21533a1aa9"
+    assert "Step 1, ... \\block\n" in B1_FORMAT and "\\\\" not in B1_FORMAT  # one backslash, as the reference's
+    task, plain = TASKS["gsm8k_b1"], TASKS["gsm8k"]
+    record = {"question": "How many?", "answer": "a = 1\nb = 2\n#### 1250"}
+    row = task.convert(record, "train")
+    assert row["prompt"] == [{"role": "user", "content": B1_FORMAT + "\nHow many?"}]
+    assert {k: row[k] for k in ("ground_truth", "extra")} == {k: plain.convert(record, "train")[k]
+                                                              for k in ("ground_truth", "extra")}
+    target = task.target(row)
+    assert target == "<reasoning>\na = 1 \\block\nb = 2 \\block\n</reasoning>\n<answer>\n1250\n</answer>\n"
+    assert task.reward(target, row, "d1_format") == plain.reward(plain.target(row), row, "d1_format")
+    assert task.score(target, row) == {"accuracy": 1.0, "accuracy_answer": 1.0}
+    assert task.version != plain.version  # its parquet is another file

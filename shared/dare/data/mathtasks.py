@@ -94,6 +94,40 @@ class GSM8KThink(GSM8K):
         return {"accuracy": float(think.gsm8k_graded(completion, row["extra"]["answer"]))}
 
 
+# Block-R1's b1 prompt for GSM8K and MATH (YanJiangJerry/Block-R1@fd7a1b8, rl/data_utils.py, SYSTEM_PROMPT under a
+# "b1" trainer type), word for word: every reasoning step ends with the tag \block, the marker b1's dynamic blocks
+# end a block after (`decoding.block.dynamic_marker`).
+B1_FORMAT = r"""You are a math expert. You will be given a question to solve. You should provide clear, logical reasoning step by step. Append the tag \block directly to the end of the last sentence of each reasoning step without starting a new line. Respond exactly in the following format:
+<reasoning>
+Step 1, ... \block
+Step 2, ... \block
+...
+Step n, ... \block
+</reasoning>
+<answer>
+FINAL ANSWER ONLY
+</answer>
+"""  # noqa: E501
+
+
+class GSM8KB1(GSM8K):
+    """GSM8K as Block-R1 trains b1 on it (`get_gsm8k_questions` under a b1 trainer type): b1's prompt, then the
+    question after one newline, as the user turn; the answers, rewards and metrics are GSM8K's."""
+
+    name = "gsm8k_b1"
+    version = f"{GSM8K.version}.b1"
+
+    def convert(self, record: dict, split: str) -> dict:
+        row = super().convert(record, split)
+        row["prompt"] = [{"role": "user", "content": f"{B1_FORMAT}\n{record['question']}"}]
+        return row
+
+    def target(self, row: dict) -> str:
+        """b1's layout: each line of the solution a step ending in `\\block`."""
+        steps = "\n".join(f"{line} \\block" for line in row["extra"]["solution"].splitlines() if line.strip())
+        return f"<reasoning>\n{steps}\n</reasoning>\n<answer>\n{row['ground_truth']}\n</answer>\n"
+
+
 class MATH(Task):
     name = "math"
     splits = ("train", "test")

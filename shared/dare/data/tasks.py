@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dare.data.code import MBPP, HumanEval
-from dare.data.mathtasks import GSM8K, MATH, MATH500, S1K, GSM8KThink
+from dare.data.mathtasks import GSM8K, MATH, MATH500, S1K, GSM8KB1, GSM8KThink
 from dare.data.preference import UltraFeedback
 from dare.data.puzzles import Countdown, Sudoku
 from dare.data.synthetic import (Addition, AdditionPreference, AdditionTeacher, Chain, SudokuFill,
@@ -18,6 +18,7 @@ TASKS = {
     "sudoku_fill_teacher": SudokuFillTeacher(blanks=4, n_train=50000, n_test=500, ascending=0.6),
     "gsm8k": GSM8K(),
     "gsm8k_think": GSM8KThink(),
+    "gsm8k_b1": GSM8KB1(),
     "math": MATH(),
     "math500": MATH500(),
     "countdown": Countdown(n_numbers=3),
