@@ -298,10 +298,11 @@ with families_tab:
         st.info("No result matches the filters.")
     else:
         pick = st.selectbox("Task and decoding", columns, key="family_benchmark")
-        fams, rows, family_runs = load.family_table(shown, pick)
+        fams, rows, family_runs = load.family_table(shown, pick, pool=items)
         st.caption(f"{plain(pick)}: every method on every model family, % (mean ± sample std over seeds, n seeds), "
-                   "and its difference in points to that family's own start (the model it was trained from: the "
-                   "first row). Open a run from the table below it (the detail link) or in the Run detail tab.")
+                   "and its difference in points to the start its runs were trained from (the first row; a start "
+                   "trained again from the same config is a rerun there, and each run is compared with its own). "
+                   "Open a run from the table below it (the detail link) or in the Run detail tab.")
         static_table(pd.DataFrame(rows).set_index("method"))
         st.dataframe(pd.DataFrame(family_runs), hide_index=True, key="family_runs",
                      column_config={"detail": st.column_config.LinkColumn("detail", display_text="open")})

@@ -409,14 +409,16 @@ def family_method_rows(items) -> list[dict]:
     return out
 
 
-def family_table(items, benchmark: str) -> tuple[list[str], list[dict], list[dict]]:
+def family_table(items, benchmark: str, pool=None) -> tuple[list[str], list[dict], list[dict]]:
     """The cross-family comparison on one benchmark column (`benchmark_label`: task and decoding):
     (families, one row per recipe label with each family's `mean ± std (n seeds)` cell and its
     signed delta in points to that model's own start (`base_method`: the run the others were trained
     from), one row per run with a `?run=<id>` link to its detail). A family with several models on
     the benchmark gets a row per model (`label [model]`). Cells and deltas over runs from different
-    machines carry ⚠."""
+    machines carry ⚠. The starts are looked up in `pool` (default `items`): a filter that hides the
+    start rows keeps the differences."""
     column = [(p, r) for p, r in items if benchmark_label(r) == benchmark]
+    starts_pool = column if pool is None else [(p, r) for p, r in pool if benchmark_label(r) == benchmark]
     results = [r for _, r in column]
     families = sorted({r.model.family for r in results})
     cells: dict[tuple[str, str], list[Result]] = defaultdict(list)
@@ -447,7 +449,7 @@ def family_table(items, benchmark: str) -> tuple[list[str], list[dict], list[dic
             row[f"{family} Δ"] = ""
             if not mine or label in starts:
                 continue
-            gain = gain_over_start(paired[(label, family)], column)  # each run against the start it trained from
+            gain = gain_over_start(paired[(label, family)], starts_pool)  # each run against the start it trained from
             ours = any(r.training and r.training.init_config_hash for r in mine)  # else trained from a base model
             if gain is None and not ours and cells.get((start_of.get((label, family)), family)):
                 base = cells[(start_of[(label, family)], family)]

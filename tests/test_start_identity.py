@@ -110,3 +110,15 @@ def test_an_older_result_with_no_start_beside_it_pairs_with_the_start_made_befor
     _write(root, "copy", _result("sft", 0.783, run_id=START, samples="c", made="2026-11-27T18:37:31Z"))  # again
     gains = _gains(load)
     assert gains["tracerl (from sft)"][1] == "+5.9" and gains["rldf (from sft)"][1] == "+9.6"
+
+
+def test_a_filter_that_hides_the_start_keeps_the_gain(load, tmp_path):
+    """The Families tab filters by method; the starts are looked up among all results (`pool`)."""
+    root = tmp_path / "committed"
+    _write(root, "one", _result("sft", 0.755, run_id=START, samples="a", checkpoint="w1"))
+    _write(root, "one", _result("rldf", 0.88, samples="d", init_checkpoint="w1"))
+    items, _ = load.load_all()
+    shown = [(p, r) for p, r in items if r.method.baseline == "rldf"]
+    column = load.benchmark_label(items[0][1])
+    assert load.family_table(shown, column)[1][0]["llada Δ"] == ""  # nothing to compare with in the shown rows
+    assert load.family_table(shown, column, pool=items)[1][0]["llada Δ"] == "+12.5"
