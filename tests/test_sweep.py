@@ -377,6 +377,28 @@ def test_collect_refuses_a_folder_of_two_commits(tmp_path):
         collect(mixed, tmp_path / "board-mixed")
 
 
+def test_collect_says_how_to_evaluate_the_start_again_when_only_it_is_of_another_commit(tmp_path):
+    """A sweep whose start was evaluated by an earlier sweep (another commit) and whose runs are of one commit:
+    the refusal names the one command that evaluates the start again at the runs' commit."""
+    from dare.app.sweep import collect
+
+    (tmp_path / "start.yaml").write_text("baseline: sft\n")
+    sweep = load_sweep(write_sweep(tmp_path, "s", {"run.seed": [0, 1]}, init={"config": "start.yaml"}))
+    _evaluated(sweep.init, "start", commit="5" * 40)
+    for run in sweep.runs:
+        _evaluated(run, run.id, commit="6" * 40)
+    with pytest.raises(UserError, match=r"only the start was evaluated at another commit \(5555555\): from a clean "
+                                        r"checkout of 6666666, move .*init/eval aside and run `python -m "
+                                        r"dare.app.sweep .*s.yaml init`"):
+        collect(sweep, tmp_path / "board")
+    mixed = load_sweep(write_sweep(tmp_path / "mixed", "s", {"run.seed": [0, 1]}, init={"config": "../start.yaml"}))
+    for run, commit in zip([mixed.init, *mixed.runs], ("5" * 40, "6" * 40, "7" * 40)):
+        _evaluated(run, run.id if run is not mixed.init else "start", commit=commit)
+    with pytest.raises(UserError) as refused:  # the runs themselves differ: no such hint
+        collect(mixed, tmp_path / "board")
+    assert "only the start" not in str(refused.value)
+
+
 def test_collect_defaults_to_the_folder_the_sweep_was_collected_into(tmp_path, monkeypatch, capsys):
     """Without --to, `dare sweep collect` of a baseline's tiny sweep (`TINY_SWEEP`) goes to its own folder
     (`TINY_RESULTS`, CONTRIBUTING.md section 6), not to `leaderboard/results/<family>` (the former default, the

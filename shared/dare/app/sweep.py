@@ -708,9 +708,17 @@ def collect(sweep: Sweep, dest: str | Path, only: dict | None = None, allow_dirt
         shown = "; ".join(f"{(c or 'no commit')[:7]}: "
                           + ", ".join(f"{where.count(w)} {w}" for w in dict.fromkeys(where))
                           for c, where in commits.items())
+        starts = {res.provenance.git_commit for _, _, _, run, _, res in found if run is sweep.init}
+        others = {res.provenance.git_commit for _, _, _, run, _, res in found if run is not sweep.init}
+        hint = ""
+        if len(others) == 1 and starts and starts != others and not present:  # only the start is of another commit
+            hint = (f"; only the start was evaluated at another commit ({', '.join(c[:7] for c in starts if c)}): "
+                    f"from a clean checkout of {next(iter(others))[:7]}, move {sweep.init.dir / 'eval'} aside and run "
+                    f"`python -m dare.app.sweep {sweep.path} init` (its training is reused; the evaluation takes "
+                    f"seconds), then collect again")
         raise UserError(f"{dest}: would hold results of {len(commits)} commits ({shown}); a results folder holds "
                         f"one commit's runs: collect into a folder of its own (--to), or delete {sweep.out} and run the "
-                        f"sweep again from one commit")
+                        f"sweep again from one commit{hint}")
     for _, baseline, config, run, p, res in found:
         path = publish(p, dest)
         res = read_result(path)
