@@ -122,3 +122,27 @@ def test_a_filter_that_hides_the_start_keeps_the_gain(load, tmp_path):
     column = load.benchmark_label(items[0][1])
     assert load.family_table(shown, column)[1][0]["llada Δ"] == ""  # nothing to compare with in the shown rows
     assert load.family_table(shown, column, pool=items)[1][0]["llada Δ"] == "+12.5"
+
+
+@pytest.mark.parametrize("same_run", [True, False])
+def test_a_checkpoint_trained_before_dare_json_named_its_start_takes_it_from_run_json(sft_checkpoint, tmp_path,
+                                                                                       same_run):
+    """Checkpoints written before 2026-11-27 have no `init_fingerprint` in dare.json; their run folder's run.json
+    has it (`fit` wrote it there), and the evaluation takes it from there when run.json is that run's."""
+    import shutil
+
+    from dare.eval import evaluate_checkpoint
+    from dare.models.api import checkpoint_fingerprint
+    from dare.results import read_result
+
+    final = tmp_path / "run" / "final"
+    shutil.copytree(sft_checkpoint("llada"), final)
+    meta = json.loads((final / "dare.json").read_text())
+    meta.pop("init_fingerprint", None)
+    (final / "dare.json").write_text(json.dumps(meta))
+    status = {"config_hash": meta["config_hash"] if same_run else "another", "init_fingerprint": "f" * 64}
+    (final.parent / "run.json").write_text(json.dumps(status))
+    [path] = evaluate_checkpoint(final, None, ["eval.n_samples=4"], out_dir=tmp_path / "eval")
+    training = read_result(path).training
+    assert training.checkpoint == checkpoint_fingerprint(final)
+    assert training.init_checkpoint == ("f" * 64 if same_run else None)
