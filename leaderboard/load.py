@@ -65,15 +65,19 @@ def load_all(extra_runs: list[Path] | None = None) -> tuple[list[tuple[Path, Res
         valid += v
         invalid += i
     invalid = [(p, why) for p, why in invalid if _bench(p) is None]  # bench reports are not results
-    seen, unique = set(), []
+    kept: dict[tuple, int] = {}  # result_key -> its place in `unique`
+    unique = []
     _FOLDERS.clear()
     _FIRST.clear()
     for path, r in valid:  # the same run can be both committed and in a run folder
-        _FOLDERS.setdefault(result_key(r), set()).add(path.parent.parent)
-        _FIRST[result_key(r)] = min(_FIRST.get(result_key(r), r.created_at), r.created_at)
-        if result_key(r) not in seen:
-            seen.add(result_key(r))
+        key = result_key(r)
+        _FOLDERS.setdefault(key, set()).add(path.parent.parent)
+        _FIRST[key] = min(_FIRST.get(key, r.created_at), r.created_at)
+        if key not in kept:
+            kept[key] = len(unique)
             unique.append((path, r))
+        elif r.training and r.training.checkpoint and not (unique[kept[key]][1].training or r.training).checkpoint:
+            unique[kept[key]] = (path, r)  # the copy evaluated again by code that names its checkpoint
     return unique, invalid
 
 
@@ -338,11 +342,10 @@ def own_start(item: tuple[Path, Result], items) -> list[Result]:
     exact = [s for _, s in same if t.init_checkpoint and s.training.checkpoint == t.init_checkpoint]
     if exact or t.init_checkpoint and any(s.training.checkpoint for _, s in same):
         return exact
-    unknown = [(p, s) for p, s in same if not s.training.checkpoint]  # starts that name no checkpoint
-    beside = [s for p, s in unknown if folders(p, s) & folders(path, r)]
-    before = [s for _, s in unknown if _FIRST.get(result_key(s), s.created_at) <= r.created_at]
+    beside = [s for p, s in same if folders(p, s) & folders(path, r)]
+    before = [s for _, s in same if _FIRST.get(result_key(s), s.created_at) <= r.created_at]
     here = [s for s in before if environment(s) == environment(r)]
-    return beside or here or before or [s for _, s in unknown]
+    return beside or here or before or [s for _, s in same]
 
 
 def gain_over_start(cell: list[tuple[Path, Result]], items) -> tuple[float, list[Result]] | None:

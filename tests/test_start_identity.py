@@ -146,3 +146,22 @@ def test_a_checkpoint_trained_before_dare_json_named_its_start_takes_it_from_run
     training = read_result(path).training
     assert training.checkpoint == checkpoint_fingerprint(final)
     assert training.init_checkpoint == ("f" * 64 if same_run else None)
+
+
+def test_a_start_evaluated_again_by_newer_code_still_pairs_with_the_older_runs(load, tmp_path):
+    """The Sudoku start retrained at 5452cc2, published beside GDSD without a checkpoint fingerprint and later
+    beside BridgeRatio-GRPO with one (the same samples): one result, kept as the copy that names its checkpoint;
+    the older runs beside the first copy and the newer runs that name it both pair with it."""
+    root = tmp_path / "committed"
+    _write(root, "a-older", _result("sft", 0.755, run_id=START, samples="a", made="2026-11-25T13:40:51Z"))
+    _write(root, "b-newer", _result("sft", 0.7825, run_id=START, samples="c", checkpoint="w2",
+                                    made="2026-11-27T20:00:00Z"))
+    _write(root, "b-newer", _result("bridgeratio_grpo", 0.879, samples="e", init_checkpoint="w2",
+                                    made="2026-11-27T20:01:00Z"))
+    _write(root, "c-gdsd", _result("sft", 0.7825, run_id=START, samples="c", made="2026-11-27T18:37:31Z"))
+    _write(root, "c-gdsd", _result("gdsd", 0.880, samples="d", made="2026-11-27T16:24:54Z"))
+    items, _ = load.load_all()
+    kept = [r for _, r in items if r.run_id == START and load.value(r) == 0.7825]
+    assert len(kept) == 1 and kept[0].training.checkpoint == "w2"
+    gains = _gains(load)
+    assert gains["gdsd (from sft)"][1] == "+9.8" and gains["bridgeratio_grpo (from sft)"][1] == "+9.7"
