@@ -675,12 +675,16 @@ def test_committed_results_fill_the_family_table(monkeypatch):
     assert {"llada", "sdar", "llada2"} <= set(families)
     by_method = {row["method"]: row for row in rows}
     assert rows[0]["method"] == "sft"
-    # TraceRL also has a value-model recipe on SDAR: each recipe keeps one label (one row) on every family
-    plain = [m for m in by_method if m.startswith("tracerl (from sft)") and "value_model=True" not in m]
-    assert len(plain) == 1 and any("value_model=True" in m for m in by_method)
+    # TraceRL also has a value-model recipe, wd1 a b1 one (dynamic blocks) on SDAR, GDSD its TLC variant: each
+    # recipe keeps one label (one row) on every family
+    plain = {name: [m for m in by_method if m.startswith(f"{name} (from sft)") and other not in m]
+             for name, other in (("tracerl", "value_model=True"), ("wd1", "dynamic=True"))}
+    assert all(len(labels) == 1 for labels in plain.values()), plain
+    assert any("value_model=True" in m for m in by_method) and any("dynamic=True" in m for m in by_method)
+    assert {"gdsd (from sft) (variant=gdsd)", "gdsd (from sft) (variant=tlc)"} <= set(by_method)
     for method in ("d1", "coupled_grpo", "wd1", "tracerl", "peft"):
         for family in ("llada", "sdar", "llada2"):
-            row = by_method[plain[0] if method == "tracerl" else f"{method} (from sft)"]
+            row = by_method[plain[method][0] if method in plain else f"{method} (from sft)"]
             assert re.search(r"\((\d+) seeds", row[family]) and row[f"{family} Δ"].startswith("+"), (method, family)
     assert all(re.search(r"\((\d+) seeds", by_method["vrpo (from sft)"][f]) for f in ("llada", "sdar", "llada2"))
     assert {r["detail"] for r in runs} == {f"?run={r['run_id']}" for r in runs}
