@@ -189,6 +189,36 @@ def test_rl_validation_logs_what_dare_eval_measures_on_the_same_rows(tmp_path):
                            f"run.out_dir={tmp_path / 'bad'}"])
 
 
+def test_validation_on_a_schedule_of_forward_budgets():
+    """rl.eval_every_forwards: a step validates when the run's forwards pass a multiple of the budget during it,
+    and after the last step; the step schedule stays as it was beside it."""
+    from types import SimpleNamespace
+
+    from dare.train.rl import validation_due
+
+    rl = SimpleNamespace(eval_every=0, eval_every_forwards=300)
+    totals = [0, 160, 320, 480, 640, 800]  # 160 forwards a step
+    assert [s for s in range(1, 6) if validation_due(rl, s, 5, totals[s - 1], totals[s])] == [2, 4, 5]
+    rl = SimpleNamespace(eval_every=2, eval_every_forwards=0)
+    assert [s for s in range(1, 6) if validation_due(rl, s, 5, totals[s - 1], totals[s])] == [2, 4, 5]
+    rl = SimpleNamespace(eval_every=0, eval_every_forwards=0)
+    assert not any(validation_due(rl, s, 5, totals[s - 1], totals[s]) for s in range(1, 6))
+
+
+def test_rl_validates_at_forward_budgets_and_counts_its_forwards_in_its_step(tmp_path):
+    sft_run = train("sft", None, [*SFT_TINY, "train.steps=3", f"run.out_dir={tmp_path / 'sft'}"])
+    d1_run = train("d1", None, [f"model.path={sft_run / 'final'}", "train.steps=3", "rl.prompts_per_step=4",
+                                "rl.group_size=4", "rl.decoding.gen_length=4", "rl.decoding.block_length=4",
+                                "rl.decoding.steps=4", "rl.eval_every_forwards=200", "rl.eval_samples=16",
+                                "run.log_every=1", f"run.out_dir={tmp_path / 'd1'}"])
+    records = [json.loads(line) for line in (d1_run / "metrics.jsonl").read_text().splitlines()]
+    per_step = records[0]["compute/total_forwards"]
+    assert per_step > 100  # a budget of 200 is passed during steps 2 and 3 whatever d1 spends in [100, 200)
+    due = [r["step"] for r in records if r["step"] * per_step // 200 > (r["step"] - 1) * per_step // 200 or r["step"] == 3]
+    assert [r["step"] for r in records if "val/accuracy" in r] == due
+    assert all((r["compute/eval_forwards"] > 0) == ("val/accuracy" in r) for r in records)
+
+
 def test_rl_needs_a_checkpoint(tmp_path):
     with pytest.raises(UserError, match="model.path"):
         train("d1", None, [f"run.out_dir={tmp_path / 'x'}"])

@@ -362,6 +362,10 @@ class RLConfig:
     """Validate every N rollout batches (and after the last) with the embedded evaluator: the first
     `eval_samples` prompts of `eval_split`, greedy with the rollout's lengths, the task's metrics
     logged as `val/<metric>` in metrics.jsonl; 0: off."""
+    eval_every_forwards: int = field(default=0, metadata=NOHASH)
+    """Also validate after each step that takes the run's sequence forwards (`compute/total_forwards`: rollout +
+    training, summed over processes) past a multiple of N, and after the last: a schedule of forward budgets
+    shared by every method whatever it spends per step, for rankings at equal compute; 0: off."""
     eval_samples: int = field(default=64, metadata=NOHASH)
     eval_split: str = field(default="test", metadata=NOHASH)
     # Diagnostics (`dare.train.diagnostics`): they read the run and never change it (their noise and
@@ -401,6 +405,7 @@ class RLConfig:
               "a collapse criterion needs collapse_below or collapse_drop", "collapse_metric")
         check(self.collapse_drop is None or 0 < self.collapse_drop < 1, "must be in (0, 1)", "collapse_drop")
         check(self.eval_every >= 0, "must be >= 0 (0: no validation)", "eval_every")
+        check(self.eval_every_forwards >= 0, "must be >= 0 (0: no schedule of forward budgets)", "eval_every_forwards")
         check(self.eval_samples > 0, "must be positive", "eval_samples")
         check(self.prompts_per_step > 0, "must be positive", "prompts_per_step")
         check(self.group_size > 0, "must be positive", "group_size")

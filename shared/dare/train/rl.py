@@ -39,8 +39,8 @@ and computes its advantages locally; log-prob passes and updates run in micro-ba
 processes (`batch.num_tokens`, `batch.num_sequences`), so they add up over micro-batches and
 processes and the gradient does not depend on how the batch is split.
 
-Validation (`rl.eval_every`): the embedded evaluator's metrics on held-out prompts, greedy with
-the rollout's lengths, every rank decoding its share (collective under FSDP), logged as
+Validation (`rl.eval_every` steps, `rl.eval_every_forwards` forwards: `validation_due`): the embedded
+evaluator's metrics on held-out prompts, greedy with the rollout's lengths, every rank decoding its share (collective under FSDP), logged as
 `val/<metric>`; after the last step of a float32 run it equals `dare eval` of the exported
 checkpoint (with bf16 the validation decodes under autocast, `dare eval` in its own dtype).
 
@@ -196,7 +196,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
     if critic_spec is not None and missing_value_hooks(hooks):
         raise UserError(f"the algorithm asks for a value model but does not define {missing_value_hooks(hooks)}")
     rows = load_split(cfg.data.task, cfg.data.split)
-    val_rows = validation_rows(cfg, task, dist.world) if cfg.rl.eval_every else None
+    val_rows = validation_rows(cfg, task, dist.world) if cfg.rl.eval_every or cfg.rl.eval_every_forwards else None
     model, tokenizer, model_name, init = build_model(cfg.model, task, cfg.run.seed)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -350,17 +350,21 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                 peaks.end("update")
             times = {"time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update,
                      **({"time/value_s": t_value} if critic is not None else {})}
+            used = dist.sum({**counter.take(), "rollout_tokens": float(out.responses.numel()),
+                             "update_tokens": float((out.response_mask & keep.repeat_interleave(G, 0)).sum()) * mu
+                             if kept else 0.0})
+            spent = compute_metrics(loop, used, out.nfe)
             val = {}
-            if val_rows is not None and ((step + 1) % cfg.rl.eval_every == 0 or step + 1 == loop.total):
+            if val_rows is not None and validation_due(cfg.rl, step + 1, loop.total, spent["compute/total_forwards"]
+                                                       - used["rollout/forwards"] - used["train/forwards"],
+                                                       spent["compute/total_forwards"]):
                 greedy = replace(cfg.rl.decoding, temperature=0.0, tree=())
                 with counter.phase("eval"):
                     val = validate(policy, trainer, tokenizer, task, val_rows, greedy,
                                    make_generator(cfg.run.seed, f"val/{step}/{dist.rank}"), cfg.rl.gather_rollout)
-            used = dist.sum({**counter.take(), "rollout_tokens": float(out.responses.numel()),
-                             "update_tokens": float((out.response_mask & keep.repeat_interleave(G, 0)).sum()) * mu
-                             if kept else 0.0})
+                spent["compute/eval_forwards"] += dist.sum(counter.take())["eval/forwards"]
             metrics = {**step_metrics(dist, batch, out, mu, sums, trainer.lr, times), **peaks.take(), **val,
-                       **step_diagnostics(checks), **compute_metrics(loop, used, out.nfe)}
+                       **step_diagnostics(checks), **spent}
 
             # --- guards: a non-finite update or a collapse rolls back (or stops); a run without diversity warns
             problem = diag.nonfinite(sums) or guard.check(metrics)
@@ -444,6 +448,15 @@ def step_diagnostics(checks: dict) -> dict:
         if checks["adv/std"] > 0 and "diag/logp_std" in out:
             out["diag/logp_std_to_adv_std"] = out["diag/logp_std"] / checks["adv/std"]
     return out
+
+
+def validation_due(rl, done: int, total: int, before: float, after: float) -> bool:
+    """Whether the step that ends with `done` steps of `total` validates: every `rl.eval_every` steps, at each
+    multiple of `rl.eval_every_forwards` that the run's forwards passed during the step (from `before` to
+    `after`), and after the last step when either schedule is on."""
+    every, budget = rl.eval_every, rl.eval_every_forwards
+    return ((every > 0 and (done % every == 0 or done == total))
+            or (budget > 0 and (after // budget > before // budget or done == total)))
 
 
 def compute_metrics(loop, used: dict, nfe: int) -> dict:
