@@ -310,6 +310,25 @@ def test_several_methods_from_one_trained_start(tmp_path, capsys):
     assert sorted(again) == sorted(first) and len(list((tmp_path / "board").iterdir())) == 2
 
 
+def test_method_overrides_reach_one_method_and_leave_the_others_ids_alone(tmp_path):
+    """`method_overrides`: one method's own settings after the sweep's `overrides` (the suite's cj_grpo, whose
+    ascending schedule fixes its step count from the length); the other methods' runs keep the ids they had
+    without it; a name that is not one of the methods is refused in one line."""
+    spec = {"methods": {"sft": None, "peft": None}, "overrides": {**TINY, "train.steps": 2}, "grid": {"run.seed": [0]},
+            "out_dir": str(tmp_path / "runs")}
+    before = tmp_path / "before.yaml"
+    before.write_text(yaml.safe_dump(spec))
+    after = tmp_path / "after.yaml"
+    after.write_text(yaml.safe_dump({**spec, "method_overrides": {"peft": {"train.lr": 0.003}}}))
+    ids = {r.baseline: (r.id, r.overrides) for r in load_sweep(before).runs}
+    new = {r.baseline: (r.id, r.overrides) for r in load_sweep(after).runs}
+    assert new["sft"] == ids["sft"] and new["peft"][0] != ids["peft"][0]
+    assert "train.lr=0.003" in new["peft"][1] and "train.lr=0.003" not in new["sft"][1]
+    after.write_text(yaml.safe_dump({**spec, "method_overrides": {"d1": {"train.lr": 0.003}}}))
+    with pytest.raises(UserError, match=r"method_overrides.'d1': not one of the sweep's methods \(sft, peft\)"):
+        load_sweep(after)
+
+
 def _evaluated(run, tag: str, commit: str = "a" * 40, dirty: bool | None = False) -> Path:
     """A result in `run`'s eval folder, as its evaluation would write it, made at `commit` (dirty or not):
     a committed result of the tiny task with its run id and provenance changed."""

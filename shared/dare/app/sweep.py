@@ -26,6 +26,7 @@ Several methods side by side (`reproductions/tiny/sweep.yaml`) name each with it
 `baseline`/`config`, and may start every run from one checkpoint trained first:
 
     methods: {d1: d1.yaml, wd1: wd1.yaml}   # baseline -> config (null: its defaults); the grid runs per method
+    method_overrides: {cj_grpo: {rl.decoding.steps: 3}}  # optional: one method's own, after `overrides`
     init: {config: ../demo/sft.yaml}       # trained (or reused) before the runs; each run starts from its
                                            # final checkpoint (model.path), evaluated like the runs
 
@@ -153,6 +154,9 @@ class SweepFile:
     config: str | None = None
     methods: dict[str, str | None] | None = None
     """baseline -> its config file (null: its defaults), instead of baseline/config."""
+    method_overrides: dict[str, dict[str, Any]] | None = None
+    """baseline -> dotted keys -> values for that method's runs only, applied after `overrides` (a setting the
+    task fixes for every method, such as a step count that one method's sampler derives from the length)."""
     init: PathSection = field(default_factory=PathSection)
     overrides: dict[str, Any] | None = None
     """Dotted config keys -> values, for every run."""
@@ -243,6 +247,10 @@ def load_sweep(path: str | Path, max_runs: int = MAX_RUNS) -> Sweep:
                     f"exceed the cap of {max_runs:,} runs per sweep; shrink the grid or split the sweep "
                     f"(or raise the cap: dare sweep --max-runs N)")
     overrides = spec.overrides or {}
+    own = spec.method_overrides or {}
+    for baseline in own:
+        if baseline not in methods:
+            _fail(path, f"method_overrides.{shown_value(baseline)}: not one of the sweep's methods ({', '.join(methods)})")
     slurm = slurm_parameters(path, spec.slurm)
     eval_config = (path.parent / spec.eval.config).resolve() if spec.eval.config else None
     if eval_config and not eval_config.is_file():
@@ -270,7 +278,7 @@ def load_sweep(path: str | Path, max_runs: int = MAX_RUNS) -> Sweep:
         base = "" if config is None else config.read_text()
         for values in itertools.product(*(grid[k] for k in keys)):
             chosen = dict(zip(keys, values))
-            ov = [f"{k}={_fmt(v)}" for k, v in {**overrides, **chosen}.items()]
+            ov = [f"{k}={_fmt(v)}" for k, v in {**overrides, **own.get(baseline, {}), **chosen}.items()]
             key = [baseline, base, sorted(ov)] + ([start] if init else [])
             run_id = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
             shown = ({"baseline": baseline} if len(methods) > 1 else {}) | chosen
