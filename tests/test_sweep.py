@@ -325,7 +325,7 @@ def test_method_overrides_reach_one_method_and_leave_the_others_ids_alone(tmp_pa
     assert new["sft"] == ids["sft"] and new["peft"][0] != ids["peft"][0]
     assert "train.lr=0.003" in new["peft"][1] and "train.lr=0.003" not in new["sft"][1]
     after.write_text(yaml.safe_dump({**spec, "method_overrides": {"d1": {"train.lr": 0.003}}}))
-    with pytest.raises(UserError, match=r"method_overrides.'d1': not one of the sweep's methods \(sft, peft\)"):
+    with pytest.raises(UserError, match=r"method_overrides.'d1': not one of the sweep's methods \(peft, sft\)"):
         load_sweep(after)
 
 
