@@ -196,13 +196,16 @@ def value(r: Result) -> float:
 
 
 def distinct_runs(results: list[Result]) -> list[Result]:
-    """`results` without the copies of one run: the same run published in two folders (under two run ids) has
-    the same samples (`artifacts.samples_sha256`, or the whole file's hash for an excerpt), and counts once."""
+    """`results` without the copies of one run: the same run published in two folders (under two run ids) is the
+    same training (seed, config hash, checkpoint) evaluated into the same samples (`artifacts.samples_sha256`, or
+    the whole file's hash for an excerpt), and counts once. Identical samples alone make no copy: two seeds (or two
+    methods) that answer every prompt alike are two runs."""
     seen, out = set(), []
     for r in results:
-        a = r.artifacts
-        key = (a.samples_total_sha256 or a.samples_sha256, r.benchmark.name, r.model.name)
-        key = key if key[0] else r.run_id
+        a, t = r.artifacts, r.training
+        training = (t.seed, t.config_hash, t.checkpoint) if t else None
+        key = (training, a.samples_total_sha256 or a.samples_sha256, r.benchmark.name, r.model.name)
+        key = key if key[1] else r.run_id
         if key not in seen:
             seen.add(key)
             out.append(r)
