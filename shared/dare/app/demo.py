@@ -36,14 +36,9 @@ SMOKE = {
 }
 
 
-def _accuracy(result_path: Path) -> tuple[float, int]:
-    m = read_result(result_path).metric("accuracy")
-    return m.value, m.count
-
-
 def _by_size(result_path: Path) -> tuple[float, float]:
     """Accuracy on the sums below 100 and on those of 100 and more (where the teacher slips), from
-    the samples beside the result."""
+    the samples beside the result (the run folder's whole file: a published copy keeps 64)."""
     import json
 
     rows = [json.loads(line) for line in (result_path.parent / "samples_addition.jsonl").read_text().splitlines()]
@@ -58,9 +53,27 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return mean, std
 
 
-def main(smoke: bool = False, seeds: int = 3) -> int:
-    import json
+def comparison(sft_result: Path, d1_results: list[Path]) -> list[str]:
+    """The demo's comparison table, read from result files alone (`read_result`): the SFT run's and one per
+    d1 seed, in a run folder or their committed copies in leaderboard/results/demo/, from which
+    `python -m dare.app.docs --write-readme` writes it into README.md and docs/getting-started.md."""
+    sft, d1 = read_result(sft_result), [read_result(p) for p in d1_results]
+    sft_acc = sft.metric("accuracy")
+    d1_accs = [r.metric("accuracy").value for r in d1]
+    d1_mean, d1_std = _mean_std(d1_accs)
+    spread = f"{d1_mean:.3f} ± {d1_std:.3f}" if len(d1) > 1 else f"{d1_mean:.3f}"
+    per_seed = sum(r.training.wall_time_s for r in d1) / len(d1)
+    return [
+        f"Held-out addition accuracy ({sft_acc.count} problems, greedy, identical decoding: reproductions/demo/eval.yaml)",
+        f"  {'method':8s} {'init':8s} {'seeds':>5s}  {'accuracy':>16s}  {'train time':>12s}",
+        f"  {sft.method.baseline:8s} {sft.method.init:8s} {1:>5d}  {sft_acc.value:>16.3f}  "
+        f"{sft.training.wall_time_s:>11.0f}s",
+        f"  {d1[0].method.baseline:8s} {d1[0].method.init:8s} {len(d1):>5d}  {spread:>16s}  {per_seed:>8.0f}s/seed",
+        f"  d1 - sft: {d1_mean - sft_acc.value:+.3f}   (per seed: {', '.join(f'{a:.3f}' for a in d1_accs)})",
+    ]
 
+
+def main(smoke: bool = False, seeds: int = 3) -> int:
     from dare.app.runs import train
 
     t0 = time.perf_counter()
@@ -72,29 +85,17 @@ def main(smoke: bool = False, seeds: int = 3) -> int:
     sft_run = train("sft", DEMO / "sft.yaml", extra["sft"])
     sft_result = evaluate_checkpoint(sft_run / "final", DEMO / "eval.yaml", extra["eval"])[0]
 
-    d1_results, d1_runs = [], []
+    d1_results = []
     for seed in range(seeds):
         run = train("d1", DEMO / "d1.yaml", [f"model.path={shown_path(sft_run / 'final')}", f"run.seed={seed}",
                                              *extra["d1"]])
-        d1_runs.append(run)
         d1_results.append(evaluate_checkpoint(run / "final", DEMO / "eval.yaml", extra["eval"])[0])
 
-    sft_acc, n = _accuracy(sft_result)
-    d1_accs = [_accuracy(p)[0] for p in d1_results]
-    d1_mean, d1_std = _mean_std(d1_accs)
-    train_s = lambda run: json.loads((run / "run.json").read_text())["wall_time_s"]  # noqa: E731
     print()
-    print(f"Held-out addition accuracy ({n} problems, greedy, identical decoding: reproductions/demo/eval.yaml)")
-    print(f"  {'method':8s} {'init':8s} {'seeds':>5s}  {'accuracy':>16s}  {'sums < 100':>10s}  {'>= 100':>6s}  "
-          f"{'train time':>12s}")
-    low, high = _by_size(sft_result)
-    print(f"  {'sft':8s} {'scratch':8s} {1:>5d}  {sft_acc:>16.3f}  {low:>10.3f}  {high:>6.3f}  {train_s(sft_run):>11.0f}s")
-    spread = f"{d1_mean:.3f} ± {d1_std:.3f}" if seeds > 1 else f"{d1_mean:.3f}"
-    per_seed = sum(train_s(r) for r in d1_runs) / len(d1_runs)
-    sizes = [_by_size(p) for p in d1_results]
-    low, high = (sum(v) / len(v) for v in zip(*sizes))
-    print(f"  {'d1':8s} {'sft':8s} {seeds:>5d}  {spread:>16s}  {low:>10.3f}  {high:>6.3f}  {per_seed:>8.0f}s/seed")
-    print(f"  d1 - sft: {d1_mean - sft_acc:+.3f}   (per seed: {', '.join(f'{a:.3f}' for a in d1_accs)})")
+    print("\n".join(comparison(sft_result, d1_results)))
+    (sft_low, sft_high), *d1_sizes = [_by_size(p) for p in [sft_result, *d1_results]]
+    d1_low, d1_high = (sum(v) / len(v) for v in zip(*d1_sizes))
+    print(f"  sums < 100 / >= 100: sft {sft_low:.3f} / {sft_high:.3f}, d1 {d1_low:.3f} / {d1_high:.3f} (mean of the seeds)")
     print()
     print(f"Result JSONs: {sft_result}")
     for p in d1_results:

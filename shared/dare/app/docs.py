@@ -1,11 +1,12 @@
 """The documentation's generated parts, torch-free: the method table (README.md's and the site's
-Baselines page), one site page per baseline from `baselines/<name>/README.md`, and the link rewriting
-that keeps the site's build strict.
+Baselines page), the demo's output (README.md's and docs/getting-started.md's), one site page per baseline
+from `baselines/<name>/README.md`, and the link rewriting that keeps the site's build strict.
 
 `python -m dare.app.docs --write-readme` rewrites README.md's method table from the baselines' front
-matter (`dare.app.baselines.glossary`); `--check` exits 1 when it differs (tests/test_docs.py does the
-same). The MkDocs hook (docs/hooks.py) calls `baseline_page` and `rewrite_links` at build time, so
-nothing generated is committed under docs/.
+matter (`dare.app.baselines.glossary`) and the demo's table in README.md and docs/getting-started.md from
+the committed demo results (leaderboard/results/demo/, printed by the demo's own `comparison`); `--check`
+exits 1 when one differs (tests/test_docs.py does the same). The MkDocs hook (docs/hooks.py) calls
+`baseline_page` and `rewrite_links` at build time, so no baseline page is committed under docs/.
 """
 
 from __future__ import annotations
@@ -39,12 +40,67 @@ def method_table(link: str = "baselines/{name}/README.md") -> str:
     return "\n".join(rows)
 
 
+def _between(text: str, start_marker: str, end_marker: str, body: str) -> str:
+    """`text` with what lies between the two marker lines replaced by `body`."""
+    start, end = text.find(start_marker), text.find(end_marker)
+    if start < 0 or end < start:
+        raise ValueError(f"no markers {start_marker!r} ... {end_marker!r}")
+    return text[:start] + start_marker + "\n" + body + "\n" + text[end:]
+
+
 def readme_with_table(text: str) -> str:
     """README.md's text with the block between the table's markers regenerated."""
-    start, end = text.find(TABLE_START), text.find(TABLE_END)
-    if start < 0 or end < start:
-        raise ValueError(f"README.md has no method table markers ({TABLE_START!r} ... {TABLE_END!r})")
-    return text[:start] + TABLE_START + "\n" + method_table() + "\n" + text[end:]
+    return _between(text, TABLE_START, TABLE_END, method_table())
+
+
+# --- the demo's output, from its committed results ------------------------------------------------------
+
+DEMO_START = "<!-- demo: generated from leaderboard/results/demo/ by `python -m dare.app.docs --write-readme` -->"
+DEMO_END = "<!-- /demo -->"
+DEMO_RESULTS = "leaderboard/results/demo"
+DEMO_PAGES = ("README.md", "docs/getting-started.md")
+"""The files that show the demo's table between the demo markers."""
+
+
+def demo_results(folder: Path | None = None) -> tuple[Path, list[Path]]:
+    """The committed demo results: the SFT run's result file and the d1 seeds' in seed order."""
+    from dare.results import read_result
+
+    paths = sorted((folder or repo() / DEMO_RESULTS).glob("*/result_addition.json"))
+    by_method: dict[str, list[tuple[int, Path]]] = {}
+    for path in paths:
+        result = read_result(path)
+        by_method.setdefault(result.method.baseline, []).append((result.training.seed, path))
+    if len(by_method.get("sft", [])) != 1 or not by_method.get("d1"):
+        raise ValueError(f"{folder or DEMO_RESULTS}: expected one sft result and the d1 seeds', found "
+                         f"{ {k: len(v) for k, v in by_method.items()} }")
+    return by_method["sft"][0][1], [path for _, path in sorted(by_method["d1"])]
+
+
+def demo_block(folder: Path | None = None) -> str:
+    """What the demo printed for its committed results (`dare.app.demo.comparison`), as Markdown, under the
+    commit and the machine that made them."""
+    from dare.app.demo import comparison
+    from dare.results import read_result
+
+    sft, d1 = demo_results(folder)
+    made = read_result(sft).provenance
+    hw = made.hardware
+    return (f"\nThe committed results (`{DEMO_RESULTS}/`: commit {(made.git_commit or '?')[:7]}, {hw.cpu_model}, "
+            f"torch dispatching {hw.cpu_capability} kernels, {hw.blas}, {hw.threads} threads):\n\n"
+            "```text\n" + "\n".join(comparison(sft, d1)) + "\n```\n")
+
+
+def with_demo(text: str) -> str:
+    """A page's text with the block between the demo markers regenerated from the committed demo results."""
+    return _between(text, DEMO_START, DEMO_END, demo_block())
+
+
+def regenerated(page: str, text: str) -> str:
+    """The text of `page` (README.md or one of `DEMO_PAGES`) with every generated block regenerated."""
+    if page == "README.md":
+        text = readme_with_table(text)
+    return with_demo(text) if page in DEMO_PAGES else text
 
 
 # --- the site's pages from repository files ------------------------------------------------------------
@@ -170,23 +226,28 @@ def baseline_page(name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dare.app.docs", description=__doc__.split("\n\n")[0])
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write-readme", action="store_true", help="rewrite README.md's method table")
-    group.add_argument("--check", action="store_true", help="exit 1 when README.md's method table is stale")
+    group.add_argument("--write-readme", action="store_true",
+                       help="rewrite README.md's method table and the demo's table in " + " and ".join(DEMO_PAGES))
+    group.add_argument("--check", action="store_true", help="exit 1 when a generated block is stale")
     args = parser.parse_args(argv)
-    readme = repo() / "README.md"
-    text = readme.read_text()
-    new = readme_with_table(text)
-    if args.write_readme:
-        if new != text:
-            readme.write_text(new)
-        print(f"README.md: method table of {len(baselines.names())} baselines written")
+    if not (args.write_readme or args.check):
+        print(method_table())
         return 0
+    stale = []
+    for page in DEMO_PAGES:
+        path = repo() / page
+        text = path.read_text()
+        new = regenerated(page, text)
+        if new != text:
+            stale.append(page)
+            if args.write_readme:
+                path.write_text(new)
     if args.check:
-        if new != text:
-            print(f"README.md's method table is stale; run: {REGENERATE}", file=sys.stderr)
-            return 1
-        return 0
-    print(method_table())
+        for page in stale:
+            print(f"{page}: a generated block is stale; run: {REGENERATE}", file=sys.stderr)
+        return 1 if stale else 0
+    print(f"README.md: method table of {len(baselines.names())} baselines; {', '.join(DEMO_PAGES)}: the demo's "
+          f"table from {DEMO_RESULTS}/ ({', '.join(stale) or 'nothing'} rewritten)")
     return 0
 
 
