@@ -191,8 +191,9 @@ def stats(values: list[float]) -> tuple[float, float, int]:
     return mean, std, n
 
 
-def value(r: Result) -> float:
-    return r.metric(main_metric(r)).value
+def value(r: Result, metric: str | None = None) -> float:
+    """`r`'s score on `metric` (default: its main metric, the first it records)."""
+    return r.metric(metric or main_metric(r)).value
 
 
 def distinct_runs(results: list[Result]) -> list[Result]:
@@ -212,14 +213,19 @@ def distinct_runs(results: list[Result]) -> list[Result]:
     return out
 
 
-def per_seed(results: list[Result]) -> list[float]:
-    """One value per distinct seed (a model, a recipe with its start: the row, and a seed): the same seed run
-    again is one seed, whose value is the mean of its distinct runs (`distinct_runs`). Means, standard
-    deviations and `n` are taken over these, never over runs."""
-    runs: dict[tuple, list[float]] = defaultdict(list)
-    for r in distinct_runs(results):
-        runs[(r.model.name, recipe(r), r.training.seed if r.training else r.run_id)].append(value(r))
-    return [sum(v) / len(v) for v in runs.values()]
+def seed_groups(results: list[Result], copies: bool = False) -> list[list[Result]]:
+    """The distinct runs (`distinct_runs`; with `copies`, every result) of `results` grouped by distinct seed: a
+    model, a recipe with its start (the row) and a seed; the same seed run again is one group."""
+    runs: dict[tuple, list[Result]] = defaultdict(list)
+    for r in (results if copies else distinct_runs(results)):
+        runs[(r.model.name, recipe(r), r.training.seed if r.training else r.run_id)].append(r)
+    return list(runs.values())
+
+
+def per_seed(results: list[Result], metric: str | None = None) -> list[float]:
+    """One value per distinct seed (`seed_groups`): the mean of its distinct runs' `metric` (default: the main
+    metric). Means, standard deviations and `n` are taken over these, never over runs."""
+    return [sum(value(r, metric) for r in runs) / len(runs) for runs in seed_groups(results)]
 
 
 def environment(r: Result) -> tuple[str, str | None]:
@@ -774,6 +780,13 @@ def _final(curve: list[dict], x_key: str, metric: str) -> float | None:
     return max((rec[x_key] for rec in curve if x_key in rec and metric in rec), default=None)
 
 
+def common_budget(curves, metric: str | None) -> float | None:
+    """The forward budget every curve reaches: the smallest, over the curves that log `metric` against
+    `FORWARDS`, of the last `FORWARDS` at which they logged it (None: no curve does)."""
+    finals = [f for f in (_final(c, FORWARDS, metric) for c in curves) if f is not None] if metric else []
+    return min(finals) if finals else None
+
+
 def has_compute(path: Path, r: Result) -> bool:
     """The run recorded what it spent (`training.compute`) or logged compute curves."""
     return bool(r.training and r.training.compute) or any(FORWARDS in rec for rec in read_curve(curve_file(path)))
@@ -859,8 +872,7 @@ def compute_table(items, benchmark: str, metric: str | None = None,
     metric = metric or compute_metrics(items, benchmark)[1]
     results = [(p, r) for p, r in items if benchmark_label(r) == benchmark]
     curves = {r.run_id: read_curve(curve_file(p)) for p, r in results}
-    finals = [f for f in (_final(c, FORWARDS, metric) for c in curves.values()) if f is not None] if metric else []
-    budget = min(finals) if finals else None
+    budget = common_budget(curves.values(), metric)
     labels = row_labels([r for _, r in results], within=lambda r: r.model.name)
     groups: dict[tuple, list[Result]] = defaultdict(list)
     for _, r in sorted(results, key=lambda pr: (pr[1].model.family, pr[1].model.name)):
@@ -880,18 +892,12 @@ def compute_table(items, benchmark: str, metric: str | None = None,
 # The landing view: methods ranked per task, with 95% intervals over distinct seeds
 # ---------------------------------------------------------------------------------------------
 
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-"""Student's t 0.975 quantiles for 1..30 degrees of freedom (three decimals, as printed in t tables)."""
-
-
 def t_975(df: int) -> float:
-    """The two-sided 95% t quantile for `df` >= 1 degrees of freedom: the table up to 30, beyond it the normal
-    quantile with the first two terms of its Cornish-Fisher expansion (within 0.001 of the exact value)."""
-    if df <= len(T_975):
-        return T_975[df - 1]
-    z = 1.959964
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+    """The two-sided 95% t quantile for `df` >= 1 degrees of freedom, to three decimals as t tables print it
+    (`rank.t_quantile`, Student's t computed)."""
+    from rank import t_quantile  # leaderboard/rank.py, which imports this module
+
+    return round(t_quantile(0.975, df), 3)
 
 
 def interval(values: list[float]) -> tuple[float, float | None, float | None, int]:
@@ -912,12 +918,30 @@ def format_interval(results: list[Result]) -> str:
     return text + (MIXED if mixed(results) else "")
 
 
+HEADLINE = [("chain_carry", "accuracy"), ("sudoku_hard", "cell_accuracy"), ("countdown_tiny", "accuracy")]
+"""The headline suite (reproductions/suite/): its tasks and the metric each is ranked on, in the order the landing
+view looks for them (it opens on the first with a result)."""
+
+SMOKE = ("addition", "sudoku_fill")
+"""Smoke tasks: they show that every method runs and learns, and are labelled as such on the landing view."""
+
+
 def default_column(items) -> str | None:
     """The task and decoding the landing view opens on: the column with the most (family, method) cells."""
     cells: dict[str, set] = defaultdict(set)
     for _, r in items:
         cells[benchmark_label(r)].add((r.model.family, method_label(r)))
     return max(sorted(cells), key=lambda c: len(cells[c])) if cells else None
+
+
+def landing_column(items) -> str | None:
+    """The column the landing view opens on: the fullest column (`default_column`) of the first headline task
+    (`HEADLINE`) with a result, else of every task."""
+    for task, _ in HEADLINE:
+        column = default_column([(p, r) for p, r in items if r.benchmark.name == task])
+        if column:
+            return column
+    return default_column(items)
 
 
 BEST = "★ "  # marks the best mean of a column in the ranking
