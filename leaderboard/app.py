@@ -167,8 +167,13 @@ def overview() -> None:
                  column_config={"arXiv": st.column_config.LinkColumn("arXiv", display_text=r"abs/(.*)$")})
 
 
-def compute_view(columns: list[str]) -> None:
-    """One task and decoding: each recipe at equal steps and at equal forward passes, and its curves."""
+def compute_view() -> None:
+    """One task and decoding (the Families tab's columns): each recipe at equal steps and at equal forward passes,
+    and its curves."""
+    columns = sorted({load.benchmark_label(r) for _, r in shown})
+    if not columns:
+        st.info("No result matches the filters.")
+        return
     ready = [c for c in columns if any(load.has_compute(p, r) for p, r in shown if load.benchmark_label(r) == c)]
     pick = st.selectbox("Task and decoding", columns, index=columns.index(ready[0]) if ready else 0,
                         key="compute_benchmark")
@@ -231,18 +236,7 @@ def overlay_view(run_id: str) -> None:
         st.caption("Left out: " + plain("; ".join(left_out)))
 
 
-linked = st.query_params.get("run")  # a link to one run (the families table's, a shared URL): ?run=<id>
-overview_tab, main, families_tab, compute_tab, by_method, published_tab, speed, detail = st.tabs(
-    ["Overview", "Leaderboard", "Families", "Compute", "By method", "Published", "Speed", "Run detail"],
-    default="Run detail" if linked else "Overview")
-
-with overview_tab:
-    if not shown:
-        st.info("No result matches the filters.")
-    else:
-        overview()
-
-with main:
+def leaderboard_view() -> None:
     families = sorted({r.model.family for _, r in shown})
     if not families:
         st.info("No result matches the filters.")
@@ -292,7 +286,8 @@ with main:
         st.dataframe(pd.DataFrame(load.run_rows([(p, r) for p, r in shown if r.model.family == family
                                                  and r.model.name == model])), hide_index=True)
 
-with families_tab:
+
+def families_view() -> None:
     columns = sorted({load.benchmark_label(r) for _, r in shown})
     if not columns:
         st.info("No result matches the filters.")
@@ -308,13 +303,8 @@ with families_tab:
                      column_config={"detail": st.column_config.LinkColumn("detail", display_text="open")})
         download(pd.DataFrame(rows), "families.csv", "csv_families")
 
-with compute_tab:  # the task and decoding columns of the Families tab
-    if not columns:
-        st.info("No result matches the filters.")
-    else:
-        compute_view(columns)
 
-with by_method:
+def by_method_view() -> None:
     methods = load.options(shown)["method"]
     if not methods:
         st.info("No result matches the filters.")
@@ -335,7 +325,8 @@ with by_method:
         st.dataframe(df, hide_index=True, key="method_table")
         download(df, f"method_{method}.csv", "csv_method")
 
-with published_tab:
+
+def published_view() -> None:
     published_rows = pd.DataFrame(published.published_rows(shown))
     st.caption("Every number the papers report for the methods here (and DARE's README, and the compilations in "
                "JustGRPO and d-TreeRPO), by model, benchmark and protocol, with its source table (one file per "
@@ -368,7 +359,8 @@ with published_tab:
         st.dataframe(df, hide_index=True, key="repro_table")
         download(df, "reproduction.csv", "csv_repro")
 
-with speed:
+
+def speed_view() -> None:
     st.caption("Decoding throughput recorded with each evaluation (dare bench rollout writes one result per "
                "strategy), and the training-side comparisons of dare bench train.")
     rollout = pd.DataFrame(load.rollout_speed_rows(shown))
@@ -404,7 +396,8 @@ with speed:
     if not len(rollout) and not len(training) and not len(gpu):
         st.info("No throughput results yet: run `dare bench rollout` or `dare bench train`.")
 
-with detail:
+
+def detail_view() -> None:
     ids = [r.run_id for _, r in shown]
     if not ids:
         st.info("No result matches the filters.")
@@ -443,3 +436,21 @@ with detail:
         with st.expander("Raw records: fingerprint (hardware, environment, packages), decoding, training"):
             st.json({"hardware": prov["hardware"], "lock": prov.get("lock"), "packages": prov["packages"]})
             st.json({"decoding": info["decoding"], "training": info["training"]}, expanded=False)
+
+
+def overview_view() -> None:
+    if not shown:
+        st.info("No result matches the filters.")
+    else:
+        overview()
+
+
+VIEWS = {"Overview": overview_view, "Leaderboard": leaderboard_view, "Families": families_view,
+         "Compute": compute_view, "By method": by_method_view, "Published": published_view, "Speed": speed_view,
+         "Run detail": detail_view}
+linked = st.query_params.get("run")  # a link to one run (the families table's, a shared URL): ?run=<id>
+tabs = st.tabs(list(VIEWS), default="Run detail" if linked else "Overview", key="tab", on_change="rerun")
+for tab, view in zip(tabs, VIEWS.values()):
+    with tab:
+        if tab.open:  # only the open tab runs (a click on another reruns the script for it)
+            view()

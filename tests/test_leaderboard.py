@@ -124,8 +124,21 @@ def runs(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _app():
-    at = AppTest.from_file(APP, default_timeout=60).run()
+def _app(tab: str | None = None):
+    """The app run once with `tab` open (default: the Overview). Only the open tab runs (`st.tabs(on_change=
+    "rerun")`): a test reads the widgets and tables of the tab it opened."""
+    at = AppTest.from_file(APP, default_timeout=60)
+    if tab:
+        at.session_state["tab"] = tab
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _open(at, tab: str):
+    """`at` run again with `tab` open (a click on the tab)."""
+    at.session_state["tab"] = tab
+    at.run()
     assert not at.exception, at.exception
     return at
 
@@ -178,7 +191,7 @@ def test_invalid_files_are_listed_and_the_rest_works(runs):
 
 
 def test_main_view_cells_deltas_and_sorting(runs):
-    at = _app()
+    at = _app("Leaderboard")
     at.selectbox(key="family").select("llada").run()
     assert at.selectbox(key="model").options == ["LLaDA-8B", "tiny"]
     at.selectbox(key="model").select("tiny").run()
@@ -212,7 +225,7 @@ def test_two_configs_of_one_method_are_two_rows_and_only_seeds_pool(runs):
             run_id="sft__tiny__addition__s0__short")
     _result(runs, "sft_short_s1", method="sft", init="scratch", seed=1, acc=[0, 0, 1, 1], steps=40,
             run_id="sft__tiny__addition__s1__short")
-    at = _app()
+    at = _app("Leaderboard")
     at.selectbox(key="family").select("llada").run()
     at.selectbox(key="model").select("tiny").run()
     table = _table(at)
@@ -227,7 +240,7 @@ def test_two_configs_of_one_method_are_two_rows_and_only_seeds_pool(runs):
 def test_means_and_deltas_over_different_machines_are_marked(runs):
     _result(runs, "d1_other_cpu", method="d1", init="sft", seed=2, acc=[1, 1, 1, 1], cpu="Intel Xeon",
             run_id="d1__tiny__addition__s2__xeon")
-    at = _app()
+    at = _app("Leaderboard")
     at.selectbox(key="family").select("llada").run()
     at.selectbox(key="model").select("tiny").run()
     assert _table(at).loc["d1 (from sft)", "addition [4/4/4, T=0]"] == "75.0 ± 25.0 (3 seeds) ⚠"
@@ -251,18 +264,18 @@ ALL_RUNS = {"sft__tiny__addition__s0__g4", "d1__tiny__addition__s0__g4", "d1__ti
     ("filter_gen_length", 8, {"d1__tiny__addition__s0__g8"}),
 ])
 def test_every_filter_narrows_the_views(runs, key, value, kept):
-    at = _app()
+    at = _app("Run detail")
     assert _run_ids(at) == ALL_RUNS
     at.multiselect(key=key).select(value).run()
     assert not at.exception
     assert _run_ids(at) == kept  # every view draws from the filtered results
     assert f"{len(kept)} of {len(ALL_RUNS)} results shown" in [c.value for c in at.sidebar.caption]
     families = {r.split("__")[1] for r in kept}
-    assert at.selectbox(key="model").value in families  # the leaderboard view follows too
+    assert _open(at, "Leaderboard").selectbox(key="model").value in families  # the leaderboard view follows too
 
 
 def test_method_view_spans_models_and_families(runs):
-    at = _app()
+    at = _app("By method")
     at.selectbox(key="method_view").select("d1 (from sft)").run()
     table = next(d.value for d in at.dataframe if "family" in d.value.columns and "model" in d.value.columns
                  and "run_id" not in d.value.columns)
@@ -277,7 +290,7 @@ def test_family_view_compares_every_method_on_every_family_with_deltas_to_each_s
     """tiny (llada): sft 75.0, d1 62.5 ± 17.7 over 2 seeds (-12.5), wd1 100.0 (+25.0); tiny-sdar: sft
     50.0, d1 75.0 (+25.0); LLaDA-8B (also llada) has rows of its own; each run links to its detail
     (`?run=<id>` preselects it there)."""
-    at = _app()
+    at = _app("Families")
     column = "addition [4/4/4, T=0]"
     at.selectbox(key="family_benchmark").select(column).run()
     table = next(t for t in _tables(at) if "sdar Δ" in t.columns)
@@ -293,11 +306,11 @@ def test_family_view_compares_every_method_on_every_family_with_deltas_to_each_s
     linked = AppTest.from_file(APP, default_timeout=60)
     linked.query_params["run"] = "wd1__tiny__addition__s0__g4"
     linked.run()
-    assert linked.selectbox(key="run").value == "wd1__tiny__addition__s0__g4"
+    assert linked.selectbox(key="run").value == "wd1__tiny__addition__s0__g4"  # Run detail opens on it
 
 
 def test_reproduction_view_marks_only_matching_protocols(runs):
-    at = _app()
+    at = _app("Published")
     table = next(d.value for d in _tab(at, "Published").dataframe if "paper" in d.value.columns)
     rows = {r["method"]: r for r in table.to_dict("records")}
     assert rows["d1"]["status"] == "✓ reproduced" and rows["d1"]["delta"] == 1.0
@@ -305,7 +318,7 @@ def test_reproduction_view_marks_only_matching_protocols(runs):
 
 
 def test_speed_view_shows_rollout_and_training_results(runs):
-    at = _app()
+    at = _app("Speed")
     frames = [d.value for d in at.dataframe]
     rollout = next(f for f in frames if "tokens/forward" in f.columns)
     assert rollout["tokens/s"].tolist() == [2441.0] and rollout["accuracy"].tolist() == [75.0]
@@ -318,7 +331,7 @@ def test_speed_view_shows_rollout_and_training_results(runs):
 
 
 def test_run_detail_shows_config_provenance_samples_and_curves(runs):
-    at = _app()
+    at = _app("Run detail")
     at.selectbox(key="run").select("d1__tiny__addition__s0__g4").run()
     assert any("lr: 5.0e-05" in c.value for c in at.code)
     samples = next(d.value for d in at.dataframe if "completion" in d.value.columns)
@@ -450,7 +463,7 @@ def test_compute_metric_defaults_to_the_validation_score_when_logged(runs, monke
 
 
 def test_run_detail_overlays_runs_and_seeds_against_steps_and_forwards(runs):
-    at = _app()
+    at = _app("Run detail")
     at.selectbox(key="run").select(D1_S0).run()
     assert at.multiselect(key="overlay").value == [D1_S0, D1_S1]  # the run and its recipe's other seed
     assert at.selectbox(key="curve").value == "rollout/reward_mean" and at.selectbox(key="curve_x").value == "step"
@@ -476,7 +489,7 @@ def test_run_detail_overlays_runs_and_seeds_against_steps_and_forwards(runs):
 
 def test_compute_view_shows_scores_at_equal_steps_and_forwards(runs):
     _rl(runs, "wd1_1", "wd1", 1, [1, 1, 0, 1])
-    at = _app()
+    at = _app("Compute")
     assert at.selectbox(key="compute_benchmark").value == "addition [4/4/4, T=0]"
     assert at.selectbox(key="compute_metric").value == "rollout/reward_mean"
     compute = _tab(at, "Compute")
@@ -618,7 +631,7 @@ def test_committed_demo_and_baseline_results_appear(monkeypatch):
     assert {i.split("__")[0] for i in twice} == {"sft"}
     assert sorted(round(100 * load.value(r), 1) for r in tiny if r.run_id in twice) == [48.8, 49.0]
     assert {r.method.baseline for r in tiny} >= {"sft", "peft", "vrpo", "d1", "coupled_grpo", "wd1"}
-    at = _app()
+    at = _app("Leaderboard")
     at.selectbox(key="family").select("llada").run()
     model = tiny[0].model.name
     at.selectbox(key="model").select(model).run()
@@ -714,7 +727,7 @@ def test_a_seed_run_again_or_published_twice_counts_once(runs, monkeypatch):
     assert load.format_cell(d1) == "68.8 ± 26.5 (2 seeds, 4 runs)"
     rows = {(r["method"], r["benchmark"]): r for r in load.long_rows(d1)}
     assert rows[("d1 (from sft)", "addition [4/4/4, T=0]")]["n"] == 2
-    at = _app()
+    at = _app("Leaderboard")
     at.selectbox(key="family").select("llada").run()
     at.selectbox(key="model").select("tiny").run()
     assert _table(at).loc["d1 (from sft)", "addition [4/4/4, T=0]"] == "68.8 ± 26.5 (2 seeds, 4 runs)"
@@ -808,7 +821,7 @@ def test_overview_tab_shows_the_scope_the_ranking_and_the_glossary(runs):
 
 def test_the_start_row_stays_under_a_method_filter(runs):
     """Filtering to wd1 used to drop the sft start and with it every delta, silently."""
-    at = _app()
+    at = _app("Leaderboard")
     at.multiselect(key="filter_method").select("wd1 (from sft)").run()
     at.selectbox(key="family").select("llada").run()
     at.selectbox(key="model").select("tiny").run()
@@ -817,7 +830,7 @@ def test_the_start_row_stays_under_a_method_filter(runs):
     assert any("The start (sft) is kept" in c for c in _captions(_tab(at, "Leaderboard")))
     # a filter that leaves no start (the sft start was evaluated at gen 4): the deltas say what they are against
     _result(runs, "wd1_long", method="wd1", init="sft", seed=0, acc=[1, 1, 0, 1], gen=8)
-    at = _app()
+    at = _app("Leaderboard")
     at.multiselect(key="filter_gen_length").select(8).run()
     at.selectbox(key="family").select("llada").run()
     assert list(_table(at).index) == ["d1 (from sft)", "wd1 (from sft)"]
@@ -851,7 +864,7 @@ def _blocks(at):
 
 
 def test_run_detail_puts_the_raw_records_last_in_an_expander(runs):
-    at = _app()
+    at = _app("Run detail")
     at.selectbox(key="run").select(D1_S0).run()
     detail = _tab(at, "Run detail")
     raw = next(e for e in detail.expander if e.label.startswith("Raw records"))
@@ -877,7 +890,7 @@ def test_pareto_front_and_forwards_to_reach(monkeypatch):
 def test_speed_view_is_per_task_with_its_pareto_front(runs):
     _result(runs, "sdar_fast", method="d1", init="sft", seed=1, acc=[0, 1, 0, 0], model="tiny-sdar", family="sdar",
             throughput={"eval_tokens_per_s": 9000.0, "nfe_per_sample": 4.0, "tokens_per_forward": 4.0})
-    at = _app()
+    at = _app("Speed")
     assert at.selectbox(key="speed_task").options == ["addition"]
     chart = _tab(at, "Speed").get("vega_lite_chart")[0]
     front = [r for r in _chart_rows(chart) if r.get("tokens/s") is not None]
@@ -887,7 +900,7 @@ def test_speed_view_is_per_task_with_its_pareto_front(runs):
 def test_published_tab_lists_the_papers_numbers_with_sources(runs):
     """The Published tab replaces the empty Reproduction tab: d1's Table 1 at 256 tokens is there with its source
     and, with no result of ours under that protocol, says so; the baselines with no number say why."""
-    at = _app()
+    at = _app("Published")
     published = _tab(at, "Published")
     table = next(t for t in _tables(published) if "published" in t.columns).reset_index()
     d1 = table[(table["method"] == "d1") & (table["benchmark"] == "gsm8k") & (table["published"] == "79.8")].iloc[0]

@@ -6,7 +6,7 @@ opened. The fixture and helpers are tests/test_leaderboard.py's."""
 import json
 
 from dare.results import write_result
-from test_leaderboard import _load, _result, runs  # noqa: F401  (runs: the fixture)
+from test_leaderboard import _app, _load, _open, _result, runs  # noqa: F401  (runs: the fixture)
 
 
 def _samples(folder, sha: str) -> None:
@@ -30,3 +30,15 @@ def test_two_seeds_with_identical_samples_are_two_runs_and_a_copy_is_one(runs, m
     d1 = [r for _, r in items if r.method.baseline == "d1" and r.model.name == "tiny" and r.decoding.gen_length == 4]
     assert len(d1) == 3 and len(load.distinct_runs(d1)) == 2  # seeds 0 and 1; the twin is seed 0's copy
     assert load.format_cell(d1) == "62.5 ± 17.7 (2 seeds)"
+
+
+def test_only_the_open_tab_runs(runs):
+    """Every tab took 3.8-10 s to its first table: the whole app ran for each. Now a tab's content is computed when
+    it is open (`st.tabs(on_change="rerun")`): the Overview's run draws no other tab's widget, and opening the Speed
+    tab draws its tables and nothing of the Overview's."""
+    at = _app()
+    assert at.selectbox(key="overview_column") and not [s for s in at.selectbox if s.key in ("run", "family")]
+    _open(at, "Speed")
+    assert at.selectbox(key="speed_task").options == ["addition"]
+    assert not [s for s in at.selectbox if s.key == "overview_column"]
+    assert [t.label for t in at.tabs if t.children] == ["Speed"]
