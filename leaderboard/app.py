@@ -96,8 +96,12 @@ st.sidebar.header("Filters")
 selected = {key: st.sidebar.multiselect(label, opts[key], key=f"filter_{key}")
             for key, label in [("family", "Model family"), ("model", "Model"), ("method", "Method"),
                                ("benchmark", "Benchmark"), ("gen_length", "Generation length")]}
-shown = load.apply_filters(items, **selected)
-st.sidebar.caption(f"{len(shown)} of {len(items)} results shown")
+filtered = load.apply_filters(items, **selected)
+compared = [(p, r) for p, r in items if not load.rollout_benchmark(r)]  # benchmarks of the rollout: the Speed tab's
+shown = load.apply_filters(compared, **selected)  # what the views that compare methods show
+rollout_benchmarks = len(filtered) - len(shown)
+st.sidebar.caption(f"{len(filtered)} of {len(items)} results shown" + (
+    f" ({rollout_benchmarks} of them benchmarks of the rollout, in the Speed tab only)" if rollout_benchmarks else ""))
 st.sidebar.caption("⚠ marks a mean or delta over runs from different hardware or lock files.")
 
 
@@ -247,7 +251,7 @@ def leaderboard_view() -> None:
         results = [r for _, r in shown if r.model.family == family and r.model.name == model]
         if selected["method"]:  # the model's start stays as the row the deltas are taken against
             kept = {r.run_id for r in results}
-            starts = [r for _, r in load.apply_filters(items, **{**selected, "method": ()})
+            starts = [r for _, r in load.apply_filters(compared, **{**selected, "method": ()})
                       if r.model.name == model and r.method.init in load.BASE_INITS and r.run_id not in kept]
             results += starts
             if starts:
@@ -293,7 +297,7 @@ def families_view() -> None:
         st.info("No result matches the filters.")
     else:
         pick = st.selectbox("Task and decoding", columns, key="family_benchmark")
-        fams, rows, family_runs = load.family_table(shown, pick, pool=items)
+        fams, rows, family_runs = load.family_table(shown, pick, pool=compared)
         st.caption(f"{plain(pick)}: every method on every model family, % (mean ± sample std over seeds, n seeds), "
                    "and its difference in points to the start its runs were trained from (the first row; a start "
                    "trained again from the same config is a rerun there, and each run is compared with its own). "
@@ -363,7 +367,7 @@ def published_view() -> None:
 def speed_view() -> None:
     st.caption("Decoding throughput recorded with each evaluation (dare bench rollout writes one result per "
                "strategy), and the training-side comparisons of dare bench train.")
-    rollout = pd.DataFrame(load.rollout_speed_rows(shown))
+    rollout = pd.DataFrame(load.rollout_speed_rows(filtered))
     if len(rollout):
         tasks = sorted(rollout["benchmark"].unique())
         task = st.selectbox("Task", tasks, key="speed_task")

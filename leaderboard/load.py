@@ -19,8 +19,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from dare.models.registry import ATTENTION  # torch-free
-from dare.results import (MAX_LOG_BYTES, MAX_NUMBER, Hardware, Result, load_json, load_results, parse_json, printable,
-                          read_bounded, unsafe_char)
+from dare.results import (MAX_LOG_BYTES, MAX_NUMBER, ROLLOUT_BENCHMARK, Hardware, Result, load_json, load_results,
+                          parse_json, printable, read_bounded, unsafe_char)
 
 HERE = Path(__file__).resolve().parent
 RUNS_ENV = "DARE_LEADERBOARD_RUNS"
@@ -126,6 +126,12 @@ def csv_safe(value):
         except ValueError:
             return "'" + value
     return value
+
+
+def rollout_benchmark(r: Result) -> bool:
+    """`r` benchmarks the rollout (`dare bench rollout`: one decoding strategy of one checkpoint, its speed beside its
+    score), not a training method: the Speed tab's, kept out of the views that compare methods."""
+    return (r.method.variant or "").startswith(ROLLOUT_BENCHMARK)
 
 
 def main_metric(result: Result) -> str:

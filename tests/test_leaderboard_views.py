@@ -42,3 +42,51 @@ def test_only_the_open_tab_runs(runs):
     assert at.selectbox(key="speed_task").options == ["addition"]
     assert not [s for s in at.selectbox if s.key == "overview_column"]
     assert [t.label for t in at.tabs if t.children] == ["Speed"]
+
+
+def _rollout_benchmark(runs, strategy="dual_cache", tokens_per_s=3000.0, seed=0, acc=(0, 0, 0, 1)):
+    """A result as `dare bench rollout` writes it: one decoding strategy of the tiny SFT checkpoint, its speed
+    beside its score (`method.variant` is `rollout:<strategy>`)."""
+    name = f"bench_{strategy}_{seed}"
+    _result(runs, name, method="sft", init="scratch", seed=seed, acc=list(acc), run_id=f"sft__tiny__bench__{name}",
+            throughput={"eval_tokens_per_s": tokens_per_s, "nfe_per_sample": 2.0, "tokens_per_forward": 2.0})
+    path = runs / name / "result_addition.json"
+    r = json.loads(path.read_text())
+    r["method"]["variant"] = f"rollout:{strategy}"
+    r["decoding"]["extra"] = {"cache": "dual"}
+    path.write_text(json.dumps(r))
+
+
+BENCH_COLUMN = "addition [4/4/4, T=0, cache=dual]"
+
+
+def test_benchmarks_of_the_rollout_are_in_the_speed_tab_only(runs):
+    """14 of the 16 "Task and decoding" choices were chain decodings of `dare bench rollout` (benchmarks of the
+    rollout, not of methods). A result whose variant is `rollout:<strategy>` is shown in the Speed tab only."""
+    _rollout_benchmark(runs)
+    at = _app()
+    assert BENCH_COLUMN not in at.selectbox(key="overview_column").options
+    assert "1 of them benchmarks of the rollout" in " ".join(c.value for c in at.sidebar.caption)
+    for tab, key in [("Families", "family_benchmark"), ("Compute", "compute_benchmark"),
+                     ("By method", "heat_benchmark")]:
+        assert _open(at, tab).selectbox(key=key).options == ["addition [4/4/4, T=0]", "addition [8/4/4, T=0]"], tab
+    _open(at, "Leaderboard").selectbox(key="family").select("llada").run()
+    at.selectbox(key="model").select("tiny").run()
+    assert BENCH_COLUMN not in at.selectbox(key="dot_benchmark").options
+    assert "sft__tiny__bench__bench_dual_cache_0" not in " ".join(_open(at, "Run detail").selectbox(key="run").options)
+    speed = _open(at, "Speed")
+    assert 3000.0 in next(d.value for d in speed.dataframe if "tokens/forward" in d.value.columns)["tokens/s"].tolist()
+
+
+def test_the_committed_chain_decodings_are_benchmarks_of_the_rollout(monkeypatch):
+    """On the committed results the method views offer the two tasks' columns, not the 26 chain decodings that
+    `dare bench rollout` measured (leaderboard/results/bench-rollout-*/): the result's variant says so, not its
+    folder's name."""
+    load = _load(monkeypatch)
+    monkeypatch.delenv("DARE_LEADERBOARD_RUNS", raising=False)
+    monkeypatch.delenv("DARE_LEADERBOARD_RESULTS", raising=False)
+    items, _ = load.load_all([])
+    benchmarks = {p.relative_to(load.committed()).parts[0] for p, r in items if load.rollout_benchmark(r)}
+    assert benchmarks == {f"bench-rollout-chain-{f}" for f in ("dream", "llada", "llada2", "sdar")}
+    assert sorted({load.benchmark_label(r) for _, r in items if not load.rollout_benchmark(r)}) == [
+        "addition [4/4/4, T=0]", "sudoku_fill [5/5/5, T=0]"]

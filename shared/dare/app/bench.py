@@ -24,7 +24,7 @@ from dare.eval import build_result, evaluate_model, task_benchmark
 from dare.models import facts, load_pretrained, load_tokenizer
 from dare.models.api import checkpoint_meta, meta_model
 from dare.models.registry import ATTENTION
-from dare.results import metric_from_values, write_result
+from dare.results import ROLLOUT_BENCHMARK, metric_from_values, write_result
 from dare.utils import (REPO_ROOT, UserError, atomic_write, atomic_write_json, command_line, fingerprint, now,
                         package_versions, runs_dir, shown_path)
 
@@ -291,7 +291,7 @@ def _write_result(ckpt: Path, model, label: str, task: str, params, outcome: dic
                           benchmark=task_benchmark(task, "test"), decoding=params, outcome=outcome,
                           eval_hash=config_hash(params), seed=0,
                           samples_path=samples, command=command_line())
-    result["method"]["variant"] = f"rollout:{row['strategy']}"
+    result["method"]["variant"] = f"{ROLLOUT_BENCHMARK}{row['strategy']}"
     result["run_id"] += f"-{row['strategy'].replace('+', '-')}"
     for name in ("tokens_per_s", "speedup_vs_vanilla", "tokens_per_forward", "timed_decodes"):
         result["metrics"].append(metric_from_values(name, [row[name]]).model_dump())

@@ -62,9 +62,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())
 
 
+ROLLOUT_BENCHMARK = "rollout:"
+"""The start of `method.variant` in a result `dare bench rollout` wrote (`rollout:<strategy>`): a benchmark of the
+decoding, not of a training method (the leaderboard shows it in the Speed tab only)."""
+
+
 class Method(_Strict):
     baseline: str
     variant: str | None = None
+    """A variant of the method; `rollout:<strategy>` (`ROLLOUT_BENCHMARK`) for a benchmark of the rollout."""
     paper: str | None = None
     """arXiv id or URL of the method's paper."""
     init: str | None = None
