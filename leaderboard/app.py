@@ -248,22 +248,23 @@ def leaderboard_view() -> None:
         family = st.selectbox("Model family", families, key="family")
         models = sorted({r.model.name for _, r in shown if r.model.family == family})
         model = st.selectbox("Model", models, key="model")
-        results = [r for _, r in shown if r.model.family == family and r.model.name == model]
+        mine = [(p, r) for p, r in shown if r.model.family == family and r.model.name == model]
         if selected["method"]:  # the model's start stays as the row the deltas are taken against
-            kept = {r.run_id for r in results}
-            starts = [r for _, r in load.apply_filters(compared, **{**selected, "method": ()})
+            kept = {r.run_id for _, r in mine}
+            starts = [(p, r) for p, r in load.apply_filters(compared, **{**selected, "method": ()})
                       if r.model.name == model and r.method.init in load.BASE_INITS and r.run_id not in kept]
-            results += starts
+            mine += starts
             if starts:
-                st.caption(f"The start ({plain(load.method_label(starts[0]))}) is kept as the first row, for the "
+                st.caption(f"The start ({plain(load.method_label(starts[0][1]))}) is kept as the first row, for the "
                            "deltas, although the method filter leaves it out.")
+        results = [r for _, r in mine]
         st.subheader(f"{plain(model)} ({plain(family)})")
         long = pd.DataFrame(load.long_rows(results))
         methods = list(dict.fromkeys(long["method"]))
         base_default = load.base_method(results)
         base = st.selectbox("Deltas against (pinned first)", methods,
                             index=methods.index(base_default) if base_default in methods else 0, key="base")
-        benchmarks, rows, deltas = load.table(results, base)
+        benchmarks, rows, deltas = load.table(mine, base, pool=compared)
         sort_by = st.selectbox("Sort rows by", ["method", *benchmarks], key="sort")
         df = pd.DataFrame(rows)
         if sort_by != "method":  # by the mean, highest first; the base row stays on top
@@ -279,8 +280,13 @@ def leaderboard_view() -> None:
         if deltas and base_default is None:
             st.caption(f"The selection holds no start of this model (the model its methods were trained from: a "
                        f"filter removes it), so the differences below are to {plain(base)}, in points:")
+        elif deltas and base == base_default:
+            st.caption(f"Difference to the start, {plain(base)}, in points: each run against the start it was trained "
+                       "from (a start trained again from the same config is a rerun in its row, and each run is "
+                       "compared with its own), as in the Families tab.")
         elif deltas:
             st.caption(f"Difference to {plain(base)}, in points:")
+        if deltas:
             order = [m for m in df["method"] if m != base]
             static_table(pd.DataFrame(deltas).set_index("method").loc[order])
         shown_column = st.selectbox("Chart the column", benchmarks, key="dot_benchmark")

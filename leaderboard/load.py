@@ -372,12 +372,30 @@ def gain_over_start(cell: list[tuple[Path, Result]], items) -> tuple[float, list
     return stats(per_seed([r for _, r in cell]))[0] - stats(per_seed(list(starts.values())))[0], list(starts.values())
 
 
-def table(results: list[Result], base: str | None = None) -> tuple[list[str], list[dict], list[dict]]:
-    """Recipes as rows (the base first), benchmarks as columns: (columns, `mean ± std (n seeds)`
-    rows, signed delta rows in points against the `base` row). A cell or delta over runs from
-    different hardware classes or lock files carries ⚠."""
+def delta_to_start(cell: list[tuple[Path, Result]], start: list[Result] | None, pool) -> str:
+    """The signed difference in points of a cell's mean to its start: each run against the start it trained from
+    (`gain_over_start`, looked up in `pool`), or, for runs trained from no run of ours (a base model), against
+    `start` (the start row's results of the cell's column); '' when there is neither. ⚠ over mixed machines."""
+    mine = [r for _, r in cell]
+    gain = gain_over_start(cell, pool)
+    ours = any(r.training and r.training.init_config_hash for r in mine)  # else trained from a base model
+    if gain is None and not ours and start:
+        gain = stats(per_seed(mine))[0] - stats(per_seed(start))[0], start
+    return "" if gain is None else signed(100 * gain[0]) + (MIXED if mixed(mine + gain[1]) else "")
+
+
+def table(items, base: str | None = None, pool=None) -> tuple[list[str], list[dict], list[dict]]:
+    """Recipes of `items` ((path, result) pairs) as rows (the base first), benchmarks as columns: (columns,
+    `mean ± std (n seeds)` rows, signed delta rows in points against the `base` row). Against the start row
+    (`base_method`), each run is compared with the start it trained from (`delta_to_start`, the starts looked up
+    in `pool`, default `items`), as in the Families tab: a start trained again pools its reruns in its row, and
+    the runs of each are compared with their own. A cell or delta over runs from different hardware classes or
+    lock files carries ⚠."""
+    results = [r for _, r in items]
     labels = row_labels(results)
     cells, rows_, benchmarks = _cells(results, lambda r: labels[recipe(r)], benchmark_label)
+    paired, _, _ = _cells(items, lambda pr: labels[recipe(pr[1])], lambda pr: benchmark_label(pr[1]))
+    start = base_method(results)
     if base in rows_:
         rows_ = [base] + [m for m in rows_ if m != base]
     rows, deltas = [], []
@@ -387,7 +405,9 @@ def table(results: list[Result], base: str | None = None) -> tuple[list[str], li
             d = {"method": m}
             for b in benchmarks:
                 mine, theirs = cells.get((m, b)), cells.get((base, b))
-                if mine and theirs:
+                if mine and base == start:
+                    d[b] = delta_to_start(paired[(m, b)], theirs, items if pool is None else pool)
+                elif mine and theirs:
                     diff = stats(per_seed(mine))[0] - stats(per_seed(theirs))[0]
                     d[b] = signed(100 * diff) + (MIXED if mixed(mine + theirs) else "")
                 else:
@@ -467,13 +487,8 @@ def family_table(items, benchmark: str, pool=None) -> tuple[list[str], list[dict
             row[f"{family} Δ"] = ""
             if not mine or label in starts:
                 continue
-            gain = gain_over_start(paired[(label, family)], starts_pool)  # each run against the start it trained from
-            ours = any(r.training and r.training.init_config_hash for r in mine)  # else trained from a base model
-            if gain is None and not ours and cells.get((start_of.get((label, family)), family)):
-                base = cells[(start_of[(label, family)], family)]
-                gain = stats(per_seed(mine))[0] - stats(per_seed(base))[0], base
-            if gain is not None:
-                row[f"{family} Δ"] = signed(100 * gain[0]) + (MIXED if mixed(mine + gain[1]) else "")
+            row[f"{family} Δ"] = delta_to_start(paired[(label, family)],  # each run against the start it trained from
+                                                cells.get((start_of.get((label, family)), family)), starts_pool)
         rows.append(row)
     runs = [{"family": f, "method": label, "seed": r.training.seed if r.training else None,
              "value": round(100 * value(r), 2), "model": r.model.name, "run_id": r.run_id,

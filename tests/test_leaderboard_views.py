@@ -6,7 +6,7 @@ opened. The fixture and helpers are tests/test_leaderboard.py's."""
 import json
 
 from dare.results import write_result
-from test_leaderboard import _app, _load, _open, _result, runs  # noqa: F401  (runs: the fixture)
+from test_leaderboard import _app, _captions, _load, _open, _result, _tab, _tables, runs  # noqa: F401  (runs: the fixture)
 
 
 def _samples(folder, sha: str) -> None:
@@ -90,3 +90,33 @@ def test_the_committed_chain_decodings_are_benchmarks_of_the_rollout(monkeypatch
     assert benchmarks == {f"bench-rollout-chain-{f}" for f in ("dream", "llada", "llada2", "sdar")}
     assert sorted({load.benchmark_label(r) for _, r in items if not load.rollout_benchmark(r)}) == [
         "addition [4/4/4, T=0]", "sudoku_fill [5/5/5, T=0]"]
+
+
+def test_the_leaderboard_compares_each_run_with_its_own_start_as_the_families_tab_does(tmp_path, monkeypatch):
+    """LLaDA Sudoku's SFT start was trained twice (75.5 and 78.25, one config): the Leaderboard tab took its gains
+    against their mean (76.9), so they disagreed with the Families tab's and flipped orders. Both tabs now compare
+    each run with the start it trained from (`own_start`): GDSD's runs beside the first start, RLDF's beside the
+    second (`test_start_identity`'s layout)."""
+    from test_start_identity import START
+    from test_start_identity import _result as result
+    from test_start_identity import _write as write
+
+    root = tmp_path / "committed"
+    write(root, "first", result("sft", 0.755, run_id=START, samples="a"))
+    for seed in range(3):
+        write(root, "first", result("gdsd", 0.86, seed=seed, samples=f"b{seed}"))
+    write(root, "second", result("sft", 0.783, run_id=START, samples="c"))  # retrained: other samples
+    write(root, "second", result("rldf", 0.88, samples="d"))
+    monkeypatch.setenv("DARE_LEADERBOARD_RESULTS", str(root))
+    monkeypatch.setenv("DARE_LEADERBOARD_RUNS", "")
+    load = _load(monkeypatch)
+    items, _ = load.load_all()
+    column = load.benchmark_label(items[0][1])
+    at = _app("Leaderboard")
+    assert _tables(_tab(at, "Leaderboard"))[0].loc["sft", column] == "76.9 (1 seed, 2 runs)"  # it ran twice
+    table = _tables(_tab(at, "Leaderboard"))[1]
+    gains = {"gdsd (from sft)": "+10.5", "rldf (from sft)": "+9.7"}  # 86.0 - 75.5; 88.0 - 78.3
+    assert table[column].to_dict() == gains
+    assert any("each run against the start it was trained from" in c for c in _captions(_tab(at, "Leaderboard")))
+    _, family_rows, _ = load.family_table(items, column)
+    assert {row["method"]: row["llada Δ"] for row in family_rows if row["method"] != "sft"} == gains
