@@ -347,8 +347,8 @@ def published_view() -> None:
         pick = st.selectbox("Method", ["every method", *sorted(published_rows["method"].unique())],
                             key="published_method")
         mine = published_rows if pick == "every method" else published_rows[published_rows["method"] == pick]
-        columns = ["method", "model", "benchmark", "protocol", "published", "source", "ours", "seeds", "delta",
-                   "status", "note"]
+        columns = ["method", "ours", "delta", "status", "published", "model", "benchmark", "protocol", "seeds",
+                   "source", "note"]  # ours, its difference and why not first: readable without scrolling
         shown_rows = mine[[c for c in columns if c in mine.columns]].astype(object).where(mine.notna(), "")
         shown_rows["published"] = [f"{v:g}" for v in mine["published"]]  # as the papers print them
         shown_rows["seeds"] = [n or "" for n in mine["seeds"]]

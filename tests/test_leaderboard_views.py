@@ -120,3 +120,10 @@ def test_the_leaderboard_compares_each_run_with_its_own_start_as_the_families_ta
     assert any("each run against the start it was trained from" in c for c in _captions(_tab(at, "Leaderboard")))
     _, family_rows, _ = load.family_table(items, column)
     assert {row["method"]: row["llada Δ"] for row in family_rows if row["method"] != "sft"} == gains
+
+
+def test_the_published_table_starts_with_ours_the_difference_and_the_status(runs):
+    """The ours / delta / status columns started past the visible edge of the Published table."""
+    at = _app("Published")
+    table = next(t for t in _tables(_tab(at, "Published")) if "published" in t.columns)
+    assert list(table.columns)[:4] == ["ours", "delta", "status", "published"]
