@@ -6,9 +6,12 @@ reason, never fatal. A row is one training recipe (method, start, config without
 the seeds of one recipe are pooled, and a mean or delta over runs made on different hardware or
 from different lock files is marked ⚠. Views (tabs):
 
-- Overview (the landing view): what the results are (scope), one task and decoding with every method
-  ranked by its mean over the models it ran on, each cell a 95% interval over distinct seeds, the best
-  of each column marked, and the method glossary (from the baselines' front matter);
+- Overview (the landing view): what the results are (scope), one task and decoding (the headline suite's
+  first, `load.HEADLINE`) with its methods in rank classes on one model (`rank.board`: Welch over seeds with
+  Holm's correction, ties shown as ties), each cell a 95% bootstrap interval over seeds and problems, the
+  scores at equal forward passes, stability under leaving a seed out, paper and code links; the summary
+  across families (only methods run on the same models averaged), the proxy check against the papers'
+  LLaDA-8B rankings, and the method glossary (from the baselines' front matter);
 - Leaderboard: every recipe on one model, benchmarks as columns, with deltas to a pinned row;
 - Families: every method on every family of one task (deltas to each family's start, links to runs);
 - Compute: the same task's recipes at equal steps and at equal forward passes (the score, what each
@@ -40,6 +43,7 @@ import streamlit as st
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import load  # noqa: E402  (leaderboard/load.py)
 import published  # noqa: E402  (leaderboard/published.py)
+import rank  # noqa: E402  (leaderboard/rank.py)
 from dare.app.baselines import glossary  # noqa: E402  (torch-free: the baselines' front matter)
 from dare.results import printable  # noqa: E402
 
@@ -151,18 +155,71 @@ def overview() -> None:
            "method runs and learns on every family, and how the methods rank at this scale, not at 8B. What "
            "the papers report at 8B is in the Published tab." if tiny else ""))
     columns = sorted({load.benchmark_label(r) for _, r in shown})
-    default = load.default_column(shown)
-    column = st.selectbox("Task and decoding", columns, index=columns.index(default), key="overview_column")
-    models, rows, numbers = load.ranking(shown, column)
-    st.caption(f"{plain(column)}: methods ranked by **across**, their mean over the models they ran on (of "
-               f"{len(models)}). Each cell is the mean [95% t interval over distinct seeds] (n seeds), in %; "
-               "★ marks the best of a column. A (start) row is the model the methods were trained from: not "
-               "ranked, compare against it.")
-    static_table(pd.DataFrame(rows).set_index("method"))
-    download(pd.DataFrame(numbers), "ranking.csv", "csv_ranking")
-    st.altair_chart(dot_plot(numbers, "method", "model", load.main_metric(next(
-        r for _, r in shown if load.benchmark_label(r) == column)),
-        order=[row["method"].removesuffix(" (start)") for row in rows]), width="stretch")
+    task = {load.benchmark_label(r): r.benchmark.name for _, r in shown}
+    smoke = lambda c: task[c] in load.SMOKE  # noqa: E731
+    column = st.selectbox("Task and decoding", columns, index=columns.index(load.landing_column(shown)),
+                          key="overview_column", format_func=lambda c: c + (" (smoke test)" if smoke(c) else ""))
+    metric = rank.column_metric(shown, column)
+    cells = rank.column_cells(shown, column, metric)
+    models = rank.models_of(cells)
+    model = st.selectbox("Rank on the model", models, index=models.index(rank.default_model(cells)),
+                         key="overview_model")
+    b = rank.board(shown, column, model, metric)
+    tested, separated = b.ranking.pairs, b.ranking.separated
+    if smoke(column):
+        st.warning(f"Smoke test: {plain(task[column])} shows that every method runs and learns"
+                   + (f"; it cannot separate methods ({separated} of {tested} pairs differ on {plain(model)})."
+                      if b.cannot_separate else "."))
+    budget = b.compute.budget
+    st.caption(
+        f"**{plain(metric)}** on {plain(column)}, methods in rank classes on **{plain(model)}**. A method's class is 1 + "
+        f"the number of methods significantly better than it: Welch's t-test over seeds (two-sided), Holm's "
+        f"correction over the model's {tested} tested pairs, 5% level ({separated} pairs differ); methods not "
+        "separated share a class, and ★ marks the best only where it is significantly better than every other "
+        f"({'here: ' + plain(b.ranking.best) if b.ranking.best else 'none here: the best is tied'}). Each model's "
+        f"cell: mean {plain(metric)} [95% interval], in %, from a hierarchical bootstrap over seeds and each seed's "
+        "problems. " + (f"At equal compute: {plain(b.compute.metric)} at {budget:,.0f} forward passes (the Compute "
+                        f"tab's common budget) and its mean from {b.compute.start:,.0f} to it (the normalised area "
+                        "under the validation curve), with the classes at that budget. " if budget else
+                        "No run of this column logged validation curves against forward passes: no equal-compute "
+                        "score. ") + "stable: the class stays the same when any one of the method's seeds is left "
+        f"out. A (start) row is the model the methods trained from: not ranked. Last updated "
+        f"{max(r.created_at for _, r in shown)[:10]}.")
+    search = st.text_input("Search methods", key="overview_search", placeholder="a method's name")
+    rows = [row for row in b.rows if search.strip().lower() in row["method"].lower()]
+    link = st.column_config.LinkColumn
+    number = st.column_config.NumberColumn
+    st.dataframe(pd.DataFrame(rows, columns=list(b.rows[0]) if b.rows else None), hide_index=True,
+                 key="overview_table", width="stretch", column_config={
+                     "class": number(f"class ({metric})", format="%d"),
+                     **{m: f"{m}: {metric}, % [95%]" for m in b.models},
+                     "mean": number(f"{metric} on {model}, %", format="%.2f"),
+                     "at budget": number(f"{b.compute.metric or metric} at equal forwards, %", format="%.2f"),
+                     "area": number(f"{b.compute.metric or metric}, mean to the budget, %", format="%.2f"),
+                     "class at budget": number("class at equal forwards", format="%d"),
+                     "paper": link("paper", display_text=r"abs/(.*)$"),
+                     "code": link("code", display_text=r"github\.com/(.*)$")})
+    download(pd.DataFrame(b.numbers), "ranking.csv", "csv_ranking")
+    st.altair_chart(dot_plot(b.numbers, "method", "model", metric, order=b.order), width="stretch")
+    st.subheader(f"Across families: {plain(metric)}")
+    _, across = rank.across(shown, column, metric)
+    st.caption(f"{plain(metric)} on {plain(column)}, in %: a mean over models only for the methods run on every "
+               f"model of the column ({len(models)}); a method run on fewer has none (models: on how many), so "
+               "methods run on different sets of models are never ranked by an average. The classes are each "
+               "model's own (Welch over seeds, Holm), never pooled.")
+    st.dataframe(pd.DataFrame(across), hide_index=True, key="overview_across", width="stretch",
+                 column_config={"across": number(f"{metric}, mean over the {len(models)} models, %", format="%.2f")})
+    st.subheader(f"Proxy check: the papers' {rank.PROXY_MODEL} rankings against ours ({plain(metric)})")
+    proxy = rank.proxy(shown, column, metric)
+    st.caption(f"Kendall's tau-b (ties handled) between a published ranking ({rank.PROXY_MODEL}, one benchmark of "
+               f"{', '.join(rank.PROXY_BENCHMARKS)} under one stated protocol, {rank.PROXY_MIN} methods or more: "
+               "the Published tab's numbers) and our ranking of the same methods on this column's LLaDA model, with "
+               "a 95% bootstrap interval over our seeds. No target: it says how far the small suite stands in for "
+               f"the 8B rankings; under {rank.PROXY_MIN} methods in both, the row says so.")
+    if proxy:
+        st.dataframe(pd.DataFrame(proxy), hide_index=True, key="overview_proxy", width="stretch")
+    else:
+        st.caption("No LLaDA model in this column: no proxy correlation.")
     st.subheader("Methods")
     st.caption("Every baseline in this repository, from its README's front matter (baselines/<name>/README.md).")
     st.dataframe(pd.DataFrame([{"method": g["name"], "paper": g["title"], "arXiv": g["url"], "objective": g["summary"],

@@ -910,8 +910,9 @@ def compute_table(items, benchmark: str, metric: str | None = None,
 
 
 # ---------------------------------------------------------------------------------------------
-# The landing view: methods ranked per task, with 95% intervals over distinct seeds
+# The landing view's column (its ranking: leaderboard/rank.py), t intervals over distinct seeds
 # ---------------------------------------------------------------------------------------------
+
 
 def t_975(df: int) -> float:
     """The two-sided 95% t quantile for `df` >= 1 degrees of freedom, to three decimals as t tables print it
@@ -929,14 +930,6 @@ def interval(values: list[float]) -> tuple[float, float | None, float | None, in
         return mean, None, None, n
     half = t_975(n - 1) * std / math.sqrt(n)
     return mean, mean - half, mean + half, n
-
-
-def format_interval(results: list[Result]) -> str:
-    """`mean [low, high] (n seeds)` in %, over distinct seeds (`per_seed`); ⚠ over mixed machines."""
-    mean, low, high, n = interval(per_seed(results))
-    text = (f"{100 * mean:.1f} (1 seed, no interval)" if low is None else
-            f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}] ({n} seeds)")
-    return text + (MIXED if mixed(results) else "")
 
 
 HEADLINE = [("chain_carry", "accuracy"), ("sudoku_hard", "cell_accuracy"), ("countdown_tiny", "accuracy")]
@@ -963,58 +956,6 @@ def landing_column(items) -> str | None:
         if column:
             return column
     return default_column(items)
-
-
-BEST = "★ "  # marks the best mean of a column in the ranking
-
-
-def ranking(items, column: str) -> tuple[list[str], list[dict], list[dict]]:
-    """One task and decoding (`benchmark_label`), methods ranked: (the model columns, one row per recipe
-    label (the same recipe the same label on every model: `row_labels(within=model)`) with each model's
-    `mean [95% interval] (n seeds)` and the mean over the models it ran on (`across`), sorted by it, highest
-    first, the best of each column marked ★ and the starts (a base model another result of its model trained
-    from) marked and not ranked; the same as numbers, one row per
-    (recipe, model), for charts and CSV). A model column is its family, or `family: model` when a family has
-    several models in the column."""
-    results = [r for _, r in items if benchmark_label(r) == column]
-    models = sorted({(r.model.family, r.model.name) for r in results})
-    several = {f for f, _ in models if sum(1 for g, _ in models if g == f) > 1}
-    name = {(f, m): f"{f}: {m}" if f in several else f for f, m in models}
-    labels = row_labels(results, within=lambda r: r.model.name)
-    cells: dict[tuple[str, str], list[Result]] = defaultdict(list)
-    started_from = {(r.model.name, r.method.init) for r in results}  # a start: what another result trained from
-    starts = set()
-    for r in results:
-        label = labels[recipe(r)]
-        cells[(label, name[(r.model.family, r.model.name)])].append(r)
-        if r.method.init in BASE_INITS and (r.model.name, r.method.baseline) in started_from:
-            starts.add(label)
-    columns = [name[m] for m in models]
-    numbers = []
-    for (label, col), rs in cells.items():
-        mean, low, high, n = interval(per_seed(rs))
-        numbers.append({"method": label, "model": col, "mean": round(100 * mean, 2), "n": n,
-                        "low": None if low is None else round(100 * low, 2),
-                        "high": None if high is None else round(100 * high, 2), "start": label in starts,
-                        "mixed": mixed(rs)})
-    means = {(x["method"], x["model"]): x["mean"] for x in numbers}
-    best = {c: max((v for (m, cc), v in means.items() if cc == c and m not in starts), default=None) for c in columns}
-    rows = []
-    for label in dict.fromkeys(x["method"] for x in numbers):
-        mine = [means[(label, c)] for c in columns if (label, c) in means]
-        row = {"method": label + (" (start)" if label in starts else "")}
-        for c in columns:
-            text = format_interval(cells[(label, c)]) if (label, c) in means else ""
-            row[c] = (BEST if text and means[(label, c)] == best[c] and label not in starts else "") + text
-        row["across"] = round(sum(mine) / len(mine), 1)
-        row["models"] = f"{len(mine)} of {len(columns)}"
-        rows.append(row)
-    rows.sort(key=lambda row: -row["across"])
-    top = max((row["across"] for row in rows if not row["method"].endswith(" (start)")), default=None)
-    for row in rows:
-        row["across"] = (BEST if row["across"] == top and not row["method"].endswith(" (start)") else "") + \
-            f"{row['across']:.1f}"
-    return columns, rows, numbers
 
 
 def scope(items) -> dict:

@@ -374,7 +374,8 @@ def equal_compute(items, column: str, cells: list[Cell], metric: str | None = No
     budget is the Compute tab's (`load.common_budget`)."""
     names, default = load.compute_metrics(items, column)
     curve_metric = f"val/{metric}" if metric and f"val/{metric}" in names else default
-    curves = {r.run_id: load.read_curve(load.curve_file(p)) for p, r in items if load.benchmark_label(r) == column}
+    curves = {load.result_key(r): load.read_curve(load.curve_file(p))  # a start retrained keeps its run id
+              for p, r in items if load.benchmark_label(r) == column}
     budget = load.common_budget(curves.values(), curve_metric)
     if budget is None:
         return Compute(curve_metric, None, None)
@@ -387,7 +388,7 @@ def equal_compute(items, column: str, cells: list[Cell], metric: str | None = No
         for runs in load.seed_groups(c.results, copies=True):
             for values, fn in ((at, lambda cv: load.value_at(cv, load.FORWARDS, budget, curve_metric)),
                                (area, lambda cv: mean_until(cv, curve_metric, start, budget))):
-                got = [v for v in (fn(curves.get(r.run_id, [])) for r in runs) if v is not None]
+                got = [v for v in (fn(curves.get(load.result_key(r), [])) for r in runs) if v is not None]
                 if got:
                     values.append(sum(got) / len(got))
         if at:
@@ -435,6 +436,11 @@ class Board:
     compute_ranking: Ranking | None  # classes at the common forward budget
 
     @property
+    def order(self) -> list[str]:
+        """The recipes' labels in the table's order."""
+        return [row["method"].removeprefix("★ ").removesuffix(" (start)") for row in self.rows]
+
+    @property
     def cannot_separate(self) -> bool:
         """Fewer than a quarter of the model's tested pairs differ after Holm's correction."""
         return self.ranking.pairs == 0 or self.ranking.separated < self.ranking.pairs / 4
@@ -455,7 +461,8 @@ def board(items, column: str, model: str | None = None, metric: str | None = Non
     """The landing table of a column ranked on `model` (default: `default_model`), scored on `metric` (default:
     `column_metric`). A row per recipe of the model (its start last, not ranked): its rank class (`rank_classes`:
     Welch over seeds, Holm over all the model's pairs), ★ on the method only where it is significantly better than
-    every other, the mean [95% interval] in % on every model of the column (`bootstrap_interval`), its seeds, at
+    every other, the mean [95% interval] in % on every model of the column (`bootstrap_interval`; ⚠ over runs
+    from different machines or lock files, `load.mixed`), its seeds, at
     equal forward passes the mean score at the common budget and the normalised area up to it with their rank
     classes (`equal_compute`), whether its class survives leaving out any one seed (`stability`), and the paper
     and code addresses (the front matter)."""
@@ -473,6 +480,7 @@ def board(items, column: str, model: str | None = None, metric: str | None = Non
     compute_ranking = rank_classes(at_budget, higher=higher) if at_budget else None
     intervals = {(c.model, c.label): (load.stats(load.per_seed(c.results, metric)),
                                       bootstrap_interval(evaluations(c.results, metric))) for c in cells}
+    mixed = {(c.model, c.label): load.mixed(c.results) for c in cells}
     links = _links()
     rows = []
     for c in mine:
@@ -480,7 +488,7 @@ def board(items, column: str, model: str | None = None, metric: str | None = Non
                "method": ("★ " if c.label == ranking.best else "") + c.label + (" (start)" if c.start else "")}
         for m in models:
             got = intervals.get((m, c.label))
-            row[m] = cell_text(got[0][0], *got[1]) if got else ""
+            row[m] = cell_text(got[0][0], *got[1]) + (load.MIXED if mixed[(m, c.label)] else "") if got else ""
         at, area = compute.at.get((model, c.label)), compute.area.get((model, c.label))
         row.update({"mean": _pct(load.stats(load.per_seed(c.results, metric))[0], 2),
                     "seeds": len(load.seed_groups(c.results)),
@@ -492,7 +500,7 @@ def board(items, column: str, model: str | None = None, metric: str | None = Non
         rows.append(row)
     rows.sort(key=lambda r: (r["class"] is None, r["class"] or 0, -(r["mean"] or 0) if higher else (r["mean"] or 0)))
     numbers = [{"method": c.label, "model": c.model, "mean": _pct(stats[0], 2), "low": _pct(ci[0], 2),
-                "high": _pct(ci[1], 2), "n": stats[2], "start": c.start,
+                "high": _pct(ci[1], 2), "n": stats[2], "start": c.start, "mixed": mixed[(c.model, c.label)],
                 "class": ranking.classes.get(c.label) if c.model == model else None}
                for c in cells for stats, ci in [intervals[(c.model, c.label)]]]
     return Board(column, metric, model, models, rows, numbers, ranking, stable, compute, compute_ranking)

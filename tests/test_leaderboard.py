@@ -536,7 +536,7 @@ def test_leaderboard_loader_is_torch_free(runs):
 def test_browser_shows_the_leaderboard(runs, tmp_path):
     """Installs Chromium and its driver through the Makefile (`make browser`) when missing, starts the app with
     `dare leaderboard` (`dare.app.screenshot`'s machinery, which `make screenshot` uses too), and reads in the
-    page: the landing ranking (intervals, the best starred), the Leaderboard tab's table (a mean over two
+    page: the landing ranking (rank classes, the test named, the tie said), the Leaderboard tab's table (a mean over two
     machines marked ⚠), a Published row with its source, the Compute tab's scores at equal forwards, and a
     Run detail opened by a `?run=` link. Then checks the docs' pictures show the committed results."""
     from dare.app import screenshot
@@ -550,13 +550,12 @@ def test_browser_shows_the_leaderboard(runs, tmp_path):
         port = int(url.rsplit(":", 1)[1])
         driver.get(url)
         # the landing view: scope, the ranking of addition [4/4/4], the glossary
-        text = screenshot.wait_for(driver, "★ 100.0 (1 seed, no interval)")
+        text = screenshot.wait_for(driver, "Welch's t-test over seeds (two-sided), Holm's correction")
         for expected in ("dLLM post-training leaderboard", "What is here.", "10 results", "addition [4/4/4, T=0]",
-                         "4 invalid result file(s) skipped", "llada: LLaDA-8B", "across",
+                         "4 invalid result file(s) skipped", "Smoke test: addition", "none here: the best is tied",
+                         "Across families: accuracy", "Proxy check",
                          "⚠ marks a mean or delta over runs from different hardware or lock files"):
             assert expected in text, expected
-        rows = screenshot.table_rows(driver)
-        assert any(r.startswith("wd1") and "100.0 [100.0, 100.0] (2 seeds) ⚠" in r for r in rows), rows
         shot = tmp_path / "landing.png"
         driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
@@ -776,42 +775,77 @@ def test_t_quantiles_and_the_95_percent_interval(monkeypatch):
     assert load.interval([0.5]) == (0.5, None, None, 1)  # one seed: no interval
 
 
-def test_overview_ranks_methods_per_task_with_intervals_across_families(runs, monkeypatch):
-    """On addition [4/4/4]: tiny has sft (start) 75, d1 62.5 (2 seeds), wd1 100; tiny-sdar sft 50, d1 75;
-    LLaDA-8B d1 75 and wd1 100 (from no start). A model column per family, `family: model` where a family
-    has two; methods sorted by their mean over the models they ran on, the best of each column marked."""
+def test_overview_ranks_methods_in_classes_with_bootstrap_intervals(runs, monkeypatch):
+    """On addition [4/4/4] ranked on tiny: sft (start) 75, d1 62.5 (2 seeds), wd1 100 (1 seed: never tested, so
+    never separated from d1: one class, no star). At equal forwards (rollout/reward_mean at 300, the Compute tab's
+    budget): d1 0.6 and 0.85, wd1 0.65; the mean from 150 (wd1's first point) to 300: d1 s0 (0.3 to 0.6 through
+    0.4 at 200) 0.45, d1 s1 (0.475 to 0.85 through 0.5 at 160) 0.6625, wd1 (0.5 to 0.65) 0.575."""
     load = _load(monkeypatch)
+    import rank
+
     items, _ = load.load_all()
     column = "addition [4/4/4, T=0]"
-    assert load.default_column(items) == column  # the column with the most (family, method) cells
-    models, rows, numbers = load.ranking(items, column)
-    assert models == ["llada: LLaDA-8B", "llada: tiny", "sdar"]
-    by = {row["method"]: row for row in rows}
-    assert [row["method"] for row in rows][:2] == ["wd1", "wd1 (from sft)"]  # 100 across, then 100 on tiny
-    half = 100 * 12.706 * 0.1767767 / 2 ** 0.5  # two seeds: t(1) s / sqrt 2 around 62.5
-    assert by["d1 (from sft)"]["llada: tiny"] == f"62.5 [{62.5 - half:.1f}, {62.5 + half:.1f}] (2 seeds)"
-    assert by["d1 (from sft)"]["sdar"] == "★ 75.0 (1 seed, no interval)"  # the only trained method on sdar
-    assert by["wd1 (from sft)"]["llada: tiny"] == "★ 100.0 (1 seed, no interval)"
-    assert by["d1 (from sft)"]["across"] == "68.8" and by["d1 (from sft)"]["models"] == "2 of 3"
-    assert by["sft (start)"]["across"] == "62.5" and "★" not in by["sft (start)"]["llada: tiny"]  # starts unranked
-    d1 = next(x for x in numbers if x["method"] == "d1 (from sft)" and x["model"] == "llada: tiny")
-    assert (d1["mean"], d1["n"]) == (62.5, 2) and d1["low"] == pytest.approx(62.5 - half, abs=0.01)
+    assert load.landing_column(items) == column  # no headline task here: the fullest column
+    b = rank.board(items, column, "tiny")
+    assert (b.models, b.metric, b.model) == (["LLaDA-8B", "tiny", "tiny-sdar"], "accuracy", "tiny")
+    assert [row["method"] for row in b.rows] == ["wd1 (from sft)", "d1 (from sft)", "sft (start)"]
+    by = {row["method"]: row for row in b.rows}
+    assert by["wd1 (from sft)"]["class"] == by["d1 (from sft)"]["class"] == 1 and b.ranking.best is None
+    assert by["sft (start)"]["class"] is None and by["sft (start)"]["stable"] == "start"
+    d1 = [r for _, r in items if r.method.baseline == "d1" and r.model.name == "tiny" and r.decoding.gen_length == 4]
+    low, high = rank.bootstrap_interval(rank.evaluations(d1, "accuracy"))
+    assert by["d1 (from sft)"]["tiny"] == rank.cell_text(0.625, low, high) and low < 0.5 and high > 0.75
+    assert by["d1 (from sft)"]["tiny-sdar"].startswith("75.0 [") and by["d1 (from sft)"]["LLaDA-8B"] == ""
+    assert (by["d1 (from sft)"]["mean"], by["d1 (from sft)"]["seeds"], by["wd1 (from sft)"]["seeds"]) == (62.5, 2, 1)
+    assert by["d1 (from sft)"]["stable"] == "yes" and by["wd1 (from sft)"]["stable"] == "one seed"
+    assert (b.compute.metric, b.compute.budget, b.compute.start) == ("rollout/reward_mean", 300, 150)
+    assert by["d1 (from sft)"]["at budget"] == pytest.approx(72.5) and by["wd1 (from sft)"]["at budget"] == 65.0
+    assert by["d1 (from sft)"]["area"] == pytest.approx(55.625, abs=0.01) and by["wd1 (from sft)"]["area"] == 57.5
+    assert by["d1 (from sft)"]["class at budget"] == 1 and by["sft (start)"]["at budget"] is None
+    assert by["d1 (from sft)"]["paper"] == "https://arxiv.org/abs/2504.12216"
+    assert by["d1 (from sft)"]["code"] == "https://github.com/dllm-reasoning/d1"
+    numbers = {(x["method"], x["model"]): x for x in b.numbers}
+    assert numbers[("d1 (from sft)", "tiny")]["low"] == pytest.approx(100 * low, abs=0.01)
+    assert rank.default_model(rank.column_cells(items, column)) == "LLaDA-8B"  # two ranked methods, first
     s = load.scope(items)
     assert s["models"] == ["LLaDA-8B", "tiny", "tiny-sdar"] and s["tasks"] == ["addition"] and s["runs"] == 9
 
 
-def test_overview_tab_shows_the_scope_the_ranking_and_the_glossary(runs):
+def test_overview_tab_shows_the_classes_the_summaries_and_the_glossary(runs):
+    """The landing view: the smoke-test label, the table (sortable, its headers naming the metric), its search,
+    the caption naming the test and the correction, the last update, the summary across families (no mean for a
+    method run on fewer models than the column has), the proxy check and the glossary."""
     at = _app()
     assert at.selectbox(key="overview_column").value == "addition [4/4/4, T=0]"
+    assert at.selectbox(key="overview_column").options == ["addition [4/4/4, T=0] (smoke test)",
+                                                           "addition [8/4/4, T=0] (smoke test)"]
+    at.selectbox(key="overview_model").select("tiny").run()
     overview = _tab(at, "Overview")
     text = " ".join(_plain(m.value) for m in overview.markdown)
     assert "9 results (9 distinct runs)" in text and "tiny-sdar" in text
-    ranking = _tables(overview)[0]
-    assert list(ranking.columns) == ["llada: LLaDA-8B", "llada: tiny", "sdar", "across", "models"]
-    assert ranking.loc["wd1 (from sft)", "llada: tiny"] == "★ 100.0 (1 seed, no interval)"
-    chart = overview.get("vega_lite_chart")[0]
+    assert [_plain(w.value) for w in overview.warning] == [
+        "Smoke test: addition shows that every method runs and learns; it cannot separate methods (0 of 0 pairs "
+        "differ on tiny)."]
+    caption = _captions(overview)[0]
+    for expected in ("**accuracy** on addition [4/4/4, T=0]", "Welch's t-test over seeds (two-sided), Holm's "
+                     "correction", "none here: the best is tied", "hierarchical bootstrap over seeds",
+                     "rollout/reward_mean at 300 forward passes", "Last updated 2026-11-21"):
+        assert expected in caption, expected
+    tables = {tuple(d.value.columns)[:2]: d for d in overview.dataframe}
+    board = tables[("class", "method")]
+    assert list(board.value["method"]) == ["wd1 (from sft)", "d1 (from sft)", "sft (start)"]
+    headers = json.loads(board.proto.columns)
+    assert headers["class"]["label"] == "class (accuracy)" and headers["tiny"] == {"label": "tiny: accuracy, % [95%]"}
+    at.text_input(key="overview_search").input("WD1").run()
+    board = next(d for d in _tab(at, "Overview").dataframe if "class" in d.value.columns)
+    assert list(board.value["method"]) == ["wd1 (from sft)"]
+    across = next(d.value for d in _tab(at, "Overview").dataframe if "across" in d.value.columns)
+    assert across["across"].isna().all() and "2 of 3" in list(across["models"])  # nothing ran on all three
+    proxy = next(d.value for d in _tab(at, "Overview").dataframe if "tau" in d.value.columns)
+    assert set(proxy["model"]) == {"LLaDA-8B", "tiny"} and (proxy["overlap"] < 5).all()
+    chart = _tab(at, "Overview").get("vega_lite_chart")[0]
     assert "95% interval" in chart.proto.spec and '"yOffset"' in chart.proto.spec
-    glossary = next(d.value for d in overview.dataframe)
+    glossary = next(d.value for d in _tab(at, "Overview").dataframe if "objective" in d.value.columns)
     from dare.app.baselines import names
     assert sorted(glossary["method"]) == names()  # every baseline, from its front matter
     d1 = glossary[glossary["method"] == "d1"].iloc[0]

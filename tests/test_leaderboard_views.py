@@ -6,7 +6,9 @@ opened. The fixture and helpers are tests/test_leaderboard.py's."""
 import json
 
 from dare.results import write_result
-from test_leaderboard import _app, _captions, _load, _open, _result, _tab, _tables, runs  # noqa: F401  (runs: the fixture)
+from streamlit.testing.v1 import AppTest
+from test_leaderboard import (APP, _app, _captions, _load, _open, _result, _tab, _tables,  # noqa: F401  (runs: the fixture)
+                              runs)
 
 
 def _samples(folder, sha: str) -> None:
@@ -127,3 +129,29 @@ def test_the_published_table_starts_with_ours_the_difference_and_the_status(runs
     at = _app("Published")
     table = next(t for t in _tables(_tab(at, "Published")) if "published" in t.columns)
     assert list(table.columns)[:4] == ["ours", "delta", "status", "published"]
+
+
+def test_run_detail_opens_on_the_best_run_of_the_landing_column(runs, monkeypatch):
+    """It opened on the first run (on the committed results an SFT chain benchmark at 0%): now on the best result of
+    the column the Overview opens on (`load.default_column`), here a 100% one of addition [4/4/4]."""
+    load = _load(monkeypatch)
+    at = _app("Run detail")
+    items, _ = load.load_all()
+    opened = next(r for _, r in items if r.run_id == at.selectbox(key="run").value)
+    assert load.benchmark_label(opened) == load.default_column(items) == "addition [4/4/4, T=0]"
+    assert load.value(opened) == 1.0 == max(load.value(r) for _, r in items)
+
+
+def test_a_linked_run_without_curves_shows_no_other_runs_curves(runs):
+    """A linked run without curves showed its recipe's other seeds' curves as if they were its own. It now overlays
+    itself alone and says it has none; the curves of runs picked with it are theirs."""
+    _result(runs, "d1_2", method="d1", init="sft", seed=2, acc=[1, 0, 1, 1])  # d1's seeds 0 and 1 have curves
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params["run"] = "d1__tiny__addition__s2__g4"
+    at.run()
+    assert not at.exception and at.multiselect(key="overlay").value == ["d1__tiny__addition__s2__g4"]
+    detail = _tab(at, "Run detail")
+    assert not [c for c in detail.get("vega_lite_chart") if '"strokeDash"' in c.proto.spec]  # no curve drawn
+    assert any("logged no training curves" in c and "pick other runs above" in c for c in _captions(detail))
+    at.multiselect(key="overlay").select("d1__tiny__addition__s0__g4").run()  # picked: its curves, said as such
+    assert any("the curves below are the other runs picked" in c for c in _captions(_tab(at, "Run detail")))
