@@ -283,6 +283,10 @@ def overlay_view(run_id: str) -> None:
     picked = st.multiselect("Overlay the training curves of (default: this run and its recipe's other seeds)",
                             ids, default=load.overlay_default(shown, run_id), key="overlay")
     curves = [load.read_curve(load.curve_file(p)) for p, r in shown if r.run_id in picked]
+    if not load.read_curve(load.curve_file(next(p for p, r in shown if r.run_id == run_id))):
+        st.caption(f"This run ({plain(run_id)}) logged no training curves (no metrics.jsonl beside its result)"
+                   + ("; the curves below are the other runs picked." if any(curves) else
+                      "; pick other runs above to see theirs."))
     if not any(curves):
         st.caption("No training metrics (metrics.jsonl) beside the chosen results.")
         return
@@ -471,7 +475,8 @@ def detail_view() -> None:
     else:
         names = {r.run_id: load.run_label(r) for _, r in shown}
         run_id = st.selectbox("Run (method · family · task · seed · date · run id)", ids,
-                              index=ids.index(linked) if linked in ids else 0, key="run", on_change=_new_run,
+                              index=ids.index(linked if linked in ids else load.best_run(shown, load.default_column(
+                                  shown))), key="run", on_change=_new_run,
                               format_func=lambda i: names[i])
         path, r = next((p, r) for p, r in shown if r.run_id == run_id)
         info = load.run_detail(path, r)

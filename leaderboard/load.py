@@ -733,10 +733,21 @@ def seed(r: Result) -> int | None:
 
 def overlay_default(items, run_id: str) -> list[str]:
     """The runs the detail view overlays first: the run and the other seeds of its recipe on the same
-    model and benchmark column (a run evaluated on several benchmarks would repeat its curves)."""
-    key = next((recipe(r), r.model.name, benchmark_label(r)) for _, r in items if r.run_id == run_id)
+    model and benchmark column (a run evaluated on several benchmarks would repeat its curves); the run alone
+    when it logged no curves (its recipe's other seeds' would read as its own)."""
+    path, run = next((p, r) for p, r in items if r.run_id == run_id)
+    if not read_curve(curve_file(path)):
+        return [run_id]
+    key = (recipe(run), run.model.name, benchmark_label(run))
     return [run_id] + [r.run_id for _, r in items
                        if r.run_id != run_id and (recipe(r), r.model.name, benchmark_label(r)) == key]
+
+
+def best_run(items, column: str | None) -> str | None:
+    """The run id of the best result (the highest main metric; the first of a tie) in `column` (`benchmark_label`):
+    the run the detail view opens on, in the landing view's column."""
+    results = [r for _, r in items if benchmark_label(r) == column]
+    return max(results, key=value).run_id if results else None
 
 
 def curve_metrics(curves: list[list[dict]]) -> list[str]:
