@@ -114,6 +114,15 @@ def test_rank_classes_with_a_tie_at_the_top_star_nobody(rank):
     assert alone.classes == {"a": 1, "b": 1} and alone.best is None and alone.pairs == 0
 
 
+def test_rank_classes_count_only_what_survives_holms_correction(rank):
+    """b is 5 points below a and c (p = 0.031 against each, uncorrected): two of the three pairs differ at 5%
+    before the correction, none after it (0.031 x 3 = 0.093): one class, as the classes use Holm's p."""
+    r = rank.rank_classes({"a": [0.90, 0.91, 0.92], "b": [0.84, 0.86, 0.88], "c": [0.90, 0.91, 0.92]})
+    assert r.tests[("a", "b")][2] == pytest.approx(0.031, abs=0.001) and r.adjusted[("a", "b")] == pytest.approx(
+        3 * r.tests[("a", "b")][2])
+    assert (r.raw_separated, r.separated) == (2, 0) and r.classes == {"a": 1, "b": 1, "c": 1} and r.best is None
+
+
 def test_a_rank_class_that_leaving_one_seed_out_changes_is_unstable(rank):
     """b is separated from a with three seeds (class 2); left with two (0.84 or 0.86 left out, about 1.7 degrees
     of freedom) it is not, and its class changes, so it is not stable (with 0.88 left out it would be). c, far
