@@ -558,8 +558,8 @@ def proxy(items, column: str, metric: str | None = None, models: list[str] | Non
     metric = metric or column_metric(items, column)
     cells = column_cells(items, column, metric)
     models = models or [m for m in models_of(cells) if any(c.model == m and c.family == "llada" for c in cells)]
+    rankings = published_rankings(root)
     out = []
-    rng_seed = seed
     for model in models:
         ranked = [c for c in cells if c.model == model and not c.start]
         by_baseline: dict[str, list[Cell]] = {}
@@ -567,7 +567,7 @@ def proxy(items, column: str, metric: str | None = None, models: list[str] | Non
             by_baseline.setdefault(c.baseline, []).append(c)
         ours = {b: load.per_seed(cs[0].results, metric) for b, cs in by_baseline.items() if len(cs) == 1}
         several = sorted(b for b, cs in by_baseline.items() if len(cs) > 1)
-        for pub in published_rankings(root):
+        for pub in rankings:
             both = [b for b in pub["values"] if b in ours]
             row = {"model": model, "benchmark": pub["benchmark"], "published on": pub["model"],
                    "protocol": pub["protocol"], "published methods": len(pub["values"]), "overlap": len(both),
@@ -580,7 +580,7 @@ def proxy(items, column: str, metric: str | None = None, models: list[str] | Non
             if len(both) >= 2:
                 published_values = [pub["values"][b] for b in both]
                 row["tau"] = round(tau_b([math.fsum(ours[b]) / len(ours[b]) for b in both], published_values), 3)
-                rng = np.random.default_rng(rng_seed)
+                rng = np.random.default_rng(seed)
                 means = np.stack([np.asarray(ours[b])[rng.integers(len(ours[b]), size=(draws, len(ours[b])))].mean(1)
                                   for b in both], axis=1)
                 taus = tau_b(means, published_values)
