@@ -462,10 +462,9 @@ def board(items, column: str, model: str | None = None, metric: str | None = Non
     `column_metric`). A row per recipe of the model (its start last, not ranked): its rank class (`rank_classes`:
     Welch over seeds, Holm over all the model's pairs), ★ on the method only where it is significantly better than
     every other, the mean [95% interval] in % on every model of the column (`bootstrap_interval`; ⚠ over runs
-    from different machines or lock files, `load.mixed`), its seeds, at
-    equal forward passes the mean score at the common budget and the normalised area up to it with their rank
-    classes (`equal_compute`), whether its class survives leaving out any one seed (`stability`), and the paper
-    and code addresses (the front matter)."""
+    from different machines or lock files, `load.mixed`), its seeds, at equal forward passes the mean score at the
+    common budget and the normalised area up to it with their rank classes (`equal_compute`), whether its class
+    survives leaving out any one seed (`stability`), and the paper and code addresses (the front matter)."""
     metric = metric or column_metric(items, column)
     cells = column_cells(items, column, metric)
     model = model or default_model(cells)
