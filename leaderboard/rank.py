@@ -135,7 +135,8 @@ def welch(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
     ua, ub = va / len(a), vb / len(b)
     diff = ma - mb if abs(ma - mb) > EPS else 0.0
     if ua + ub <= EPS ** 2:
-        return (0.0, len(a) + len(b) - 2.0, 1.0) if diff == 0 else (math.copysign(math.inf, diff), len(a) + len(b) - 2.0, 0.0)
+        df = len(a) + len(b) - 2.0
+        return (0.0, df, 1.0) if diff == 0 else (math.copysign(math.inf, diff), df, 0.0)
     t = diff / math.sqrt(ua + ub)
     df = (ua + ub) ** 2 / (ua ** 2 / (len(a) - 1) + ub ** 2 / (len(b) - 1))
     return t, df, t_tail(t, df)
@@ -329,7 +330,9 @@ def column_metric(items, column: str) -> str | None:
     if not results:
         return None
     headline = dict(load.HEADLINE).get(results[0].benchmark.name)
-    return headline if headline and any(m.name == headline for m in results[0].metrics) else load.main_metric(results[0])
+    if headline and any(m.name == headline for m in results[0].metrics):
+        return headline
+    return load.main_metric(results[0])
 
 
 def higher_is_better(cells: list[Cell], metric: str) -> bool:
@@ -614,7 +617,7 @@ def report(items, column: str, model: str | None = None) -> str:
     unknown = [m for m in models if m not in models_of(cells)]
     if unknown:
         raise SystemExit(f"no model {unknown[0]!r} in {column!r}; models: {', '.join(models_of(cells))}")
-    lines = [f"{column}: {metric}, higher is better" if higher_is_better(cells, metric) else f"{column}: {metric}, lower is better",
+    lines = [f"{column}: {metric}, {'higher' if higher_is_better(cells, metric) else 'lower'} is better",
              f"tests: Welch's t-test over seeds, two-sided, level {ALPHA}; classes with Holm's correction over all "
              "pairs of a model; intervals: hierarchical bootstrap over seeds and problems"]
     totals = {"rl": [0, 0], "all": [0, 0]}
@@ -643,8 +646,9 @@ def report(items, column: str, model: str | None = None) -> str:
                      else "best: tied (no method is significantly better than every other; no star)")
         kept = [x for x, s in b.stable.items() if s]
         tested = [x for x, s in b.stable.items() if s is not None]
+        changed = [x for x in tested if x not in kept]
         lines.append(f"class survives leaving any one seed out: {_share(len(kept), len(tested))}"
-                     + (f"; changes: {', '.join(x for x in tested if x not in kept)}" if len(kept) < len(tested) else ""))
+                     + (f"; changes: {', '.join(changed)}" if changed else ""))
         if b.compute_ranking:
             lines.append(f"at equal forwards ({b.compute.metric} at {b.compute.budget:,.0f} forwards; mean from "
                          f"{b.compute.start:,.0f}): " + ", ".join(

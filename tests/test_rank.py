@@ -282,8 +282,9 @@ def test_the_command_prints_the_done_when_numbers(rank, results, tmp_path):
     with pytest.raises(SystemExit, match="no model 'nope'"):
         rank.report(results, "addition [4/4/4, T=0]", "nope")
     runs = Path(rank.load.run_dirs_from_env()[0])
-    out = subprocess.run([sys.executable, str(REPO / "leaderboard" / "rank.py"), "--results", str(tmp_path / "committed"),
-                          str(runs), "--column", "addition [4/4/4, T=0]", "--model", "tiny-sdar"],
+    out = subprocess.run([sys.executable, str(REPO / "leaderboard" / "rank.py"), "--results",
+                          str(tmp_path / "committed"), str(runs), "--column", "addition [4/4/4, T=0]", "--model",
+                          "tiny-sdar"],
                          capture_output=True, text=True, check=True, cwd=REPO).stdout
     assert "== tiny-sdar (2 trained methods, 2 of them RL)" in out and "best: coupled_grpo (from sft)" in out
 
