@@ -127,18 +127,63 @@ def curve_chart(rows: list[dict], x: str, y: str, budget: float | None = None) -
     return lines + rule
 
 
+DOT_LINE = 22  # pixels per line of a dot plot: room for every label (Vega drops labels that overlap)
+
+
+def dot_lines(df: pd.DataFrame, y: str, color: str, order: list[str]) -> tuple[pd.Series, list[str]]:
+    """(each row's line in a dot plot, the lines in order): the `y` label, or `label · color` where a label has
+    dots of several colors, so that every dot has a line of its own and its label beside it; by `order`, then
+    the labels it does not name."""
+    several = df.groupby(y)[color].nunique().max() > 1
+    lines = df[y] + " · " + df[color].astype(str) if several else df[y]
+    labels = list(dict.fromkeys([*order, *df[y]]))
+    return lines, [line for label in labels for line in sorted(set(lines[df[y] == label]))]
+
+
 def dot_plot(rows: list[dict], y: str, color: str, title: str, order: list[str]) -> alt.Chart:
-    """Means as dots with their 95% intervals as bars, one line per `y` label (every label shown in full), the
-    axis fitted to the values (not 0-100), full width."""
+    """Means as dots with their 95% intervals as bars, one line per dot (`dot_lines`: every label drawn, in full,
+    beside its dot; no offset within a line), the axis fitted to the values (not 0-100), full width."""
     df = pd.DataFrame(rows)
-    y_enc = alt.Y(f"{y}:N", title=None, sort=order, axis=alt.Axis(labelLimit=600))
+    df["line"], lines = dot_lines(df, y, color, order)
+    y_enc = alt.Y("line:N", title=None, sort=lines, axis=alt.Axis(labelLimit=600, labelOverlap=False))
     x_title = f"{title}, % (mean and 95% interval over seeds)"
-    base = alt.Chart(df).encode(y=y_enc, yOffset=alt.YOffset(f"{color}:N"), color=alt.Color(f"{color}:N", legend=alt.Legend(
+    base = alt.Chart(df).encode(y=y_enc, color=alt.Color(f"{color}:N", legend=alt.Legend(
         orient="bottom", columns=4, labelLimit=400)), tooltip=[y, color, "mean", "low", "high", "n"])
     dots = base.mark_point(filled=True, size=90).encode(x=alt.X("mean:Q", title=x_title, scale=alt.Scale(zero=False)))
     bars = base.transform_filter("isValid(datum.low)").mark_rule(strokeWidth=2).encode(
         x=alt.X("low:Q", title=x_title), x2="high:Q")
-    return alt.layer(bars, dots).properties(height=40 + 16 * len(df))
+    return alt.layer(bars, dots).properties(height=alt.Step(DOT_LINE))
+
+
+HEAT = ("#f7fbff", "#08306b")  # the heatmap's colours, lowest to highest mean (white to navy), interpolated in RGB
+
+
+def ink(value: float, low: float, high: float) -> str:
+    """The text colour readable on a heatmap cell of `value` (the `HEAT` colour at its place between `low` and
+    `high`): white on a dark cell, black on a light one, whichever contrasts more with the cell's relative
+    luminance (WCAG: the two contrasts are equal at 0.179)."""
+    t = (value - low) / (high - low) if high > low else 0.0
+    rgb = [(1 - t) * int(a[i:i + 2], 16) + t * int(b[i:i + 2], 16) for a, b in [(HEAT[0][1:], HEAT[1][1:])]
+           for i in (0, 2, 4)]
+    linear = [c / 255 / 12.92 if c / 255 <= 0.04045 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in rgb]
+    luminance = 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+    return "white" if luminance < 0.179 else "black"
+
+
+def heatmap(cells: pd.DataFrame) -> alt.Chart:
+    """Recipes (rows) x families (columns), each cell its mean with the text in the colour its fill needs (`ink`);
+    every label in full."""
+    low, high = cells["mean"].min(), cells["mean"].max()
+    cells = cells.assign(ink=[ink(v, low, high) for v in cells["mean"]])
+    base = alt.Chart(cells).encode(
+        x=alt.X("where:N", title="family", axis=alt.Axis(orient="top", labelAngle=0, labelLimit=300)),
+        y=alt.Y("method:N", title=None, axis=alt.Axis(labelLimit=600, labelOverlap=False)))
+    rects = base.mark_rect().encode(
+        color=alt.Color("mean:Q", title="%", scale=alt.Scale(domain=[low, high], range=list(HEAT), interpolate="rgb")),
+        tooltip=["family", "model", "method", "mean", "n"])
+    text = base.mark_text(fontSize=12).encode(text=alt.Text("mean:Q", format=".1f"), color=alt.condition(
+        "datum.ink == 'white'", alt.value("white"), alt.value("black")))
+    return (rects + text).properties(height=alt.Step(DOT_LINE), width=alt.Step(110))
 
 
 def overview() -> None:
@@ -384,12 +429,10 @@ def by_method_view() -> None:
         bench_names = sorted(heat["benchmark"].unique())
         bench_pick = st.selectbox("Benchmark (family x method)", bench_names, key="heat_benchmark")
         cells = heat[heat["benchmark"] == bench_pick]
-        st.caption(f"Mean {plain(bench_pick)} score of every method on every family, % (all models and recipes of a "
-                   "family averaged; the tables below separate them).")
-        base = alt.Chart(cells).encode(x=alt.X("method:N", title="method"), y=alt.Y("family:N", title="family"))
-        st.altair_chart(base.mark_rect().encode(color=alt.Color("mean:Q", title="%"), tooltip=["family", "method",
-                                                                                            "mean", "n"])
-                        + base.mark_text().encode(text=alt.Text("mean:Q", format=".1f")))
+        st.caption(f"Mean {plain(bench_pick)} score of every recipe on every family, % over its seeds: one cell per "
+                   "recipe (labelled as in the Families tab) and model (`family: model` where a family has several), "
+                   "never pooled.")
+        st.altair_chart(heatmap(cells), width="content")
         method = st.selectbox("Method", methods, key="method_view")
         df = pd.DataFrame(load.method_rows(shown, method))
         st.caption(f"{plain(method)} on every model and family (mean ± std over seeds, in %).")

@@ -434,16 +434,27 @@ def long_rows(results: list[Result]) -> list[dict]:
 
 
 def family_method_rows(items) -> list[dict]:
-    """Mean of each method on each (family, benchmark column: `benchmark_label`, so decodings never pool), in
-    points, for the family x method heatmap (a method's recipes and models of one family are averaged per
-    column, over distinct seeds: `per_seed`)."""
+    """Mean of each recipe on each family and benchmark column (`benchmark_label`, so decodings never pool), in
+    points, over distinct seeds (`per_seed`), for the family x method heatmap: one cell per recipe, never pooled
+    (its label as the Families tab's: `row_labels` within a model, the same recipe the same label on every
+    family), and per model where a family has several on the column (`where`: `family: model`, else the
+    family)."""
+    results = [r for _, r in items]
     groups: dict[tuple, list[Result]] = defaultdict(list)
-    for _, r in items:
-        groups[(r.model.family, method_label(r), benchmark_label(r))].append(r)
+    for column in sorted({benchmark_label(r) for r in results}):
+        mine = [r for r in results if benchmark_label(r) == column]
+        labels = row_labels(mine, within=lambda r: r.model.name)
+        models = defaultdict(set)
+        for r in mine:
+            models[r.model.family].add(r.model.name)
+        for r in mine:
+            f, model = r.model.family, r.model.name
+            groups[(f, model, f"{f}: {model}" if len(models[f]) > 1 else f, labels[recipe(r)], column)].append(r)
     out = []
-    for (f, m, b), rs in sorted(groups.items()):
+    for (f, model, where, label, b), rs in sorted(groups.items()):
         seeds = per_seed(rs)
-        out.append({"family": f, "method": m, "benchmark": b, "mean": round(100 * stats(seeds)[0], 1), "n": len(seeds)})
+        out.append({"family": f, "model": model, "where": where, "method": label, "benchmark": b,
+                    "mean": round(100 * stats(seeds)[0], 1), "n": len(seeds)})
     return out
 
 

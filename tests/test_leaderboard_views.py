@@ -155,3 +155,48 @@ def test_a_linked_run_without_curves_shows_no_other_runs_curves(runs):
     assert any("logged no training curves" in c and "pick other runs above" in c for c in _captions(detail))
     at.multiselect(key="overlay").select("d1__tiny__addition__s0__g4").run()  # picked: its curves, said as such
     assert any("the curves below are the other runs picked" in c for c in _captions(_tab(at, "Run detail")))
+
+
+def _chart_data(chart) -> list[dict]:
+    from test_leaderboard import _chart_rows
+
+    return _chart_rows(chart)
+
+
+def test_the_dot_plot_draws_every_label_beside_its_dot(runs):
+    """The dot plot drew every other label, offset from its dot (vrpo's dot beside a tracerl label): a yOffset by
+    colour shifted the dots against the labels, on lines too short for them. Now each dot has a line of its own,
+    labelled (`method · model` where a method has several dots), every label drawn."""
+    at = _app("Leaderboard")
+    at.selectbox(key="family").select("llada").run()
+    at.selectbox(key="model").select("tiny").run()
+    chart = _tab(at, "Leaderboard").get("vega_lite_chart")[0]
+    spec = json.loads(chart.proto.spec)
+    assert '"yOffset"' not in chart.proto.spec and spec["height"] == {"step": 22}
+    assert spec["layer"][1]["encoding"]["y"]["axis"] == {"labelLimit": 600, "labelOverlap": False}
+    rows = _chart_data(chart)
+    assert sorted(r["line"] for r in rows) == sorted(r["method"] for r in rows) == ["d1 (from sft)", "sft",
+                                                                                    "wd1 (from sft)"]
+    overview = _tab(_open(at, "Overview"), "Overview").get("vega_lite_chart")[0]  # several models a method
+    rows = _chart_data(overview)
+    assert '"yOffset"' not in overview.proto.spec and len({r["line"] for r in rows}) == len(rows)
+    assert all(r["line"] == f"{r['method']} · {r['model']}" for r in rows)
+
+
+def test_the_heatmap_has_a_cell_per_recipe_with_readable_text_and_labels(runs):
+    """wd1 on SDAR showed 89.5, the mix of plain wd1 (97.5) and wd1 with b1's recipe (81.4); its text was black on
+    navy and its labels cut. Now one cell per recipe (and model), the text white on dark cells and black on light
+    ones, the labels uncut."""
+    _result(runs, "wd1_40", method="wd1", init="sft", seed=0, acc=[0, 0, 0, 1], steps=40,
+            run_id="wd1__tiny__addition__s0__steps40")
+    at = _app("By method")
+    chart = next(c for c in _tab(at, "By method").get("vega_lite_chart") if '"rect"' in c.proto.spec)
+    cells = {(r["where"], r["method"]): r for r in _chart_data(chart) if "where" in r}
+    assert cells[("llada: tiny", "wd1 (from sft) (steps=10)")]["mean"] == 100.0  # never pooled with steps=40's 25
+    assert cells[("llada: tiny", "wd1 (from sft) (steps=40)")]["mean"] == 25.0
+    assert cells[("llada: LLaDA-8B", "wd1")]["mean"] == 100.0 and ("sdar", "d1 (from sft)") in cells
+    assert cells[("llada: tiny", "wd1 (from sft) (steps=10)")]["ink"] == "white"  # the darkest cell
+    assert cells[("llada: tiny", "wd1 (from sft) (steps=40)")]["ink"] == "black"  # the lightest
+    spec = json.loads(chart.proto.spec)
+    assert spec["layer"][0]["encoding"]["y"]["axis"] == {"labelLimit": 600, "labelOverlap": False}
+    assert spec["layer"][0]["encoding"]["x"]["axis"]["labelLimit"] == 300
