@@ -482,21 +482,33 @@ def speed_view() -> None:
         tasks = sorted(rollout["benchmark"].unique())
         task = st.selectbox("Task", tasks, key="speed_task")
         mine = rollout[rollout["benchmark"] == task]
-        st.dataframe(mine, hide_index=True, key="rollout_speed")
-        front = pd.DataFrame(load.pareto(mine.to_dict("records")))
-        st.caption(f"{plain(task)}: accuracy against decoding speed, one point per decoding strategy and model; the "
-                   "line joins the Pareto front (no other strategy is both faster and more accurate). Speeds are "
-                   "comparable only on one machine (the table's hardware column).")
-        points = alt.Chart(mine.dropna(subset=["tokens/s"])).mark_point(filled=True, size=80).encode(
-            x=alt.X("tokens/s:Q", scale=alt.Scale(type="log"), title="tokens/s (log)"),
-            y=alt.Y("accuracy:Q", title="accuracy, %", scale=alt.Scale(zero=False)),
-            color=alt.Color("strategy:N", legend=alt.Legend(orient="bottom", columns=2, labelLimit=500)),
-            shape=alt.Shape("model:N", legend=alt.Legend(orient="bottom", labelLimit=300)),
-            tooltip=["model", "method", "strategy", "tokens/s", "NFE/sample", "tokens/forward", "accuracy"])
-        chart = points
+        points = pd.DataFrame(load.decoding_points(mine.to_dict("records")))
+        st.caption(f"{plain(task)}: one row and one point per model and decoding: the **median** tokens/s and "
+                   "accuracy of its runs (its reruns, seeds and the methods evaluated with it), the bars from its "
+                   "slowest to its fastest run and from its lowest to its highest accuracy (a rerun's speed varies "
+                   "with the machine's load). A line joins each model's Pareto front of the medians on one machine "
+                   "(no other decoding of it is both faster and more accurate). Speeds compare only on one machine "
+                   "(the hardware column).")
+        st.dataframe(points, hide_index=True, key="rollout_speed")
+        with st.expander(f"Every run ({len(mine)})"):
+            st.dataframe(mine.drop(columns=["benchmark"]), hide_index=True, key="rollout_runs")
+        front = pd.DataFrame([row for _, same in points.groupby(["model", "hardware"])  # a front per model and machine
+                              for row in load.pareto(same.to_dict("records"))])
+        timed = points.dropna(subset=["tokens/s"])
+        base = alt.Chart(timed).encode(
+            color=alt.Color("decoding:N", legend=alt.Legend(orient="bottom", columns=2, labelLimit=500)),
+            tooltip=["model", "decoding", "runs", "tokens/s", "slowest", "fastest", "accuracy", "lowest", "highest",
+                     "NFE/sample", "tokens/forward"])
+        x = alt.X("tokens/s:Q", scale=alt.Scale(type="log"), title="tokens/s (log), median of the runs")
+        y = alt.Y("accuracy:Q", title="accuracy, % (median of the runs)", scale=alt.Scale(zero=False))
+        chart = alt.layer(
+            base.mark_rule(opacity=0.5).encode(x=alt.X("slowest:Q", scale=alt.Scale(type="log")), x2="fastest:Q", y=y),
+            base.mark_rule(opacity=0.5).encode(x=x, y=alt.Y("lowest:Q"), y2="highest:Q"),
+            base.mark_point(filled=True, size=80).encode(
+                x=x, y=y, shape=alt.Shape("model:N", legend=alt.Legend(orient="bottom", labelLimit=300))))
         if len(front):
-            chart = points + alt.Chart(front).mark_line(color="gray", strokeDash=[4, 3]).encode(
-                x="tokens/s:Q", y="accuracy:Q", order=alt.Order("tokens/s:Q"))
+            chart += alt.Chart(front).mark_line(color="gray", strokeDash=[4, 3]).encode(
+                x="tokens/s:Q", y="accuracy:Q", detail=["model:N", "hardware:N"], order=alt.Order("tokens/s:Q"))
         st.altair_chart(chart.properties(height=420), width="stretch")
     training = pd.DataFrame(load.training_speed_rows(bench))
     if len(training):
@@ -505,8 +517,11 @@ def speed_view() -> None:
                    "row, its reward over the naive one's: below 1, the speed cost rollout quality.")
     gpu = pd.DataFrame(load.gpu_target_rows(bench))
     if len(gpu):
-        st.markdown("**GPU acceptance** (`dare bench gpu --device cuda`, released shapes with random weights, bf16)")
-        st.dataframe(gpu, hide_index=True, key="gpu_targets")
+        st.markdown("**GPU acceptance** (`dare bench gpu --device cuda`, released shapes with random weights, bf16): "
+                    "each target's verdict, what was measured and what it needs (`<=` at most, `>=` at least)")
+        st.dataframe(gpu, hide_index=True, key="gpu_targets", column_config={
+            "verdict": st.column_config.TextColumn("verdict", width="medium", pinned=True),
+            "target": st.column_config.TextColumn("target", width="large")})
     if not len(rollout) and not len(training) and not len(gpu):
         st.info("No throughput results yet: run `dare bench rollout` or `dare bench train`.")
 

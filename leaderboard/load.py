@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from urllib.parse import quote
 
+from dare.app.bench_gpu import at_most  # torch-free to import, like the registry
 from dare.models.registry import ATTENTION  # torch-free
 from dare.results import (MAX_LOG_BYTES, MAX_NUMBER, ROLLOUT_BENCHMARK, Hardware, Result, load_json, load_results,
                           parse_json, printable, read_bounded, unsafe_char)
@@ -543,20 +544,46 @@ def reproduction_rows(items) -> list[dict]:
 
 
 def rollout_speed_rows(items) -> list[dict]:
-    """Decoding throughput recorded with each evaluation (tokens/s, NFE, tokens per forward)."""
+    """Decoding throughput recorded with each evaluation (tokens/s, NFE, tokens per forward), one row per run;
+    its decoding is its column's (`benchmark_label` without the task's name: every setting that differs)."""
     out = []
     for _, r in items:
         t = r.throughput
         if t.eval_tokens_per_s is None and t.tokens_per_forward is None:
             continue
-        extra = ", ".join(f"{k}={v}" for k, v in sorted(r.decoding.extra.items()))
-        out.append({"model": r.model.name, "method": method_label(r), "benchmark": r.benchmark.name,
-                    "sampler": r.decoding.sampler, "gen/block/steps":
-                        f"{r.decoding.gen_length}/{r.decoding.block_length}/{r.decoding.steps}",
-                    "settings": extra, "strategy": f"{r.decoding.sampler} {extra}".strip(),
+        out.append({"model": r.model.name, "decoding": benchmark_label(r).removeprefix(r.benchmark.name).strip(),
+                    "method": method_label(r), "benchmark": r.benchmark.name,
                     "accuracy": round(100 * value(r), 1), "tokens/s": _round(t.eval_tokens_per_s),
                     "NFE/sample": _round(t.nfe_per_sample), "tokens/forward": _round(t.tokens_per_forward, 2),
-                    "hardware": environment(r)[0]})
+                    "hardware": environment(r)[0], "run_id": r.run_id})
+    return out
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(v for v in values if _number(v))
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def decoding_points(rows: list[dict]) -> list[dict]:
+    """One point per model, decoding and machine (`rollout_speed_rows`' rows grouped): the median tokens/s and
+    accuracy of its runs (reruns, seeds and the methods evaluated with it: their speeds differ with the machine's
+    load, up to 6x), with the slowest and fastest run and the lowest and highest accuracy as its spread, and the
+    median NFE and tokens per forward."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[(row["model"], row["decoding"], row["hardware"])].append(row)
+    out = []
+    for (model, decoding, hardware), rs in groups.items():
+        speeds = [r["tokens/s"] for r in rs if _number(r["tokens/s"])]
+        scores = [r["accuracy"] for r in rs]
+        out.append({"model": model, "decoding": decoding, "runs": len(rs), "tokens/s": _round(_median(speeds)),
+                    "slowest": min(speeds, default=None), "fastest": max(speeds, default=None),
+                    "accuracy": round(_median(scores), 1), "lowest": min(scores), "highest": max(scores),
+                    "NFE/sample": _round(_median([r["NFE/sample"] for r in rs])),
+                    "tokens/forward": _round(_median([r["tokens/forward"] for r in rs]), 2), "hardware": hardware})
     return out
 
 
@@ -606,19 +633,41 @@ def training_speed_rows(reports) -> list[dict]:
             for row in out]
 
 
+def quantity(value, unit) -> str:
+    """A target's number as read: seconds under one in ms, a ratio as `20x`, a relative error in %, else the value
+    and its unit (3 significant digits); '' for no number."""
+    if not _number(value):
+        return ""
+    if unit == "s":
+        return f"{1000 * value:.3g} ms" if value < 1 else f"{value:.3g} s"
+    if unit == "x":
+        return f"{value:.3g}x"
+    if unit == "rel":
+        return f"{100 * value:.3g}%"
+    return f"{value:.3g} {unit}" if isinstance(unit, str) else f"{value:.3g}"
+
+
 def gpu_target_rows(reports) -> list[dict]:
-    """`dare bench gpu` reports at the released shapes (shrunk CPU runs left out): one row per target, what was
-    measured against what was asked, the newest report first."""
+    """`dare bench gpu` reports at the released shapes (shrunk CPU runs left out): one row per target, the newest
+    report first: its verdict (met, missed, not measured; the gpu-marked tests' target says when they timed out,
+    from the report's `stages.gpu_tests`), what was measured against what was asked, each in its unit, the need
+    with its direction (`<= 40 ms`, `>= 20x`: `dare.app.bench_gpu.at_most`)."""
     out = []
     for path, rep in reports:
         if rep.get("kind") != "bench.gpu" or rep.get("shrunk") is not False or not isinstance(rep.get("targets"), list):
             continue
+        tests = _dict(_dict(rep.get("stages")).get("gpu_tests"))
         for t in (x for x in rep["targets"] if isinstance(x, dict)):
-            met = t.get("met")
-            out.append({"date": str(rep.get("created", ""))[:10], "card": rep.get("card"),
-                        "target": t.get("target"), "measured": _round(t["measured"], 4) if _number(t.get("measured"))
-                        else None, "need": t.get("need"), "unit": t.get("unit"),
-                        "verdict": {True: "met", False: "missed"}.get(met, "not measured"),
+            verdict = {True: "met", False: "missed"}.get(t.get("met"), "not measured")
+            measured = quantity(t.get("measured"), t.get("unit"))
+            if t.get("unit") == "failed" and tests.get("rc") == "timeout":  # the count of failed gpu-marked tests
+                seconds = tests.get("seconds")
+                verdict += f" (timed out{f' after {seconds:.0f} s' if _number(seconds) else ''})"
+                measured = "not counted"  # the run was stopped before pytest's summary
+            need = quantity(t.get("need"), t.get("unit"))
+            out.append({"verdict": verdict, "target": t.get("target"), "measured": measured,
+                        "need": f"{'<=' if at_most(t) else '>='} {need}" if need else "",
+                        "card": rep.get("card"), "date": str(rep.get("created", ""))[:10],
                         "commit": str(_dict(rep.get("git")).get("commit", ""))[:7], "report": path.name})
     return sorted(out, key=lambda r: r["date"], reverse=True)
 

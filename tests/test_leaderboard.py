@@ -923,7 +923,7 @@ def test_pareto_front_and_forwards_to_reach(monkeypatch):
 
 def test_speed_view_is_per_task_with_its_pareto_front(runs):
     _result(runs, "sdar_fast", method="d1", init="sft", seed=1, acc=[0, 1, 0, 0], model="tiny-sdar", family="sdar",
-            throughput={"eval_tokens_per_s": 9000.0, "nfe_per_sample": 4.0, "tokens_per_forward": 4.0})
+            gen=8, throughput={"eval_tokens_per_s": 9000.0, "nfe_per_sample": 4.0, "tokens_per_forward": 4.0})
     at = _app("Speed")
     assert at.selectbox(key="speed_task").options == ["addition"]
     chart = _tab(at, "Speed").get("vega_lite_chart")[0]

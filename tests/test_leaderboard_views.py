@@ -200,3 +200,37 @@ def test_the_heatmap_has_a_cell_per_recipe_with_readable_text_and_labels(runs):
     spec = json.loads(chart.proto.spec)
     assert spec["layer"][0]["encoding"]["y"]["axis"] == {"labelLimit": 600, "labelOverlap": False}
     assert spec["layer"][0]["encoding"]["x"]["axis"]["labelLimit"] == 300
+
+
+def test_the_speed_plot_has_one_point_per_decoding_with_its_spread(runs):
+    """The Pareto plot drew every rerun as a point (one decoding's runs at 882 to 5,029 tokens/s with the machine's
+    load). Now one point per model and decoding: the median of its runs, the slowest and fastest as its spread."""
+    for seed, speed in enumerate([900.0, 3000.0, 5000.0]):  # one decoding benchmarked three times
+        _rollout_benchmark(runs, tokens_per_s=speed, seed=seed)
+    at = _app("Speed")
+    table = next(d.value for d in _tab(at, "Speed").dataframe if "slowest" in d.value.columns)
+    row = table[table["decoding"] == "[4/4/4, T=0, cache=dual]"].to_dict("records")
+    assert len(row) == 1 and (row[0]["runs"], row[0]["tokens/s"], row[0]["slowest"], row[0]["fastest"]) == (
+        3, 3000.0, 900.0, 5000.0)
+    chart = _tab(at, "Speed").get("vega_lite_chart")[0]
+    dual = [r for r in _chart_data(chart) if r.get("decoding") == "[4/4/4, T=0, cache=dual]"]
+    assert {r["tokens/s"] for r in dual} == {3000.0} and '"x2"' in chart.proto.spec and '"y2"' in chart.proto.spec
+    assert any("median" in c for c in _captions(_tab(at, "Speed")))
+
+
+def test_gpu_targets_say_their_direction_and_the_timed_out_tests(monkeypatch):
+    """The GPU targets had no direction, the verdict column was cut, and the H200's "tests failed" row did not say
+    the tests timed out (the report's stages.gpu_tests.rc). Now the verdict comes first, the need reads `<= 40 ms`
+    or `>= 20x`, and the tests' verdict says they timed out."""
+    load = _load(monkeypatch)
+    rows = load.gpu_target_rows(load.load_bench([]))
+    h200 = {r["target"]: r for r in rows if r["report"].startswith("gpu-NVIDIA_H200")}
+    forward = h200["LLaDA2.1-mini forward, batch 8, grouped experts"]
+    assert (forward["measured"], forward["need"], forward["verdict"]) == ("68 ms", "<= 40 ms", "missed")
+    assert h200["... the former loop over the same run's grouped forward"]["need"] == ">= 20x"
+    assert h200["LLaDA-8B d1 step (LoRA r128, micro-batch 6, prompt 200 + gen 256): peak memory on the card"][
+        "need"] == "<= 70 GiB"
+    assert h200["gpu-marked tests pass"]["verdict"] == "missed (timed out after 60 s)"
+    h100 = next(r for r in rows if r["report"].startswith("gpu-NVIDIA_H100") and r["target"] == "gpu-marked tests pass")
+    assert h100["verdict"] == "met" and h100["measured"] == "0 failed"
+    assert list(rows[0])[0] == "verdict"
