@@ -25,7 +25,9 @@ def test_registry_has_the_tasks_of_the_papers():
     assert set(TASKS) >= {"gsm8k", "math", "math500", "countdown", "countdown4", "sudoku", "humaneval", "mbpp",
                           "ultrafeedback", "addition", "s1k"}
     assert set(OFFLINE) == {"addition", "addition_pairs", "addition_teacher", "countdown", "countdown4", "sudoku", "humaneval",
-                            "sudoku_fill", "sudoku_fill_teacher", "chain"}
+                            "sudoku_fill", "sudoku_fill_teacher", "chain", "chain_carry", "chain_carry_teacher",
+                            "sudoku_hard", "sudoku_hard_teacher", "countdown_tiny", "countdown_tiny_teacher",
+                            "countdown_tiny_pairs"}
     assert set(recorded_hashes()) == {f"{n}/{s}" for n in OFFLINE for s in TASKS[n].splits}
 
 
@@ -296,3 +298,81 @@ def test_sudoku_fill_puzzles_and_the_row_only_teacher():
     assert task.score("4 1 2", row) == {"cell_accuracy": 2 / 3, "solved": 0.0}  # non-digits dropped
     assert task.score("41", row) == {"cell_accuracy": 2 / 3, "solved": 0.0}  # a missing digit is wrong
     assert task.reward("", row) == 0.0
+
+
+def test_sudoku_hard_has_eight_blanks_and_unique_solutions():
+    """sudoku_hard (the suite's constraint task): `sudoku_fill` with 8 empty cells in every puzzle, each with a
+    unique solution, train and test on disjoint solution grids; its teacher is the row-only one."""
+    from dare.data.puzzles import all_grids, _cell_masks, _n_solutions
+
+    masks = _cell_masks(tuple(all_grids()))
+    task, teacher = TASKS["sudoku_hard"], TASKS["sudoku_hard_teacher"]
+    train, test = teacher.generate("train"), teacher.generate("test")
+    assert test == task.generate("test") and len(train) == 50000 and len(test) == 500
+    assert not {r["extra"]["solution"] for r in train} & {r["extra"]["solution"] for r in test}
+    for r in train[:1000] + test:
+        puzzle = r["extra"]["puzzle"]
+        assert puzzle.count("0") == 8 and len(r["ground_truth"]) == 8 and _n_solutions(list(puzzle), masks) == 1
+    shown = [teacher.target(r) for r in train[:3000]]
+    assert 0.2 < sum(s != r["ground_truth"] for s, r in zip(shown, train)) / 3000 < 0.9  # the teacher errs
+
+
+def test_chain_carry_teacher_forgets_the_ones_carry_and_goes_on_from_what_it_wrote():
+    """chain_carry (the suite's long-answer task): `chain` with 6-7 terms (36-42 tokens). The teacher writes
+    every term's ones digit right; at a step whose last digit is 5 or more it drops the carry into the tens
+    at the `forget` rate and goes on from the term it wrote; ground truth and test split are chain_carry's."""
+    import random
+
+    from dare.rewards.arithmetic import chain_trace, lsb
+
+    task, teacher = TASKS["chain_carry"], TASKS["chain_carry_teacher"]
+    train = teacher.generate("train")
+    assert teacher.generate("test") == task.generate("test")
+    assert all(6 <= r["extra"]["count"] <= 7 and 36 <= len(r["ground_truth"]) <= 42 for r in train[:2000])
+    assert teacher.teach(1059, 2, random.Random(0)) in ("b9601,a9701,", "b9601,a9601,")  # 1059 -> 1069 -> 1079
+    sure = type(teacher)((6, 7), 10, 10, forget=1.0)
+    never = type(teacher)((6, 7), 10, 10, forget=0.0)
+    assert never.teach(1059, 6, random.Random(0)) == chain_trace(1059, 6)
+    always = sure.teach(1054, 3, random.Random(0))  # 1054 -> 1059 (no carry), -> 1069 - 10 = 1059, again
+    assert always == f"c{lsb(1059, 4)},b{lsb(1059, 4)},a{lsb(1059, 4)},"
+    slips, carries = 0, 0
+    for r in train[:3000]:
+        value, shown = r["extra"]["start"], teacher.target(r).split(",")[:-1]
+        for term in shown:
+            carries += value % 10 >= 5
+            right = (value + value % 10 + 1) % 10 ** 4
+            written = int(term[1:][::-1])
+            assert written in (right, (right - 10) % 10 ** 4) and written % 10 == right % 10
+            slips += written != right
+            value = written
+    assert abs(slips / carries - 0.8) < 0.02  # forgotten with p = 0.8 at every carry (3 sigma < 0.01)
+    assert task.score(train[0]["ground_truth"], train[0]) == {"accuracy": 1.0, "term_accuracy": 1.0}
+
+
+def test_countdown_tiny_rows_and_the_papers_reward_rule():
+    """countdown_tiny (the suite's search task): 3 numbers in [1, 9] and a target in [1, 99]; the reference
+    solution uses each number once and reaches the target; test problems are distinct and never in train;
+    the reward is d1's / TinyZero's: 1 right, 0.1 well-formed but wrong (or other numbers), 0 no expression."""
+    task, teacher = TASKS["countdown_tiny"], TASKS["countdown_tiny_teacher"]
+    train, test = teacher.generate("train"), teacher.generate("test")
+    assert test == task.generate("test") and len(train) == 50000 and len(test) == 500
+    key = lambda r: (tuple(sorted(r["extra"]["numbers"])), r["extra"]["target"])  # noqa: E731
+    assert len({key(r) for r in test}) == 500 and not {key(r) for r in train} & {key(r) for r in test}
+    for r in train[:2000] + test:
+        nums, target = r["extra"]["numbers"], r["extra"]["target"]
+        assert len(nums) == 3 and all(1 <= n <= 9 for n in nums) and 1 <= target <= 99
+        assert r["prompt"][0]["content"] == ",".join(map(str, nums)) + f":{target}="
+        assert task.reward(r["extra"]["solution"], r) == 1.0
+        assert set(r["prompt"][0]["content"] + r["extra"]["solution"]) <= set(task.alphabet)
+    row = {"extra": {"numbers": [3, 7, 2], "target": 17}}
+    assert task.reward("7*2+3", row) == 1.0 and task.reward(" (3*2)+(7+4)-4 ", row) == 0.1  # other numbers
+    assert task.reward("3+7+2", row) == 0.1 and task.reward("7*2+", row) == 0.1  # well-formed, wrong / unparsable
+    assert task.reward("", row) == 0.0 and task.reward("7*2+3=17", row) == 0.0  # no expression
+    assert task.score("7*2+3", row) == {"accuracy": 1.0, "well_formed": 1.0}
+    sums = [teacher.target(r) == "+".join(map(str, r["extra"]["numbers"])) for r in train[:5000]]
+    assert abs(sum(sums) / 5000 - 0.7) < 0.03  # the sloppy sum with p = 0.7 (3 sigma: 0.02), else the solution
+    pairs = TASKS["countdown_tiny_pairs"]
+    assert [(r["prompt"], r["extra"]["numbers"]) for r in pairs.generate("test")] == [
+        (r["prompt"], r["extra"]["numbers"]) for r in test]
+    for r in pairs.generate("test"):  # VRPO's pairs: the solution against a wrong well-formed answer
+        assert pairs.reward(r["extra"]["chosen"], r) == 1.0 and pairs.reward(r["extra"]["rejected"], r) == 0.1

@@ -73,7 +73,7 @@ class Countdown(Task):
         for s in ("test", "train"):  # one stream: test first, train never repeats a test pair
             while len(out[s]) < self.sizes[s]:
                 nums = [rng.randint(1, 100) for _ in range(self.n)]
-                expr, value = _random_expression(nums, rng)
+                expr, value = random_expression(nums, rng)
                 key = (tuple(sorted(nums)), value)
                 if value is None or not 1 <= value <= 1000 or key in seen:
                     continue
@@ -106,7 +106,7 @@ class Countdown(Task):
         return {"accuracy": float(self.reward(completion, row) == 1.0)}
 
 
-def _random_expression(nums: list[int], rng: random.Random) -> tuple[str | None, int | None]:
+def random_expression(nums: list[int], rng: random.Random) -> tuple[str | None, int | None]:
     order = nums[:]
     rng.shuffle(order)
     expr, value = str(order[0]), order[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from dare.data.base import Task
-from dare.data.puzzles import all_grids, make_puzzle
+from dare.data.puzzles import random_expression, all_grids, make_puzzle
 from dare.rewards import arithmetic, puzzles
 
 
@@ -164,9 +164,10 @@ class SudokuFill(Task):
     seed = 5151
     alphabet = "01234="
 
-    def __init__(self, blanks: int, n_train: int, n_test: int):
+    def __init__(self, blanks: int, n_train: int, n_test: int, name: str | None = None):
         self.blanks, self.sizes = blanks, {"train": n_train, "test": n_test}
         self.version = f"b{blanks}.n{n_train}.{n_test}.r{puzzles.VERSION}.1"
+        self.name = name or self.name
 
     def generate(self, split: str) -> list[dict]:
         grids = all_grids()
@@ -177,6 +178,8 @@ class SudokuFill(Task):
         for _ in range(self.sizes[split]):
             solution = rng.choice(pool)
             puzzle = make_puzzle(solution, grids, rng, empty=(self.blanks, self.blanks))
+            while puzzle.count("0") < self.blanks:  # a removal order that stopped short: another one
+                puzzle = make_puzzle(solution, grids, rng, empty=(self.blanks, self.blanks))
             answer = "".join(s for p, s in zip(puzzle, solution) if p == "0")
             rows.append({"prompt": [{"role": "user", "content": f"{puzzle}="}], "ground_truth": answer,
                          "extra": {"puzzle": puzzle, "solution": solution}})
@@ -205,8 +208,8 @@ class SudokuFillTeacher(SudokuFill):
 
     name = "sudoku_fill_teacher"
 
-    def __init__(self, blanks: int, n_train: int, n_test: int, ascending: float):
-        super().__init__(blanks, n_train, n_test)
+    def __init__(self, blanks: int, n_train: int, n_test: int, ascending: float, name: str | None = None):
+        super().__init__(blanks, n_train, n_test, name)
         self.ascending = ascending
         self.version = f"{self.version}.asc{ascending}"
 
@@ -229,3 +232,180 @@ class SudokuFillTeacher(SudokuFill):
 
     def target(self, row: dict) -> str:
         return row["extra"]["demonstration"]
+
+
+class ChainCarry(Chain):
+    """`chain` with shorter answers (counts 6-7: 36-42 tokens) on its own seed, the answer that
+    `chain_carry_teacher` demonstrates with a flaw: the long-answer task of the headline suite."""
+
+    name = "chain_carry"
+    seed = 4141
+
+
+class ChainCarryTeacher(ChainCarry):
+    """`chain_carry` (`chain` with short answers (counts 6-7: 36-42 tokens) and SFT demonstrations from a teacher that
+    forgets the carry out of the ones digit (a last digit of 5 or more: about half the steps) with
+    probability `forget` at each such step, drawn per step (fixed seed), and goes on from the term it
+    wrote: one slip makes every later term wrong. `ground_truth` stays the correct chain (rewards and
+    evaluation score against it); only the SFT target is the teacher's.
+
+    With forget > 0.5 a model that imitates the teacher forgets every carry at temperature 0, so its
+    terms are right only up to the first carry (the start's whole-chain accuracy is the share of chains
+    without one, about 1%), and it writes the carry with probability about 1 - forget when it samples.
+    The reward is `term_accuracy` (the share of terms right at their place, which after a slip is the
+    share before it); the metric that ranks is `accuracy`, the whole chain right: every one of the
+    three or four carries of a typical chain has to be right. The answers are long enough (36+ tokens)
+    for per-token, sequence and trajectory likelihoods to part. Same splits as `chain` with its own
+    sizes and seed."""
+
+    name = "chain_carry_teacher"
+
+    def __init__(self, counts: tuple[int, int], n_train: int, n_test: int, forget: float):
+        super().__init__(counts, n_train, n_test)
+        self.forget = forget
+        self.version = f"{self.version}.fc{forget}"
+
+    def generate(self, split: str) -> list[dict]:
+        rng = random.Random(self.seed + 3)
+        rows = super().generate(split)
+        if split == "train":
+            for row in rows:
+                row["extra"]["demonstration"] = self.teach(row["extra"]["start"], row["extra"]["count"], rng)
+        return rows
+
+    def teach(self, start: int, count: int, rng: random.Random) -> str:
+        out, value, mod = [], start, 10 ** self.digits
+        for k in range(count, 0, -1):
+            last = value % 10
+            step = last + 1
+            if 2 * last + 1 >= 10 and rng.random() < self.forget:
+                step -= 10  # the ones digit written right, its carry into the tens forgotten
+            value = (value + step) % mod
+            out.append(f"{chr(ord('a') + k - 1)}{arithmetic.lsb(value, self.digits)},")
+        return "".join(out)
+
+    def target(self, row: dict) -> str:
+        return row["extra"]["demonstration"]
+
+
+class CountdownTiny(Task):
+    """Countdown in a form a from-scratch character model reads, with the papers' reward rule: the
+    prompt is the numbers and the target (`3,7,2:17=`), the answer an arithmetic expression that uses
+    each number exactly once and evaluates to the target (`7*2+3`). Numbers are uniform in [1, 9];
+    the target is built as `countdown`'s (TinyZero's generator): the numbers combined in a random order
+    with random operations (+ - * /, every intermediate a positive integer), the expression kept as a
+    reference solution; targets in [1, 99]. Test and train never share a (numbers, target) pair (one
+    stream, test first). Reward (d1 / TinyZero, `puzzles.countdown_expression_reward`): 1.0 right, 0.1
+    for a well-formed expression (only digits, `+-*/()`) that is wrong or uses other numbers, 0.0
+    otherwise; the metric `accuracy` is the reward being 1."""
+
+    name = "countdown_tiny"
+    splits = ("train", "test")
+    offline = True
+    seed = 6262
+    alphabet = "0123456789+-*/(),:="
+    symbols = set("0123456789+-*/()")
+
+    def __init__(self, n_numbers: int, n_train: int, n_test: int):
+        self.n, self.sizes = n_numbers, {"train": n_train, "test": n_test}
+        self.version = f"n{n_numbers}.n{n_train}.{n_test}.r{puzzles.VERSION}.1"
+
+    def generate(self, split: str) -> list[dict]:
+        rng = random.Random(self.seed)
+        test: list[dict] = []
+        seen: set = set()
+        while len(test) < self.sizes["test"]:  # test first: distinct problems
+            row = self._draw(rng)
+            if row is not None and row["extra"]["key"] not in seen:
+                seen.add(row["extra"]["key"])
+                test.append(row)
+        if split == "test":
+            return [self._strip(r) for r in test]
+        train: list[dict] = []
+        rng = random.Random(self.seed + 1)
+        while len(train) < self.sizes["train"]:
+            row = self._draw(rng)
+            if row is not None and row["extra"]["key"] not in seen:
+                train.append(row)
+        return [self._strip(r) for r in train]
+
+    def _draw(self, rng: random.Random) -> dict | None:
+        nums = [rng.randint(1, 9) for _ in range(self.n)]
+        expr, value = random_expression(nums, rng)
+        if value is None or not 1 <= value <= 99:
+            return None
+        expr = expr.replace(" ", "")
+        prompt = ",".join(map(str, nums)) + f":{value}="
+        return {"prompt": [{"role": "user", "content": prompt}], "ground_truth": str(value),
+                "extra": {"numbers": nums, "target": value, "solution": expr, "key": (tuple(sorted(nums)), value)}}
+
+    @staticmethod
+    def _strip(row: dict) -> dict:
+        row["extra"].pop("key")
+        return row
+
+    def target(self, row: dict) -> str:
+        return row["extra"]["solution"]
+
+    def expression(self, completion: str) -> str | None:
+        text = completion.strip()
+        return text if text and set(text) <= self.symbols else None
+
+    def reward(self, completion: str, row: dict, style: str = "default") -> float:
+        return puzzles.countdown_expression_reward(self.expression(completion), row["extra"]["numbers"],
+                                                   row["extra"]["target"])
+
+    def score(self, completion: str, row: dict) -> dict[str, float]:
+        r = self.reward(completion, row)
+        return {"accuracy": float(r == 1.0), "well_formed": float(r > 0.0)}
+
+
+class CountdownTinyTeacher(CountdownTiny):
+    """`countdown_tiny` with SFT demonstrations from a teacher that, with probability `slip` (drawn per
+    row, fixed seed), writes the numbers in the prompt's order joined by `+` (well-formed, every number
+    once: the papers' 0.1, and right only when the target is their sum) and the reference solution
+    otherwise. A model that imitates it writes the sum at temperature 0 and a solution-like expression
+    with probability about 1 - slip when it samples: RL has to find the expressions that reach the
+    target from the reward alone. `ground_truth` stays the target."""
+
+    name = "countdown_tiny_teacher"
+
+    def __init__(self, n_numbers: int, n_train: int, n_test: int, slip: float):
+        super().__init__(n_numbers, n_train, n_test)
+        self.slip = slip
+        self.version = f"{self.version}.sum{slip}"
+
+    def generate(self, split: str) -> list[dict]:
+        rng = random.Random(self.seed + 3)
+        rows = super().generate(split)
+        if split == "train":
+            for row in rows:
+                nums = row["extra"]["numbers"]
+                sloppy = rng.random() < self.slip
+                row["extra"]["demonstration"] = "+".join(map(str, nums)) if sloppy else row["extra"]["solution"]
+        return rows
+
+    def target(self, row: dict) -> str:
+        return row["extra"]["demonstration"]
+
+
+class CountdownTinyPairs(CountdownTiny):
+    """Preference pairs on `countdown_tiny`'s prompts, for VRPO as the suite's preference reference: chosen = the
+    reference solution, rejected = the teacher's sloppy answer (the numbers joined by `+`), or where that reaches
+    the target the numbers joined by `*`, else by `-` (well-formed, every number once, wrong: the papers' 0.1).
+    Same splits as `countdown_tiny`."""
+
+    name = "countdown_tiny_pairs"
+
+    def __init__(self, n_numbers: int, n_train: int, n_test: int):
+        super().__init__(n_numbers, n_train, n_test)
+        self.version = f"{self.version}.p1"
+
+    def generate(self, split: str) -> list[dict]:
+        rows = super().generate(split)
+        for row in rows:
+            nums, target = row["extra"]["numbers"], row["extra"]["target"]
+            wrong = next(e for e in ("+".join(map(str, nums)), "*".join(map(str, nums)), "-".join(map(str, nums)))
+                         if puzzles.countdown_expression_reward(e, nums, target) < 1.0)
+            row["extra"].update(chosen=row["extra"]["solution"], rejected=wrong)
+        return rows

@@ -73,7 +73,11 @@ def countdown_answer(text: str) -> str | None:
 
 
 def countdown_reward(completion: str, numbers: list[int], target: int) -> float:
-    expr = countdown_answer(completion)
+    return countdown_expression_reward(countdown_answer(completion), numbers, target)
+
+
+def countdown_expression_reward(expr: str | None, numbers: list[int], target: int) -> float:
+    """The papers' rule on an extracted expression: 1.0 right, 0.1 well-formed but wrong, 0.0 none."""
     if expr is None:
         return 0.0
     used = [int(n) for n in re.findall(r"\d+", expr)]
