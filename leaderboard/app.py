@@ -72,9 +72,10 @@ def _mtime(path: Path) -> int:
         return 0
 
 
-def _stamp(roots: tuple[str, ...]) -> tuple:
-    """Changes when a JSON file under the sources is added, removed or rewritten."""
-    files = [p for root in roots if Path(root).is_dir() for p in Path(root).glob("**/*.json")]
+def _stamp(roots: tuple[str, ...], pattern: str = "**/*.json") -> tuple:
+    """Changes when a file matching `pattern` (default: a JSON file) under the sources is added, removed or
+    rewritten."""
+    files = [p for root in roots if Path(root).is_dir() for p in Path(root).glob(pattern)]
     return len(files), max((_mtime(p) for p in files), default=0)
 
 
@@ -85,7 +86,8 @@ def _load(roots: tuple[str, ...], stamp: tuple):
 
 
 roots = (str(load.committed()), *map(str, load.run_dirs_from_env()))
-(items, invalid), bench = _load(roots, _stamp(roots))
+stamp = _stamp(roots)
+(items, invalid), bench = _load(roots, stamp)
 if invalid:
     with st.expander(f"⚠ {len(invalid)} invalid result file(s) skipped", expanded=True):
         st.dataframe(pd.DataFrame([{"file": printable(str(p)), "reason": why} for p, why in invalid]),
@@ -104,6 +106,22 @@ filtered = load.apply_filters(items, **selected)
 compared = [(p, r) for p, r in items if not load.rollout_benchmark(r)]  # benchmarks of the rollout: the Speed tab's
 shown = load.apply_filters(compared, **selected)  # what the views that compare methods show
 rollout_benchmarks = len(filtered) - len(shown)
+KEY = (roots, stamp, tuple((k, tuple(v)) for k, v in selected.items()))  # which results `shown` holds: a cache key
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def published_tables(key: tuple, numbers: tuple, _items) -> tuple[list[dict], list[dict]]:
+    """(the Published tab's rows, every baseline's count of published numbers and why it has none), computed once
+    per results and filters (`key`: `_items` are those) and papers' numbers (`numbers`: the stamp of the YAML files
+    under reproductions/), not again on each rerun."""
+    return published.published_rows(_items), published.published_methods()
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def compute_table(key: tuple, pick: str, metric: str | None, reach: float | None, _items):
+    """`load.compute_table` of `_items` (the results `key` says), computed once per choice, not again on each
+    rerun (the Compute tab asks it for its budget, then with the forwards to reach)."""
+    return load.compute_table(_items, pick, metric, reach)
 st.sidebar.caption(f"{len(filtered)} of {len(items)} results shown" + (
     f" ({rollout_benchmarks} of them benchmarks of the rollout, in the Speed tab only)" if rollout_benchmarks else ""))
 st.sidebar.caption("⚠ marks a mean or delta over runs from different hardware or lock files.")
@@ -286,13 +304,13 @@ def compute_view() -> None:
     metrics, default = load.compute_metrics(shown, pick)
     metric = st.selectbox("Curve metric at equal forwards", metrics, key="compute_metric",
                           index=metrics.index(default)) if metrics else None
-    budget, _ = load.compute_table(shown, pick, metric)
+    budget, _ = compute_table(KEY, pick, metric, None, _items=shown)
     reach = None
     if budget is not None:
         reach = st.number_input(f"Forwards to reach this {metric} (the first point at or above it)",
                                 value=float(load.reach_default(shown, pick, metric)), step=0.01, format="%.3f",
                                 key="compute_reach")
-    budget, rows = load.compute_table(shown, pick, metric, reach)
+    budget, rows = compute_table(KEY, pick, metric, reach, _items=shown)
     if budget is None:
         st.caption(f"{plain(pick)}: no run here logged compute curves ({load.FORWARDS}), so there is no comparison "
                    "at equal forward passes; the scores at equal steps and the compute records are below.")
@@ -441,7 +459,8 @@ def by_method_view() -> None:
 
 
 def published_view() -> None:
-    published_rows = pd.DataFrame(published.published_rows(shown))
+    numbers, methods = published_tables(KEY, _stamp((str(published.reproductions()),), "**/*.yaml"), _items=shown)
+    published_rows = pd.DataFrame(numbers)
     st.caption("Every number the papers report for the methods here (and DARE's README, and the compilations in "
                "JustGRPO and d-TreeRPO), by model, benchmark and protocol, with its source table (one file per "
                "baseline: reproductions/<name>/targets.yaml or published.yaml). Where one of our results was "
@@ -456,9 +475,14 @@ def published_view() -> None:
         shown_rows = mine[[c for c in columns if c in mine.columns]].astype(object).where(mine.notna(), "")
         shown_rows["published"] = [f"{v:g}" for v in mine["published"]]  # as the papers print them
         shown_rows["seeds"] = [n or "" for n in mine["seeds"]]
-        static_table(shown_rows.set_index("method"))
+        # a data frame, not a static table: its 200-odd rows drew in over 2 s as Markdown cells, in 1 s here
+        st.dataframe(shown_rows, hide_index=True, key="published_numbers", column_config={
+            "method": st.column_config.TextColumn("method", pinned=True),
+            "protocol": st.column_config.TextColumn("protocol", width="large"),
+            "source": st.column_config.TextColumn("source", width="large"),
+            "note": st.column_config.TextColumn("note", width="large")})
         download(mine, "published.csv", "csv_published")
-    none = [m for m in published.published_methods() if m["why none"]]
+    none = [m for m in methods if m["why none"]]
     if none:
         st.caption("No published number: " + plain("; ".join(f"{m['method']} ({m['why none']})" for m in none)))
     rows = load.reproduction_rows(shown)
@@ -579,7 +603,8 @@ VIEWS = {"Overview": overview_view, "Leaderboard": leaderboard_view, "Families":
          "Compute": compute_view, "By method": by_method_view, "Published": published_view, "Speed": speed_view,
          "Run detail": detail_view}
 linked = st.query_params.get("run")  # a link to one run (the families table's, a shared URL): ?run=<id>
-tabs = st.tabs(list(VIEWS), default="Run detail" if linked else "Overview", key="tab", on_change="rerun")
+tabs = st.tabs(list(VIEWS), default="Run detail" if linked else "Overview", key="tab", on_change="rerun",
+               bind="query-params")  # ?tab=Speed opens that tab
 for tab, view in zip(tabs, VIEWS.values()):
     with tab:
         if tab.open:  # only the open tab runs (a click on another reruns the script for it)

@@ -125,19 +125,19 @@ def runs(tmp_path, monkeypatch):
 
 
 def _app(tab: str | None = None):
-    """The app run once with `tab` open (default: the Overview). Only the open tab runs (`st.tabs(on_change=
-    "rerun")`): a test reads the widgets and tables of the tab it opened."""
+    """The app opened on `tab`'s link (`?tab=<label>`; default: the Overview). Only the open tab runs (`st.tabs(
+    on_change="rerun")`): a test reads the widgets and tables of the tab it opened."""
     at = AppTest.from_file(APP, default_timeout=60)
     if tab:
-        at.session_state["tab"] = tab
+        at.query_params["tab"] = tab
     at.run()
     assert not at.exception, at.exception
     return at
 
 
 def _open(at, tab: str):
-    """`at` run again with `tab` open (a click on the tab)."""
-    at.session_state["tab"] = tab
+    """`at` run again with `tab` open: a click on the tab (the tab's state and the link it binds)."""
+    at.session_state["tab"] = at.query_params["tab"] = tab
     at.run()
     assert not at.exception, at.exception
     return at
@@ -565,11 +565,11 @@ def test_browser_shows_the_leaderboard(runs, tmp_path):
         rows = screenshot.table_rows(driver)
         assert any(r.startswith("d1") and "75.0 (1 seed)" in r and "⚠" not in r for r in rows), rows
         assert any(r.startswith("wd1") and "100.0 ± 0.0 (2 seeds) ⚠" in r for r in rows), rows  # AVX2 + Xeon
-        # the Published tab: d1's GSM8K at 256 tokens with its source
+        # the Published tab: a data frame, whose rows in view (the first methods', their first columns) are read
         screenshot.open_tab(driver, "Published")
-        screenshot.wait_for(driver, "not run here")
-        assert any(r.startswith("d1") and "79.8" in r and "d1 Table 1" in r and "gen 256" in r
-                   for r in screenshot.table_rows(driver))
+        screenshot.wait_for(driver, "No published number")
+        screenshot.wait_until(driver, lambda d: any("not run here" in r and "LLaDA-8B-Instruct" in r and "gen " in r
+                                                    for r in screenshot.grid_rows(d)))
         # the Compute tab: d1 and wd1 at 300 forwards
         screenshot.open_tab(driver, "Compute")
         text = screenshot.wait_for(driver, "0.725 ± 0.177", 30)
@@ -936,12 +936,12 @@ def test_published_tab_lists_the_papers_numbers_with_sources(runs):
     and, with no result of ours under that protocol, says so; the baselines with no number say why."""
     at = _app("Published")
     published = _tab(at, "Published")
-    table = next(t for t in _tables(published) if "published" in t.columns).reset_index()
+    table = next(d.value for d in published.dataframe if "published" in d.value.columns)
     d1 = table[(table["method"] == "d1") & (table["benchmark"] == "gsm8k") & (table["published"] == "79.8")].iloc[0]
     assert "d1 Table 1" in d1["source"] and "gen 256" in d1["protocol"] and d1["status"] == "not run here"
     assert d1["ours"] == "" and d1["delta"] == ""  # nothing to put beside it
     assert {"d1", "wd1", "spg", "tracerl"} <= set(table["method"])
     assert any("No published number: agrpo" in c for c in _captions(published))
     at.selectbox(key="published_method").select("wd1").run()
-    table = next(t for t in _tables(_tab(at, "Published")) if "published" in t.columns)
-    assert set(table.index) == {"wd1"}
+    table = next(d.value for d in _tab(at, "Published").dataframe if "published" in d.value.columns)
+    assert set(table["method"]) == {"wd1"}

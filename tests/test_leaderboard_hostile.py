@@ -344,7 +344,7 @@ def test_markdown_in_names_is_shown_as_plain_text(markdown_names):
     for family, run_id in [(EVIL.replace("x", "family"), "evil_0"), ("llada", PLAIN_RUN)]:
         texts = []
         for tab in [t.label for t in at.tabs]:  # only the open tab runs: every view, one at a time
-            at.session_state["tab"] = tab
+            at.session_state["tab"] = at.query_params["tab"] = tab  # a click on the tab
             at.run()
             if tab == "Leaderboard":
                 at.selectbox(key="family").select(family).run()
@@ -397,9 +397,9 @@ def test_a_hostile_folder_renders_and_lists_every_bad_file(hostile):
         "result_dangling.json": "unreadable: No such file or directory"}
     for tab, key in [("Families", "family_benchmark"), ("Compute", "compute_benchmark"),
                      ("By method", "heat_benchmark")]:  # every view still renders
-        at.session_state["tab"] = tab
+        at.session_state["tab"] = at.query_params["tab"] = tab  # a click on the tab
         assert at.run().selectbox(key=key).options and not at.exception, (tab, at.exception)
-    at.session_state["tab"] = "Run detail"
+    at.session_state["tab"] = at.query_params["tab"] = "Run detail"
     at.run()
     assert {o.rsplit(" · ", 1)[-1] for o in at.selectbox(key="run").options} == {"evil_0", "evil_1", PLAIN_RUN}
     at.selectbox(key="run").select("evil_1").run()

@@ -127,8 +127,8 @@ def test_the_leaderboard_compares_each_run_with_its_own_start_as_the_families_ta
 def test_the_published_table_starts_with_ours_the_difference_and_the_status(runs):
     """The ours / delta / status columns started past the visible edge of the Published table."""
     at = _app("Published")
-    table = next(t for t in _tables(_tab(at, "Published")) if "published" in t.columns)
-    assert list(table.columns)[:4] == ["ours", "delta", "status", "published"]
+    table = next(d.value for d in _tab(at, "Published").dataframe if "published" in d.value.columns)
+    assert list(table.columns)[:5] == ["method", "ours", "delta", "status", "published"]
 
 
 def test_run_detail_opens_on_the_best_run_of_the_landing_column(runs, monkeypatch):
@@ -234,3 +234,19 @@ def test_gpu_targets_say_their_direction_and_the_timed_out_tests(monkeypatch):
     h100 = next(r for r in rows if r["report"].startswith("gpu-NVIDIA_H100") and r["target"] == "gpu-marked tests pass")
     assert h100["verdict"] == "met" and h100["measured"] == "0 failed"
     assert list(rows[0])[0] == "verdict"
+
+
+def test_a_rerun_does_not_compute_the_published_rows_again(runs, monkeypatch):
+    """Every rerun (a choice in a tab) read every paper's numbers again. They are kept (st.cache_data) while the
+    results, the filters and the papers' files are unchanged."""
+    _load(monkeypatch)
+    import published
+
+    calls = []
+    rows = published.published_rows
+    monkeypatch.setattr(published, "published_rows", lambda items, *a: calls.append(1) or rows(items, *a))
+    at = _app("Published")
+    at.selectbox(key="published_method").select("wd1").run()
+    assert not at.exception and len(calls) == 1
+    at.multiselect(key="filter_family").select("sdar").run()  # other results shown: computed for them
+    assert len(calls) == 2

@@ -3,6 +3,7 @@ chromium and chromium-driver, `make browser`). The end-to-end test drives it thr
 `make screenshot` takes the docs' two pictures with them:
 
     python -m dare.app.screenshot docs/img      # landing.png (Overview), published.png (Published tab)
+    python -m dare.app.screenshot --time [URL]  # seconds from opening each tab's link to its first table
 
 The pictures show the committed results only (leaderboard/results/). Beside them, `screenshots.json`
 records the fingerprint of the results they show (`results_fingerprint`: the SHA-256 over every committed
@@ -24,6 +25,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import quote
 
 from dare.utils import REPO_ROOT, atomic_write_json
 
@@ -125,6 +127,24 @@ def table_rows(driver) -> list[str]:
     return [row.get_attribute("textContent") for row in driver.find_elements(By.CSS_SELECTOR, "table tbody tr")]
 
 
+def grid_rows(driver) -> list[str]:
+    """The text of the rows the data frames on the page show (`st.dataframe` draws on a canvas; its accessible grid
+    holds the rows in view)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return [row.get_attribute("textContent") for row in driver.find_elements(By.CSS_SELECTOR, '[role="row"]')]
+    except StaleElementReferenceException:  # redrawn while read
+        return []
+
+
+def wait_until(driver, condition, timeout: float = 90) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout).until(condition)
+
+
 def _save(driver, path: Path) -> None:
     """The page's picture at `path`, written whole or not at all (beside it, then renamed)."""
     part = path.with_name(f".{path.name}.part.png")
@@ -145,7 +165,8 @@ def take(out: Path) -> dict:
         time.sleep(2)  # the charts draw after the tables
         _save(driver, out / "landing.png")
         open_tab(driver, "Published")
-        wait_for(driver, "not run here")
+        wait_for(driver, "No published number")
+        wait_until(driver, lambda d: any("not run here" in row for row in grid_rows(d)))
         driver.execute_script("window.scrollTo(0, 0)")
         time.sleep(2)
         _save(driver, out / "published.png")
@@ -153,6 +174,50 @@ def take(out: Path) -> dict:
               "command": "make screenshot", "pictures": sorted(PICTURES)}
     atomic_write_json(out / RECORD, record)
     return record
+
+
+TABS = ("Overview", "Leaderboard", "Families", "Compute", "By method", "Published", "Speed", "Run detail")
+FIRST = '[data-testid="stTable"], [data-testid="stDataFrame"], [data-testid="stVegaLiteChart"]'
+
+
+def first_shown(driver) -> bool:
+    """A table, a data frame or a chart (`FIRST`) is shown: the open tab's first content is there."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return any(e.is_displayed() for e in driver.find_elements(By.CSS_SELECTOR, FIRST))
+    except StaleElementReferenceException:  # redrawn while looked at
+        return False
+
+
+def tab_times(tabs=TABS, repeats: int = 3, url: str | None = None, timeout: float = 120) -> dict[str, list[float]]:
+    """Seconds from opening each tab's link (`?tab=<label>`: a new session, the script runs for it; an app without
+    such links opens the Overview, and the tab is clicked once the tab bar is there) to its first content
+    (`first_shown`), `repeats` times each (the tabs in turn), in the app at `url` (default: `dare leaderboard` on
+    the committed results). One page opening before them fills the server's caches (the first visitor's cost is
+    not a tab's)."""
+    from contextlib import nullcontext
+
+    from selenium.webdriver.common.by import By
+
+    def selected(d) -> list[str]:
+        return [t.text for t in d.find_elements(By.CSS_SELECTOR, '[role="tab"][aria-selected="true"]')]
+
+    out: dict[str, list[float]] = {}
+    with (nullcontext(url) if url else leaderboard(env={"DARE_LEADERBOARD_RUNS": ""})) as url, chromium() as driver:
+        driver.get(url)
+        wait_until(driver, first_shown, timeout)
+        for tab in [t for _ in range(repeats) for t in tabs]:
+            driver.get("about:blank")
+            start = time.perf_counter()
+            driver.get(f"{url}/?tab={quote(tab)}")
+            wait_until(driver, selected, timeout)
+            if tab not in selected(driver):
+                open_tab(driver, tab)
+            wait_until(driver, first_shown, timeout)
+            out.setdefault(tab, []).append(round(time.perf_counter() - start, 2))
+    return out
 
 
 def stale(folder: Path, results: Path | None = None) -> str | None:
@@ -170,6 +235,13 @@ def stale(folder: Path, results: Path | None = None) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--time"]:  # [URL]: an app already running (another version, to compare)
+        load = os.getloadavg()[0]
+        for tab, seconds in tab_times(url=argv[1] if len(argv) > 1 else None).items():
+            print(f"{tab}: {sorted(seconds)[len(seconds) // 2]:.2f} s to its first table (median of "
+                  f"{', '.join(f'{x:.2f}' for x in seconds)})")
+        print(f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores")
+        return 0
     out = Path(argv[0]) if argv else REPO_ROOT / "docs" / "img"
     record = take(out)
     print(f"{', '.join(f'{out}/{p}' for p in record['pictures'])} taken from the committed results "
