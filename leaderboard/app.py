@@ -12,19 +12,24 @@ from different lock files is marked ⚠. Views (tabs):
   scores at equal forward passes, stability under leaving a seed out, paper and code links; the summary
   across families (only methods run on the same models averaged), the proxy check against the papers'
   LLaDA-8B rankings, and the method glossary (from the baselines' front matter);
-- Leaderboard: every recipe on one model, benchmarks as columns, with deltas to a pinned row;
+- Leaderboard: every recipe on one model, benchmarks as columns, with deltas to a pinned row (to the start:
+  each run against the start it trained from, `load.own_start`, as in the Families tab);
 - Families: every method on every family of one task (deltas to each family's start, links to runs);
 - Compute: the same task's recipes at equal steps and at equal forward passes (the score, what each
   spent from `training.compute`, a curve metric interpolated at the common forward budget), and each
   run's curve against compute/total_forwards;
 - By method: one method across models and families; Published: every number the papers report, ours
-  beside it where the protocol matches; Speed: decoding throughput per task with its accuracy-speed
-  Pareto front, and training throughput;
+  beside it where the protocol matches; Speed: decoding throughput per task, one point per model and decoding
+  (the median of its runs, their spread as bars) with each model's accuracy-speed Pareto front, training
+  throughput and the GPU acceptance targets; the benchmarks of the rollout (`load.rollout_benchmark`) are
+  shown there only, never beside the methods;
 - Run detail (opened directly by a `?run=<id>` link): one run's config, provenance and samples, and the
   training curves (reward, val accuracy, KL, diagnostics, ...) of several runs and seeds overlaid, against
   steps or compute, the raw records last.
 
-Views say what is missing (older results have no compute record and no compute/* curves). Every
+Only the open tab runs (a click on another reruns the script for it; `?tab=<label>` opens one), and what
+does not change between reruns is cached on the results' stamp. Views say what is missing (older results
+have no compute record and no compute/* curves). Every
 name or path from a file is shown as plain text (`plain`): a Markdown image in a model's name is text,
 never an image the browser fetches.
 """
