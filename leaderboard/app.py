@@ -562,7 +562,7 @@ def detail_view() -> None:
     else:
         names = {r.run_id: load.run_label(r) for _, r in shown}
         run_id = st.selectbox("Run (method · family · task · seed · date · run id)", ids,
-                              index=ids.index(linked if linked in ids else load.best_run(shown, load.default_column(
+                              index=ids.index(linked if linked in ids else load.best_run(shown, load.landing_column(
                                   shown))), key="run", on_change=_new_run,
                               format_func=lambda i: names[i])
         path, r = next((p, r) for p, r in shown if r.run_id == run_id)

@@ -133,12 +133,12 @@ def test_the_published_table_starts_with_ours_the_difference_and_the_status(runs
 
 def test_run_detail_opens_on_the_best_run_of_the_landing_column(runs, monkeypatch):
     """It opened on the first run (on the committed results an SFT chain benchmark at 0%): now on the best result of
-    the column the Overview opens on (`load.default_column`), here a 100% one of addition [4/4/4]."""
+    the column the Overview opens on (`load.landing_column`), here a 100% one of addition [4/4/4]."""
     load = _load(monkeypatch)
     at = _app("Run detail")
     items, _ = load.load_all()
     opened = next(r for _, r in items if r.run_id == at.selectbox(key="run").value)
-    assert load.benchmark_label(opened) == load.default_column(items) == "addition [4/4/4, T=0]"
+    assert load.benchmark_label(opened) == load.landing_column(items) == "addition [4/4/4, T=0]"
     assert load.value(opened) == 1.0 == max(load.value(r) for _, r in items)
 
 
