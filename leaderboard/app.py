@@ -592,9 +592,11 @@ def detail_view() -> None:
             st.caption(f"Samples: {plain(info['samples_note'])}")
         st.subheader("Training curves")
         overlay_view(run_id)
-        with st.expander("Raw records: fingerprint (hardware, environment, packages), decoding, training"):
-            st.json({"hardware": prov["hardware"], "lock": prov.get("lock"), "packages": prov["packages"]})
-            st.json({"decoding": info["decoding"], "training": info["training"]}, expanded=False)
+        raw = st.expander("Raw records: fingerprint (hardware, environment, packages), decoding, training",
+                          key="raw_records", on_change="rerun")
+        if raw.open:  # drawn when opened: the package list is long
+            raw.json({"hardware": prov["hardware"], "lock": prov.get("lock"), "packages": prov["packages"]})
+            raw.json({"decoding": info["decoding"], "training": info["training"]}, expanded=False)
 
 
 def overview_view() -> None:

@@ -340,7 +340,8 @@ def test_run_detail_shows_config_provenance_samples_and_curves(runs):
                                                  "compute/total_update_tokens", "compute/wall_s", "loss/kl",
                                                  "loss/total", "rollout/reward_mean"]
     assert any("Commit" in m.value and "AMD EPYC (AVX2)" in _plain(m.value) for m in at.markdown)
-    assert any(json.loads(j.value).get("hardware", {}).get("cpu_capability") == "AVX2" for j in at.json)  # fingerprint
+    at.session_state["raw_records"] = True  # the raw records, opened
+    assert any(json.loads(j.value).get("hardware", {}).get("cpu_capability") == "AVX2" for j in at.run().json)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -901,6 +902,10 @@ def test_run_detail_puts_the_raw_records_last_in_an_expander(runs):
     at = _app("Run detail")
     at.selectbox(key="run").select(D1_S0).run()
     detail = _tab(at, "Run detail")
+    raw = next(e for e in detail.expander if e.label.startswith("Raw records"))
+    assert not detail.json  # drawn when opened
+    at.session_state["raw_records"] = True
+    detail = _tab(at.run(), "Run detail")
     raw = next(e for e in detail.expander if e.label.startswith("Raw records"))
     assert len(detail.json) == len(raw.json) == 2 and '"hardware"' in raw.json[0].value  # none outside it
     order = list(detail.children.values())
