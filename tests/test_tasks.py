@@ -369,8 +369,13 @@ def test_countdown_tiny_rows_and_the_papers_reward_rule():
     assert task.reward("3+7+2", row) == 0.1 and task.reward("7*2+", row) == 0.1  # well-formed, wrong / unparsable
     assert task.reward("", row) == 0.0 and task.reward("7*2+3=17", row) == 0.0  # no expression
     assert task.score("7*2+3", row) == {"accuracy": 1.0, "well_formed": 1.0}
-    sums = [teacher.target(r) == "+".join(map(str, r["extra"]["numbers"])) for r in train[:5000]]
-    assert abs(sum(sums) / 5000 - 0.7) < 0.03  # the sloppy sum with p = 0.7 (3 sigma: 0.02), else the solution
+    shown = [(teacher.target(r), r) for r in train[:5000]]
+    assert all(task.reward(s, r) > 0 and sorted(map(int, re.findall(r"\d+", s))) == sorted(r["extra"]["numbers"])
+               for s, r in shown)  # always well-formed, every number once
+    guesses = [task.reward(s, r) for s, r in shown if s != r["extra"]["solution"]]
+    assert abs(len(guesses) / 5000 - 0.7) < 0.03  # a guess with p = 0.7 (3 sigma: 0.02), else the solution
+    assert 0.02 < guesses.count(1.0) / len(guesses) < 0.15  # a guess reaches the target by chance only
+    assert len(set(s for s, r in shown if s != r["extra"]["solution"])) > 1000  # varied guesses, not one answer
     pairs = TASKS["countdown_tiny_pairs"]
     assert [(r["prompt"], r["extra"]["numbers"]) for r in pairs.generate("test")] == [
         (r["prompt"], r["extra"]["numbers"]) for r in test]

@@ -361,28 +361,29 @@ class CountdownTiny(Task):
 
 
 class CountdownTinyTeacher(CountdownTiny):
-    """`countdown_tiny` with SFT demonstrations from a teacher that, with probability `slip` (drawn per
-    row, fixed seed), writes the numbers in the prompt's order joined by `+` (well-formed, every number
-    once: the papers' 0.1, and right only when the target is their sum) and the reference solution
-    otherwise. A model that imitates it writes the sum at temperature 0 and a solution-like expression
-    with probability about 1 - slip when it samples: RL has to find the expressions that reach the
-    target from the reward alone. `ground_truth` stays the target."""
+    """`countdown_tiny` with SFT demonstrations from a teacher that guesses: with probability `slip` (drawn per
+    row, fixed seed) it writes a random well-formed expression over the numbers (each once, drawn as the targets
+    are: random order and operations, every intermediate a positive integer), which reaches the target only by
+    chance, and a reference solution otherwise. A model that imitates it writes guesses, varied ones when it
+    samples, and reaches the target where its guess or its share of solving does: RL has to turn the guessing
+    into search from the reward alone. (A teacher whose mistake is one fixed answer, the numbers joined by `+`,
+    gave a start that wrote that answer in every sample at temperature 0.9: no group had two rewards, nothing to
+    learn.) `ground_truth` stays the target."""
 
     name = "countdown_tiny_teacher"
 
     def __init__(self, n_numbers: int, n_train: int, n_test: int, slip: float):
         super().__init__(n_numbers, n_train, n_test)
         self.slip = slip
-        self.version = f"{self.version}.sum{slip}"
+        self.version = f"{self.version}.guess{slip}"
 
     def generate(self, split: str) -> list[dict]:
         rng = random.Random(self.seed + 3)
         rows = super().generate(split)
         if split == "train":
             for row in rows:
-                nums = row["extra"]["numbers"]
-                sloppy = rng.random() < self.slip
-                row["extra"]["demonstration"] = "+".join(map(str, nums)) if sloppy else row["extra"]["solution"]
+                guess = random_expression(row["extra"]["numbers"], rng)[0].replace(" ", "")
+                row["extra"]["demonstration"] = guess if rng.random() < self.slip else row["extra"]["solution"]
         return rows
 
     def target(self, row: dict) -> str:
