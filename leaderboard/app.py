@@ -163,13 +163,14 @@ def dot_lines(df: pd.DataFrame, y: str, color: str, order: list[str]) -> tuple[p
     return lines, [line for label in labels for line in sorted(set(lines[df[y] == label]))]
 
 
-def dot_plot(rows: list[dict], y: str, color: str, title: str, order: list[str]) -> alt.Chart:
+def dot_plot(rows: list[dict], y: str, color: str, title: str, order: list[str],
+             interval: str = "95% interval over seeds") -> alt.Chart:
     """Means as dots with their 95% intervals as bars, one line per dot (`dot_lines`: every label drawn, in full,
     beside its dot; no offset within a line), the axis fitted to the values (not 0-100), full width."""
     df = pd.DataFrame(rows)
     df["line"], lines = dot_lines(df, y, color, order)
     y_enc = alt.Y("line:N", title=None, sort=lines, axis=alt.Axis(labelLimit=600, labelOverlap=False))
-    x_title = f"{title}, % (mean and 95% interval over seeds)"
+    x_title = f"{title}, % (mean and {interval})"
     base = alt.Chart(df).encode(y=y_enc, color=alt.Color(f"{color}:N", legend=alt.Legend(
         orient="bottom", columns=4, labelLimit=400)), tooltip=[y, color, "mean", "low", "high", "n"])
     dots = base.mark_point(filled=True, size=90).encode(x=alt.X("mean:Q", title=x_title, scale=alt.Scale(zero=False)))
@@ -268,7 +269,8 @@ def overview() -> None:
                      "paper": link("paper", display_text=r"abs/(.*)$"),
                      "code": link("code", display_text=r"github\.com/(.*)$")})
     download(pd.DataFrame(b.numbers), "ranking.csv", "csv_ranking")
-    st.altair_chart(dot_plot(b.numbers, "method", "model", metric, order=b.order), width="stretch")
+    st.altair_chart(dot_plot(b.numbers, "method", "model", metric, order=b.order,
+                             interval="95% bootstrap interval over seeds and problems"), width="stretch")
     st.subheader(f"Across families: {plain(metric)}")
     _, across = rank.across(shown, column, metric)
     st.caption(f"{plain(metric)} on {plain(column)}, in %: a mean over models only for the methods run on every "

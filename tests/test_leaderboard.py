@@ -845,7 +845,8 @@ def test_overview_tab_shows_the_classes_the_summaries_and_the_glossary(runs):
     proxy = next(d.value for d in _tab(at, "Overview").dataframe if "tau" in d.value.columns)
     assert set(proxy["model"]) == {"LLaDA-8B", "tiny"} and (proxy["overlap"] < 5).all()
     chart = _tab(at, "Overview").get("vega_lite_chart")[0]
-    assert "95% interval" in chart.proto.spec and '"yOffset"' not in chart.proto.spec  # a line per dot
+    assert "95% bootstrap interval over seeds and problems" in chart.proto.spec  # the table's intervals, named
+    assert '"yOffset"' not in chart.proto.spec  # a line per dot
     glossary = next(d.value for d in _tab(at, "Overview").dataframe if "objective" in d.value.columns)
     from dare.app.baselines import names
     assert sorted(glossary["method"]) == names()  # every baseline, from its front matter
