@@ -176,6 +176,36 @@ def test_every_fenced_code_block_names_its_language():
     assert not {page: lines for page, lines in bare.items() if lines}, "fences without a language (page: lines)"
 
 
+SCHEMA_MENTION = re.compile(r'\bschema(?:_version:)? ?(?:v|")?(\d+)\b')
+
+
+def test_the_docs_example_result_is_a_committed_result_of_the_current_schema(tmp_path):
+    """docs/results.md shows a result JSON: it is read by the project's own reader, carries the schema version
+    the code writes, and every field it shows is the committed result's of the same run id (trimmed, not made up).
+    The docs name no other schema version as the current one."""
+    from dare.results import SCHEMA_VERSION, load_results, read_result
+
+    text = (REPO / "docs" / "results.md").read_text()
+    examples = [e for e in re.findall(r"^```json\n(.*?)^```$", text, re.S | re.M) if '"schema_version"' in e]
+    assert len(examples) == 1, "docs/results.md shows one example result JSON"
+    example = examples[0]
+    (tmp_path / "result_addition.json").write_text(example)
+    shown = read_result(tmp_path / "result_addition.json")
+    assert shown.schema_version == SCHEMA_VERSION
+
+    def within(part, whole) -> bool:
+        if isinstance(part, dict):
+            return isinstance(whole, dict) and all(k in whole and within(v, whole[k]) for k, v in part.items())
+        return part == whole
+
+    valid, _ = load_results(REPO / "leaderboard" / "results", pattern="**/result_*.json")
+    same = [path for path, r in valid if r.run_id == shown.run_id
+            and within(json.loads(example), json.loads(path.read_text()))]
+    assert same, f"no committed result {shown.run_id} holds every field of the example in docs/results.md"
+    mentions = {f"{page.relative_to(REPO)}: {v}" for page in pages() for v in SCHEMA_MENTION.findall(page.read_text())}
+    assert all(m.endswith(f": {SCHEMA_VERSION}") for m in mentions), mentions
+
+
 def test_the_demo_output_shown_is_what_the_demo_prints_for_the_committed_results():
     """README.md and docs/getting-started.md show the demo's table as the demo's own `comparison` prints it for
     leaderboard/results/demo/ (`python -m dare.app.docs --write-readme`), and the claims around it hold there:

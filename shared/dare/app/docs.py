@@ -97,7 +97,8 @@ def with_demo(text: str) -> str:
 
 
 def regenerated(page: str, text: str) -> str:
-    """The text of `page` (README.md or one of `DEMO_PAGES`) with every generated block regenerated."""
+    """The text of `page`, one of `DEMO_PAGES`, with every generated block regenerated (README.md's method table
+    too)."""
     if page == "README.md":
         text = readme_with_table(text)
     return with_demo(text) if page in DEMO_PAGES else text
