@@ -1003,9 +1003,10 @@ def interval(values: list[float]) -> tuple[float, float | None, float | None, in
     return mean, mean - half, mean + half, n
 
 
-HEADLINE = [("chain_carry", "accuracy"), ("sudoku_hard", "cell_accuracy"), ("countdown_tiny", "accuracy")]
+HEADLINE = [("countdown_tiny", "accuracy"), ("sudoku_hard", "cell_accuracy"), ("chain_carry", "accuracy")]
 """The headline suite (reproductions/suite/): its tasks and the metric each is ranked on, in the order the landing
-view looks for them (it opens on the first with a result)."""
+view looks for them (it opens on the first with a result): Countdown first, the task whose protocol mirrors a
+published one (d1's Countdown: 3 numbers, TinyZero's reward) and so the proxy check's."""
 
 SMOKE = ("addition", "sudoku_fill")
 """Smoke tasks: they show that every method runs and learns, and are labelled as such on the landing view."""
