@@ -11,6 +11,26 @@ from dare.data.puzzles import random_expression, all_grids, make_puzzle
 from dare.rewards import arithmetic, puzzles
 
 
+class Taught:
+    """A task's SFT demonstrations from a flawed teacher (mixed in before the task's class): `demonstrate(row, rng)`
+    writes each train row's demonstration, in order, from one generator (the task's seed + 3); `target`, the SFT
+    response, is that demonstration. Ground truth, the test split and rewards stay the task's."""
+
+    def generate(self, split: str) -> list[dict]:
+        rng = random.Random(self.seed + 3)
+        rows = super().generate(split)
+        if split == "train":
+            for row in rows:
+                row["extra"]["demonstration"] = self.demonstrate(row, rng)
+        return rows
+
+    def demonstrate(self, row: dict, rng: random.Random) -> str:
+        raise NotImplementedError
+
+    def target(self, row: dict) -> str:
+        return row["extra"]["demonstration"]
+
+
 class Addition(Task):
     """`a+b=` -> `a+b` with a, b uniform in [0, 10^digits). The test split is a fixed random
     sample of n_test pairs; the train split is every other pair (disjoint from test)."""
@@ -63,7 +83,7 @@ class AdditionPreference(Addition):
         return rows
 
 
-class AdditionTeacher(Addition):
+class AdditionTeacher(Taught, Addition):
     """The addition prompts with SFT demonstrations from a flawed teacher: the teacher adds correctly
     except for the carry into the highest column, which it forgets with probability `forget` (drawn
     once per training row, fixed seed), writing 0 there: 57+68 -> 025 instead of 125. Its answer
@@ -85,22 +105,14 @@ class AdditionTeacher(Addition):
         self.forget = forget
         self.version = f"{self.version}.top{forget}"
 
-    def generate(self, split: str) -> list[dict]:
-        rng = random.Random(self.seed + 3)
-        rows = super().generate(split)
-        if split == "train":
-            for row in rows:
-                row["extra"]["demonstration"] = self.teach(row["extra"]["a"], row["extra"]["b"], rng)
-        return rows
+    def demonstrate(self, row: dict, rng: random.Random) -> str:
+        return self.teach(row["extra"]["a"], row["extra"]["b"], rng)
 
     def teach(self, a: int, b: int, rng: random.Random) -> str:
         total = str(a + b)
         if a + b >= 10 ** self.digits and rng.random() < self.forget:
             return "0" + total[1:]  # the carry into the top column forgotten: 0 written in its place
         return total
-
-    def target(self, row: dict) -> str:
-        return row["extra"]["demonstration"]
 
 
 class Chain(Task):
@@ -192,7 +204,7 @@ class SudokuFill(Task):
         return puzzles.sudoku_fill_scores(completion, row["ground_truth"])
 
 
-class SudokuFillTeacher(SudokuFill):
+class SudokuFillTeacher(Taught, SudokuFill):
     """`sudoku_fill` with SFT demonstrations from a teacher that reasons about rows only: in a row with
     two or more empty cells it writes the row's missing digits in ascending order, ignoring columns
     and boxes, with probability `ascending` (drawn per row, fixed seed), and the right digits
@@ -213,13 +225,8 @@ class SudokuFillTeacher(SudokuFill):
         self.ascending = ascending
         self.version = f"{self.version}.asc{ascending}"
 
-    def generate(self, split: str) -> list[dict]:
-        rng = random.Random(self.seed + 3)
-        rows = super().generate(split)
-        if split == "train":
-            for row in rows:
-                row["extra"]["demonstration"] = self.teach(row["extra"]["puzzle"], row["extra"]["solution"], rng)
-        return rows
+    def demonstrate(self, row: dict, rng: random.Random) -> str:
+        return self.teach(row["extra"]["puzzle"], row["extra"]["solution"], rng)
 
     def teach(self, puzzle: str, solution: str, rng: random.Random) -> str:
         filled = list(solution)
@@ -230,9 +237,6 @@ class SudokuFillTeacher(SudokuFill):
                     filled[c] = digit  # the row's missing digits, smallest first
         return "".join(filled[c] for c in range(16) if puzzle[c] == "0")
 
-    def target(self, row: dict) -> str:
-        return row["extra"]["demonstration"]
-
 
 class ChainCarry(Chain):
     """`chain` with shorter answers (counts 6-7: 36-42 tokens) on its own seed, the answer that
@@ -242,7 +246,7 @@ class ChainCarry(Chain):
     seed = 4141
 
 
-class ChainCarryTeacher(ChainCarry):
+class ChainCarryTeacher(Taught, ChainCarry):
     """`chain_carry` (`chain` with short answers (counts 6-7: 36-42 tokens) and SFT demonstrations from a teacher that
     forgets the carry out of the ones digit (a last digit of 5 or more: about half the steps) with
     probability `forget` at each such step, drawn per step (fixed seed), and goes on from the term it
@@ -265,13 +269,8 @@ class ChainCarryTeacher(ChainCarry):
         self.forget = forget
         self.version = f"{self.version}.fc{forget}"
 
-    def generate(self, split: str) -> list[dict]:
-        rng = random.Random(self.seed + 3)
-        rows = super().generate(split)
-        if split == "train":
-            for row in rows:
-                row["extra"]["demonstration"] = self.teach(row["extra"]["start"], row["extra"]["count"], rng)
-        return rows
+    def demonstrate(self, row: dict, rng: random.Random) -> str:
+        return self.teach(row["extra"]["start"], row["extra"]["count"], rng)
 
     def teach(self, start: int, count: int, rng: random.Random) -> str:
         out, value, mod = [], start, 10 ** self.digits
@@ -283,9 +282,6 @@ class ChainCarryTeacher(ChainCarry):
             value = (value + step) % mod
             out.append(f"{chr(ord('a') + k - 1)}{arithmetic.lsb(value, self.digits)},")
         return "".join(out)
-
-    def target(self, row: dict) -> str:
-        return row["extra"]["demonstration"]
 
 
 class CountdownTiny(Task):
@@ -360,7 +356,7 @@ class CountdownTiny(Task):
         return {"accuracy": float(r == 1.0), "well_formed": float(r > 0.0)}
 
 
-class CountdownTinyTeacher(CountdownTiny):
+class CountdownTinyTeacher(Taught, CountdownTiny):
     """`countdown_tiny` with SFT demonstrations from a teacher that guesses: with probability `slip` (drawn per
     row, fixed seed) it writes a random well-formed expression over the numbers (each once, drawn as the targets
     are: random order and operations, every intermediate a positive integer), which reaches the target only by
@@ -377,17 +373,9 @@ class CountdownTinyTeacher(CountdownTiny):
         self.slip = slip
         self.version = f"{self.version}.guess{slip}"
 
-    def generate(self, split: str) -> list[dict]:
-        rng = random.Random(self.seed + 3)
-        rows = super().generate(split)
-        if split == "train":
-            for row in rows:
-                guess = random_expression(row["extra"]["numbers"], rng)[0].replace(" ", "")
-                row["extra"]["demonstration"] = guess if rng.random() < self.slip else row["extra"]["solution"]
-        return rows
-
-    def target(self, row: dict) -> str:
-        return row["extra"]["demonstration"]
+    def demonstrate(self, row: dict, rng: random.Random) -> str:
+        guess = random_expression(row["extra"]["numbers"], rng)[0].replace(" ", "")
+        return guess if rng.random() < self.slip else row["extra"]["solution"]
 
 
 class CountdownTinyPairs(CountdownTiny):
