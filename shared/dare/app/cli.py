@@ -35,7 +35,7 @@ from dare.data import TASKS, build, recorded_hashes, split_path
 from dare.eval import evaluate_checkpoint
 from dare.models import ATTENTION, FAMILIES, facts, family_module, load_pretrained
 from dare.models.api import count_parameters, meta_model
-from dare.results import publish, publish_destination, read_result
+from dare.results import SCHEMA_VERSION, publish, publish_destination, read_result
 from dare.utils import REPO_ROOT, sha256_file
 
 PLACEHOLDERS = {"name": "<name>", "family": "<family>"}
@@ -479,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("eval", help="evaluate a checkpoint (embedded evaluator or OpenCompass)", description=(
-        "Evaluate a checkpoint on benchmarks and write result_<benchmark>.json (schema v2) and "
+        f"Evaluate a checkpoint on benchmarks and write result_<benchmark>.json (schema v{SCHEMA_VERSION}) and "
         "samples_<benchmark>.jsonl. --engine embedded decodes our tasks in this process; --engine opencompass "
         "runs DARE's suite (gsm8k math humaneval mbpp mmlu mmlu_pro hellaswag arc_c gpqa aime24 aime25 "
         "olympiadbench) through OpenCompass in the eval environment with DARE's decoding settings for the "
