@@ -201,9 +201,9 @@ def test_dare_eval_runs_opencompass_on_gsm8k_and_humaneval(family, checkpoints, 
     from leaderboard.load import load_all, table
 
     valid, bad = load_all([results["gsm8k"][0].parent])
-    mine = [r for _, r in valid if r.model.family == family and r.method.baseline == "base"]
+    mine = [(p, r) for p, r in valid if r.model.family == family and r.method.baseline == "base"]
     assert len(mine) == len(benchmarks) and not bad
-    columns, rows, _ = table(mine)
+    columns, rows, _ = table(mine)  # (path, result) pairs, as every view passes them
     t = {"dream": "0.2", "sdar": "1"}.get(family, "0")  # the family presets' temperature (not overridden here)
     # one column per benchmark, keyed by the preset's whole decoding (its cache and commit rule in the label)
     assert len(rows) == 1 and len(columns) == len(benchmarks)
