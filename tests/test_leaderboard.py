@@ -563,6 +563,9 @@ def test_browser_shows_the_leaderboard(runs, tmp_path):
         # the Leaderboard tab: one model's recipes (family llada, model LLaDA-8B: sorted first)
         screenshot.open_tab(driver, "Leaderboard")
         text = screenshot.wait_for(driver, "LLaDA-8B (llada)")
+        # only the open tab runs: its table may be drawn after its header (and the page's first rows are then the
+        # invalid files' list), so wait for the recipes' rows themselves
+        screenshot.wait_until(driver, lambda d: any(r.startswith("wd1") for r in screenshot.table_rows(d)))
         rows = screenshot.table_rows(driver)
         assert any(r.startswith("d1") and "75.0 (1 seed)" in r and "⚠" not in r for r in rows), rows
         assert any(r.startswith("wd1") and "100.0 ± 0.0 (2 seeds) ⚠" in r for r in rows), rows  # AVX2 + Xeon
