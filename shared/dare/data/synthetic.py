@@ -257,8 +257,8 @@ class ChainCarryTeacher(Taught, ChainCarry):
     terms are right only up to the first carry (the start's whole-chain accuracy is the share of chains
     without one, about 1%), and it writes the carry with probability about 1 - forget when it samples.
     The reward is `term_accuracy` (the share of terms right at their place, which after a slip is the
-    share before it); the metric that ranks is `accuracy`, the whole chain right: every one of the
-    three or four carries of a typical chain has to be right. The answers are long enough (36+ tokens)
+    share before it), which the suite also ranks on; `accuracy`, the whole chain right, needs every one
+    of the three or four carries of a typical chain right. The answers are long enough (36+ tokens)
     for per-token, sequence and trajectory likelihoods to part. Same splits as `chain` with its own
     sizes and seed."""
 
