@@ -148,12 +148,19 @@ def test_finished_run_is_reused_and_config_mismatch_is_refused(tmp_path, capsys)
     assert (out / "config.yaml").read_text().count("config_hash: sha256:" + meta["config_hash"]) == 1
 
 
-def test_d1_two_steps_change_parameters_and_stay_finite(tmp_path):
+D1_ON_SFT = ["rl.prompts_per_step=4", "rl.group_size=4", "rl.decoding.gen_length=4", "rl.decoding.block_length=4",
+             "rl.decoding.steps=4", "run.log_every=1"]
+
+
+def _sft_then_d1(tmp_path, *overrides: str):
+    """A 3-step tiny SFT run, then d1 from it with 4 prompts x 4 completions of 4 tokens and `overrides`."""
     sft_run = train("sft", None, [*SFT_TINY, "train.steps=3", f"run.out_dir={tmp_path / 'sft'}"])
-    d1_run = train("d1", None, [f"model.path={sft_run / 'final'}", "train.steps=2", "train.lr=1e-3",
-                                "rl.prompts_per_step=4", "rl.group_size=4", "rl.num_iterations=2",
-                                "rl.decoding.gen_length=4", "rl.decoding.block_length=4", "rl.decoding.steps=4",
-                                "run.log_every=1", f"run.out_dir={tmp_path / 'd1'}"])
+    return sft_run, train("d1", None, [f"model.path={sft_run / 'final'}", *D1_ON_SFT, *overrides,
+                                       f"run.out_dir={tmp_path / 'd1'}"])
+
+
+def test_d1_two_steps_change_parameters_and_stay_finite(tmp_path):
+    sft_run, d1_run = _sft_then_d1(tmp_path, "train.steps=2", "train.lr=1e-3", "rl.num_iterations=2")
     before, after = _weights(sft_run), _weights(d1_run)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     records = [json.loads(line) for line in (d1_run / "metrics.jsonl").read_text().splitlines()]
@@ -206,11 +213,7 @@ def test_validation_on_a_schedule_of_forward_budgets():
 
 
 def test_rl_validates_at_forward_budgets_and_counts_its_forwards_in_its_step(tmp_path):
-    sft_run = train("sft", None, [*SFT_TINY, "train.steps=3", f"run.out_dir={tmp_path / 'sft'}"])
-    d1_run = train("d1", None, [f"model.path={sft_run / 'final'}", "train.steps=3", "rl.prompts_per_step=4",
-                                "rl.group_size=4", "rl.decoding.gen_length=4", "rl.decoding.block_length=4",
-                                "rl.decoding.steps=4", "rl.eval_every_forwards=200", "rl.eval_samples=16",
-                                "run.log_every=1", f"run.out_dir={tmp_path / 'd1'}"])
+    _, d1_run = _sft_then_d1(tmp_path, "train.steps=3", "rl.eval_every_forwards=200", "rl.eval_samples=16")
     records = [json.loads(line) for line in (d1_run / "metrics.jsonl").read_text().splitlines()]
     per_step = records[0]["compute/total_forwards"]
     assert per_step > 100  # a budget of 200 is passed during steps 2 and 3 whatever d1 spends in [100, 200)
