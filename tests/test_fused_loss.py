@@ -224,3 +224,25 @@ def test_masked_logps_on_cuda_takes_liger_and_equals_the_chunked_pass(monkeypatc
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         for name in want_g:
             torch.testing.assert_close(got_g[name], want_g[name], rtol=1e-4, atol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("path", ["fused", "fused_support", "module", "module_support", "lora"])
+def test_a_forward_that_scores_nothing_returns_an_empty_differentiable_result_on_every_path(path):
+    """Issue 59.1: n = 0 scored positions (GDPO's first quadrature node with short answers) on the fused path, the
+    head module's path (`fused=False`) and a LoRA-wrapped head (peft: `linear_head` gives None) returns a (0,)
+    float32 tensor that backpropagates (zero gradients), where the module's path raised `torch.cat(): expected a
+    non-empty list`."""
+    from dare.train.estimators import head_logps
+
+    model, _ = _tiny("llada")
+    if path == "lora":
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["ff_out"]))
+        assert linear_head(model) is None
+    hidden = torch.randn(0, 32, requires_grad=True)
+    targets = torch.zeros(0, dtype=torch.long)
+    support = torch.ones(0, model.config.vocab_size, dtype=torch.bool) if path.endswith("support") else None
+    out = head_logps(model, hidden, targets, chunk=4, support=support, fused=path.startswith("fused"))
+    assert out.shape == (0,) and out.dtype == torch.float32 and out.requires_grad
+    out.sum().backward()
+    assert hidden.grad is not None and hidden.grad.shape == (0, 32)

@@ -249,13 +249,15 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 
 def head_chunks(model, n: int, chunk: int, device) -> list[slice]:
-    """The slices of a chunked output-head pass over n scored positions, `chunk` at a time (0: all at once).
-    Under FSDP (a sharded model) every process makes as many head calls as the process with the most (one
-    all-reduce), at least one, the extra calls over no position: the head's all-gathers and reduce-scatters
-    then pair up across processes, and a process that scores nothing still has a loss whose graph runs
-    through the whole model (a zero gradient), so it backpropagates with the others."""
+    """The slices of a chunked output-head pass over n scored positions, `chunk` at a time (0: all at once),
+    at least one: n = 0 makes one call over no position, so every path returns an empty (0,) result whose graph
+    runs through the head (a zero gradient) instead of concatenating nothing. Under FSDP (a sharded model)
+    every process makes as many head calls as the process with the most (one all-reduce), the extra calls over
+    no position: the head's all-gathers and reduce-scatters then pair up across processes, and a process that
+    scores nothing still has a loss whose graph runs through the whole model, so it backpropagates with the
+    others."""
     step = chunk if chunk > 0 else max(1, n)
-    count = -(-n // step)
+    count = max(1, -(-n // step))
     if sharded(model):
         count = max(1, max_rank(count, device, True))
     return [slice(i * step, (i + 1) * step) for i in range(count)]
