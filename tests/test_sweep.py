@@ -634,3 +634,23 @@ def test_sweeps_with_the_same_folder_and_file_name_get_their_own_run_folders(tmp
     assert sweep_folder(repo / "sudoku" / "sdar" / "sweep.yaml") == Path("sudoku/sdar/sweep")
     assert sweep_folder(repo / "tiny" / "sweep.yaml") == Path("tiny/sweep")
     assert sweep_folder(tmp_path / "mine" / "grid.yaml") == Path("mine/grid")
+
+
+def test_a_targets_protocol_reads_a_results_decoding_record_like_its_flat_form():
+    """Issue 59.5: `dare sweep collect` passes a result's decoding record, whose settings off their default sit
+    under `extra`, to `same_protocol`; CJ-GRPO's target fixes `schedule: ass` (and EOSER's gammas), so its own
+    protocol read as "not the paper's" from the record (the flat form evaluation passes read right)."""
+    from dare.app.targets import load_targets
+    from dare.decoding import FLAT
+    from dare.results import Decoding
+
+    targets = load_targets(REPO / "reproductions" / "cj_grpo" / "targets.yaml")
+    bench = {"name": "gsm8k", "split": "test", "n_shot": 0}
+    fixed = {"schedule": "ass", "eos_gamma_min": 0.01, "eos_gamma_max": 1.0}
+    flat = {**FLAT, "gen_length": 256, "block_length": 256, "steps": 8, **fixed}
+    record = Decoding(sampler="masked", gen_length=256, block_length=256, steps=8, remasking="low_confidence",
+                      temperature=0.0, extra=fixed).model_dump()
+    assert targets.same_protocol(bench, flat) and targets.same_protocol(bench, record)
+    even = Decoding(**{**record, "extra": {}}).model_dump()  # the default schedule: not the paper's protocol
+    assert not targets.same_protocol(bench, even)
+    assert not targets.same_protocol(bench, {**flat, "schedule": "even"})

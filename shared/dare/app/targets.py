@@ -78,6 +78,10 @@ class Targets:
         return f"{self.paper['table']} (arXiv {self.paper['arxiv']})"
 
     def same_protocol(self, benchmark: dict, decoding: dict) -> bool:
+        """Whether an evaluation used the paper's protocol. `decoding` is either the flat form (every setting by
+        its name, as evaluation passes it) or a result's decoding record (the settings off their default under
+        `extra`, as `dare sweep collect` passes it): both read as the flat form, defaults filled in."""
+        decoding = {**FLAT, **decoding, **(decoding.get("extra") or {})}
         p = self.protocol
         steps = round(decoding["gen_length"] * p["steps_per_token"])
         temperatures = p["temperature"] if isinstance(p["temperature"], list) else [p["temperature"]]  # best of
