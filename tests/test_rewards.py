@@ -245,3 +245,100 @@ def test_gsm8k_b1_is_block_r1s_prompt_with_gsm8ks_answers():
     assert task.reward(target, row, "d1_format") == plain.reward(plain.target(row), row, "d1_format")
     assert task.score(target, row) == {"accuracy": 1.0, "accuracy_answer": 1.0}
     assert task.version != plain.version  # its parquet is another file
+
+
+def test_math_b1_is_block_r1s_prompt_and_reward():
+    """b1's MATH (`math_b1`): GSM8K's b1 prompt (Block-R1@fd7a1b8 rl/data_utils.py: MATH_SYSTEM_PROMPT =
+    GSM_SYSTEM_PROMPT = SYSTEM_PROMPT under a b1 trainer type, pinned above), the problem after one newline
+    (get_math_questions); reward style `b1`: rl/reward_func.py correctness_reward_func_math (2.0 when the answer
+    block, not a \\boxed{}, is equivalent) + boxed_and_answer_tags_format_reward (d1's format term)."""
+    import hashlib
+
+    from dare.data import TASKS
+    from dare.data.mathtasks import B1_FORMAT
+
+    assert hashlib.sha256(B1_FORMAT.encode()).hexdigest() == \
+        "68e8fdd115b6698ece390f9ce94a0b8e1f88cdd5462ed1ef0bc07e21533a1aa9"
+    task, plain = TASKS["math_b1"], TASKS["math"]
+    record = {"problem": "Half of 1?", "solution": "One half.\nIt is $\\boxed{\\frac{1}{2}}$.", "level": "Level 1",
+              "type": "Algebra"}
+    row = task.convert(record, "train")
+    assert row["prompt"] == [{"role": "user", "content": B1_FORMAT + "\nHalf of 1?"}]
+    assert {k: row[k] for k in ("ground_truth", "extra")} == {k: plain.convert(record, "train")[k]
+                                                              for k in ("ground_truth", "extra")}
+    assert task.convert({"problem": "x", "solution": "none"}, "train") is None  # MATH's rule: no boxed answer
+    target = task.target(row)
+    assert target.startswith("<reasoning>\nOne half. \\block\n") and "<answer>\n\\frac{1}{2}\n</answer>" in target
+    # the reference's terms: 2.0 + 0.5 * (answer block 1 + no \boxed in it 0.5)
+    assert task.reward(target, row, "b1") == pytest.approx(2.75)
+    # a \boxed{} in the block: math-verify reads it (the reference's is_equiv keeps the \boxed: 0 correctness there)
+    assert task.reward("<answer>\n\\boxed{\\frac{1}{2}}\n</answer>", row, "b1") == pytest.approx(3.0)
+    assert task.reward("<answer>\n0.3\n</answer>", row, "b1") == pytest.approx(0.75)
+    assert task.reward("1/2", row, "b1") == pytest.approx(2.25)  # no block: the whole text is the answer
+    bare = "<answer>\n\\frac{1}{2}\n</answer>"  # the answer b1's prompt asks for: d1's terms read a \boxed{} only
+    assert task.reward(bare, row, "d1_format") == plain.reward(bare, row, "d1_format") == pytest.approx(0.75)
+    assert task.reward(bare, row, "b1") == pytest.approx(2.75)
+    assert task.score(target, row) == {"accuracy": 1.0} == task.score("\\boxed{1/2}", row)
+    assert task.version != plain.version and "b1" in task.reward_styles and "b1" not in plain.reward_styles
+
+
+def test_countdown_b1_is_block_r1s_prompt_and_reward():
+    """b1's Countdown (`countdown_b1`): Block-R1's CTD_SYSTEM_PROMPT under a b1 trainer type word for word
+    (YanJiangJerry/Block-R1@fd7a1b8 rl/data_utils.py; its sha256 from the reference's own string), then the
+    input line of get_countdown_questions; the reward is rl/reward_func.py countdown_reward_func (the last answer
+    block as written: 1.0 / 0.1 / 0)."""
+    import hashlib
+
+    from dare.data import TASKS
+    from dare.data.puzzles import B1_COUNTDOWN_FORMAT
+
+    assert hashlib.sha256(B1_COUNTDOWN_FORMAT.encode()).hexdigest() == \
+        "8a68e4aeda65fa673a0184bb9e4bb1936212a19704cdccebde6dd3ffb1bd2b92"
+    assert "Step 1, ... \\block\n" in B1_COUNTDOWN_FORMAT and "\\\\" not in B1_COUNTDOWN_FORMAT
+    assert "<answer>\n2*4-3\n</answer>\"\n" in B1_COUNTDOWN_FORMAT  # the reference's newlines and stray quote
+    task, plain = TASKS["countdown_b1"], TASKS["countdown"]
+    assert not task.offline and task.splits == plain.splits
+    row = task.convert({"nums": [30, 100, 93], "target": 23}, "train")
+    assert row["prompt"] == [{"role": "user", "content": B1_COUNTDOWN_FORMAT + "\nThe provided input list is "
+                              "[30, 100, 93] and the target number is 23.\nPlease solve it according to the strict "
+                              "constraints above."}]
+    assert {k: row[k] for k in ("ground_truth", "extra")} == {
+        k: plain.convert({"nums": [30, 100, 93], "target": 23}, "train")[k] for k in ("ground_truth", "extra")}
+    assert task.convert({"input": "30,100,93", "output": "23"}, "test")["extra"] == row["extra"]  # d1's test jsonl
+    assert task.convert({"nums": [1, 2, 3, 4], "target": 10}, "train") is None  # 3 numbers, as the reference
+    assert task.reward("<answer>\n30 - (100 - 93)\n</answer>", row) == 1.0
+    assert task.reward("<answer>30 - (100 - 93) = 23</answer>", row) == 0.1  # "23" is a number it does not have
+    assert task.reward("<answer>\\boxed{30 - (100 - 93)}</answer>", row) == 0.1  # not the allowed characters
+    assert task.reward("\\boxed{30 - (100 - 93)}", row) == 0.0  # no answer block
+    assert plain.reward("<answer>30 - (100 - 93) = 23</answer>", row) == 1.0  # where Countdown's reward differs
+    assert task.score("<answer>30-(100-93)</answer>", row) == {"accuracy": 1.0}
+    assert task.version != plain.version
+
+
+def test_sudoku_b1_is_block_r1s_prompt_and_reward():
+    """b1's Sudoku (`sudoku_b1`): Block-R1's SUDOKU_SYSTEM_PROMPT under a b1 trainer type word for word
+    (YanJiangJerry/Block-R1@fd7a1b8 rl/data_utils.py; its sha256 from the reference's own string), then the puzzle
+    line of get_sudoku_questions; the reward is rl/reward_func.py sudoku_reward_func (the empty cells right in the
+    digits of the last answer block; 0 without one)."""
+    import hashlib
+
+    from dare.data import TASKS
+    from dare.data.puzzles import B1_SUDOKU_FORMAT
+
+    assert hashlib.sha256(B1_SUDOKU_FORMAT.encode()).hexdigest() == \
+        "ebfde8ea87a051f7cbfdf2c519f4d0473ec7a9938acd69209070526bd145c6dc"
+    assert "Step 1, ... \\block\n" in B1_SUDOKU_FORMAT and "\\\\" not in B1_SUDOKU_FORMAT
+    task, plain = TASKS["sudoku_b1"], TASKS["sudoku"]
+    assert not task.offline and task.splits == plain.splits
+    record = {"Puzzle": "3014002020004130", "Solution": "3214142323414132"}
+    row = task.convert(record, "test")
+    assert row["prompt"] == [{"role": "user", "content": B1_SUDOKU_FORMAT +
+                              "\nSolve the following Sudoku puzzle: 3014002020004130\n"}]
+    assert {k: row[k] for k in ("ground_truth", "extra")} == {k: plain.convert(record, "test")[k]
+                                                              for k in ("ground_truth", "extra")}
+    assert task.reward(task.target(row), row) == 1.0
+    assert task.reward("<answer>\n3214 1423 2341 4132\n</answer>", row) == 1.0
+    assert task.reward("3214142323414132", row) == 0.0 and plain.reward("3214142323414132", row) == 1.0
+    assert task.reward("<answer>3014002020004130</answer>", row) == 0.0
+    assert task.score(task.target(row), row) == plain.score(task.target(row), row)
+    assert task.version != plain.version

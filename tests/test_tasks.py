@@ -144,6 +144,28 @@ def test_from_original_files_for_every_file_sourced_task(tmp_path):
     assert built[("sudoku", "test")][0]["extra"]["puzzle"] == "3014002020004130"
 
 
+def test_b1_tasks_build_from_block_r1s_files_only(tmp_path):
+    """b1's Countdown and Sudoku read the reference's data (Block-R1@fd7a1b8 dataset/: countdown_cd3_test.jsonl,
+    4x4_sudoku_unique_puzzles.csv; TinyZero's train parquet) with `--from`; nothing is generated for them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "block_r1"
+    src.mkdir()
+    _write_jsonl(src / "countdown_cd3_test.jsonl", [{"input": "30,100,93", "output": "23"}])
+    pq.write_table(pa.Table.from_pylist([{"nums": [1, 2, 3], "target": 6}, {"nums": [1, 2, 3, 4], "target": 10}]),
+                   src / "train-00000-of-00001.parquet")
+    with open(src / "4x4_sudoku_unique_puzzles.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["Puzzle", "Solution"], ["3014002020004130", "3214142323414132"]])
+    for name, split, n in [("countdown_b1", "test", 1), ("countdown_b1", "train", 1), ("sudoku_b1", "train", 1)]:
+        build(name, split, tmp_path / "data", source=src)
+        rows = load_split(name, split, tmp_path / "data", build_missing=False)
+        assert len(rows) == n and "\\block" in rows[0]["prompt"][0]["content"]
+    for name in ("countdown_b1", "sudoku_b1"):
+        with pytest.raises(DataError, match=f"dare data build {name} --from"):
+            TASKS[name].build("test")
+
+
 def test_bad_source_records_name_file_record_and_field(tmp_path):
     _write_jsonl(tmp_path / "test.jsonl", [{"question": "ok", "answer": "#### 1"}, {"question": "no answer"}])
     with pytest.raises(DataError, match=r"test\.jsonl: record 1: missing field 'answer'"):

@@ -176,8 +176,8 @@ class DataConfig:
     """Task name from `dare data list`; its parquet is built on demand under `data/`."""
     split: str = "train"
     reward: str = "default"
-    """Reward style of the task: "default" (correctness), or "d1_format" for the format-shaped rewards of d1
-    (gsm8k, math)."""
+    """Reward style of the task: "default" (correctness), "d1_format" for the format-shaped rewards of d1
+    (gsm8k, math), or "b1" for Block-R1's b1 MATH terms (math_b1)."""
 
     def validate(self):
         check(self.task in TASKS, f"unknown task {self.task!r}{did_you_mean(self.task, TASKS)}; known: {sorted(TASKS)}",

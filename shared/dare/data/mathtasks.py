@@ -155,6 +155,39 @@ class MATH(Task):
         return mathr.math_reward(completion, row["ground_truth"])
 
 
+
+class MATHB1(MATH):
+    """MATH as Block-R1 trains b1 on it (`get_math_questions` under a b1 trainer type: `ankner/math-500`'s train
+    split): b1's prompt (GSM8K's, `B1_FORMAT`), then the problem after one newline, as the user turn. Reward style
+    `b1`: the reference's two terms (`formats.math_b1`: correctness on the answer block, d1's format term); the
+    other styles and the answers are MATH's. Metric `accuracy`: the last `\\boxed{}`, else the last answer block,
+    equivalent to the reference (the reference's rl/eval/parse_and_get_acc.py `parse_math_answers` order)."""
+
+    name = "math_b1"
+    version = f"{MATH.version}.b1"
+    reward_styles = ("default", "d1_format", "b1")
+
+    def convert(self, record: dict, split: str) -> dict | None:
+        row = super().convert(record, split)
+        if row is not None:
+            row["prompt"] = [{"role": "user", "content": f"{B1_FORMAT}\n{record['problem']}"}]
+        return row
+
+    def target(self, row: dict) -> str:
+        """b1's layout: each line of the solution a step ending in `\\block`, the final answer alone."""
+        solution = row["extra"].get("solution", "")
+        steps = "\n".join(f"{line} \\block" for line in solution.splitlines() if line.strip())
+        return f"<reasoning>\n{steps}\n</reasoning>\n<answer>\n{row['ground_truth']}\n</answer>\n"
+
+    def reward(self, completion: str, row: dict, style: str = "default") -> float:
+        if style == "b1":
+            return sum(formats.math_b1(completion, row["ground_truth"]).values())
+        return super().reward(completion, row, style)
+
+    def score(self, completion: str, row: dict) -> dict[str, float]:
+        answer = mathr.last_boxed(completion) or mathr.answer_tag(completion)
+        return {"accuracy": float(answer is not None and mathr.equivalent(answer, row["ground_truth"]))}
+
 class MATH500(MATH):
     name = "math500"
     splits = ("test",)

@@ -24,6 +24,7 @@ import random
 
 from dare.data.base import REASONING_FORMAT, Task
 from dare.rewards import puzzles
+from dare.rewards.math import answer_tag
 
 COUNTDOWN_PROMPT = (
     "{fmt}\nUsing only the numbers {nums}, create an arithmetic expression that evaluates to exactly {target}. "
@@ -51,6 +52,52 @@ Your step-by-step solving process
 [16-character solution string with no spaces or separators]
 </answer>
 """  # noqa: E501  (d1's prompt, verbatim)
+
+# Block-R1's b1 prompts for Countdown and Sudoku (YanJiangJerry/Block-R1@fd7a1b8, rl/data_utils.py, CTD_SYSTEM_PROMPT and
+# SUDOKU_SYSTEM_PROMPT under a "b1" trainer type), word for word (sha256 pinned in tests/test_rewards.py): every
+# reasoning step ends with the tag \block, the marker b1's dynamic blocks end a block after.
+B1_COUNTDOWN_FORMAT = r"""You are a mathematical expert solving Countdown questions.
+Your Task: Given a list of numbers and a target integer, construct an arithmetic expression that evaluates exactly to the target.
+
+STRICT CONSTRAINTS ON NUMBER USAGE:
+1. **NO EXTERNAL NUMBERS**: You must use ONLY and ALL the numbers provided in the input list. Do not introduce any other integers (e.g., do not use 1 or 2 unless they are explicitly in the provided list).
+2. **EXACTLY ONCE**: You must use EACH number from the provided list EXACTLY ONCE. You cannot skip any number, and you cannot reuse any number multiple times.
+3. **NO SPACES OR SEPARATORS**: You may use the operations +, -, *, and / as needed. After reasoning, provide only your final expression inside <answer></answer> tags without including an equals sign or the target number. For example, if the numbers are [2, 3, 4] and the target is 5, a valid answer is: <answer>
+2*4-3
+</answer>"
+
+You should provide clear, logical reasoning step by step. Append the tag \block directly to the end of the last sentence of each reasoning step without starting a new line. Respond exactly in the following format:
+<reasoning>
+Step 1, ... \block
+...
+Step n, ... \block
+</reasoning>
+<answer>
+...
+</answer>"""  # noqa: E501
+
+B1_SUDOKU_FORMAT = r"""
+Please solve the following 4x4 Sudoku puzzle. The puzzle is provided as a 16-character string reading left-to-right, top-to-bottom, where '0' represents empty cells.
+
+**Rules:**
+- Fill empty cells with digits 1-4.
+- Each row must contain digits 1-4 exactly once.
+- Each column must contain digits 1-4 exactly once.
+- Each 2x2 box must contain digits 1-4 exactly once.
+
+**Important:** Your solution must be a COMPLETE 16-character string with only the digits 1-4, representing your final solved grid.
+
+Append the tag \block directly to the end of the last sentence of each reasoning step without starting a new line. Respond in this exact format:
+<reasoning>
+Step 1, ... \block
+Step 2, ... \block
+...
+Step n, ... \block
+</reasoning>
+<answer>
+[16-character solution string with no spaces or separators]
+</answer>
+"""  # noqa: E501
 
 
 class Countdown(Task):
@@ -104,6 +151,38 @@ class Countdown(Task):
 
     def score(self, completion: str, row: dict) -> dict[str, float]:
         return {"accuracy": float(self.reward(completion, row) == 1.0)}
+
+
+class CountdownB1(Countdown):
+    """Countdown as Block-R1 trains b1 on it (`get_countdown_questions` under a b1 trainer type): b1's prompt,
+    then "The provided input list is [..] and the target number is N." and one more line, as the user turn; the
+    reference's data, read with `--from` (no generated split): the train split of TinyZero's
+    `Jiayi-Pan/Countdown-Tasks-3to4` parquet (rows of 3 numbers) and d1's `countdown_cd3_test.jsonl` (Block-R1 ships
+    it in dataset/). The reward is the reference's `countdown_reward_func` (rl/reward_func.py compute_score): 1.0 /
+    0.1 / 0 on the last `<answer>` block as written (Countdown's reward also reads a `\\boxed{}` inside or without
+    it and drops an "= target" tail); the metric is Countdown's `accuracy` of this reward."""
+
+    offline = False
+
+    def __init__(self):
+        super().__init__(n_numbers=3)
+        self.name = "countdown_b1"
+        self.version = f"{self.version}.b1"
+
+    def _row(self, nums: list[int], target: int, solution: str | None) -> dict:
+        row = super()._row(nums, target, solution)
+        content = (f"{B1_COUNTDOWN_FORMAT}\nThe provided input list is {list(nums)} and the target number is "
+                   f"{target}.\nPlease solve it according to the strict constraints above.")
+        row["prompt"] = [{"role": "user", "content": content}]
+        return row
+
+    def target(self, row: dict) -> str:
+        expr = row["extra"].get("solution", "")
+        return f"<reasoning>\n{expr} = {row['ground_truth']} \\block\n</reasoning>\n<answer>\n{expr}\n</answer>"
+
+    def reward(self, completion: str, row: dict, style: str = "default") -> float:
+        return puzzles.countdown_expression_reward(answer_tag(completion), row["extra"]["numbers"],
+                                                   row["extra"]["target"])
 
 
 def random_expression(nums: list[int], rng: random.Random) -> tuple[str | None, int | None]:
@@ -175,6 +254,34 @@ class Sudoku(Task):
     def score(self, completion: str, row: dict) -> dict[str, float]:
         s = puzzles.sudoku_scores(completion, row["extra"]["puzzle"], row["extra"]["solution"])
         return {"cell_accuracy": s["cell_accuracy"], "solved": s["solved"]}
+
+
+class SudokuB1(Sudoku):
+    """4x4 Sudoku as Block-R1 trains b1 on it (`get_sudoku_questions` under a b1 trainer type): b1's prompt, then
+    "Solve the following Sudoku puzzle: <16 digits>" and a newline, as the user turn; the reference's data, read with
+    `--from` Block-R1's dataset/ folder (no generated split): 4x4_sudoku_unique_puzzles.csv (train) and
+    4x4_test_sudoku.csv (test). The reward is the reference's `sudoku_reward_func`: the fraction of the empty cells
+    right in the digits of the last `<answer>` block, 0 without one (Sudoku's reward reads the whole completion
+    then); the metrics are Sudoku's."""
+
+    name = "sudoku_b1"
+    version = f"{Sudoku.version}.b1"
+    offline = False
+
+    def _row(self, puzzle: str, solution: str) -> dict:
+        row = super()._row(puzzle, solution)
+        content = f"{B1_SUDOKU_FORMAT}\nSolve the following Sudoku puzzle: {puzzle}\n"
+        row["prompt"] = [{"role": "user", "content": content}]
+        return row
+
+    def target(self, row: dict) -> str:
+        return (f"<reasoning>\n{row['extra']['puzzle']} \\block\n</reasoning>\n<answer>\n{row['ground_truth']}\n"
+                "</answer>")
+
+    def reward(self, completion: str, row: dict, style: str = "default") -> float:
+        if answer_tag(completion) is None:  # the reference's extract_answer_sudoku finds no answer: 0.0
+            return 0.0
+        return super().reward(completion, row, style)
 
 
 def make_puzzle(solution: str, grids: list[str], rng: random.Random, empty: tuple[int, int] = (6, 11)) -> str:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dare.data.code import MBPP, HumanEval
-from dare.data.mathtasks import GSM8K, MATH, MATH500, S1K, GSM8KB1, GSM8KThink
+from dare.data.mathtasks import GSM8K, MATH, MATH500, S1K, GSM8KB1, GSM8KThink, MATHB1
 from dare.data.preference import UltraFeedback
-from dare.data.puzzles import Countdown, Sudoku
+from dare.data.puzzles import Countdown, CountdownB1, Sudoku, SudokuB1
 from dare.data.synthetic import (Addition, AdditionPreference, AdditionTeacher, Chain, ChainCarry,
                                  ChainCarryTeacher, CountdownTiny, CountdownTinyPairs, CountdownTinyTeacher,
                                  SudokuFill, SudokuFillTeacher)
@@ -31,9 +31,12 @@ TASKS = {
     "gsm8k_b1": GSM8KB1(),
     "math": MATH(),
     "math500": MATH500(),
+    "math_b1": MATHB1(),
     "countdown": Countdown(n_numbers=3),
     "countdown4": Countdown(n_numbers=4),
+    "countdown_b1": CountdownB1(),
     "sudoku": Sudoku(),
+    "sudoku_b1": SudokuB1(),
     "humaneval": HumanEval(),
     "mbpp": MBPP(),
     "ultrafeedback": UltraFeedback(),

@@ -91,3 +91,14 @@ def math_d1(completion: str, ground_truth: str) -> dict[str, float]:
     segment = completion if answer is None else answer
     fmt = 0.5 * ((1.0 if answer is not None else 0.0) + (1.0 if "\\boxed" in segment else 0.5))
     return {"correctness": correct, "format": fmt}
+
+
+def math_b1(completion: str, ground_truth: str) -> dict[str, float]:
+    """Block-R1's b1 MATH terms (YanJiangJerry/Block-R1@fd7a1b8, rl/reward_func.py `correctness_reward_func_math` +
+    `boxed_and_answer_tags_format_reward`): as d1's, except that b1's correctness reads the answer block (its prompt
+    asks for "FINAL ANSWER ONLY" there): 2.0 when the text between the last `<answer>` and the next `</answer>`
+    (`d1_answer`: the whole completion without one) is equivalent to the reference. The format term and the
+    deviations are d1's (`math_d1`, above: math-verify for `is_equiv`, so a `\\boxed{}` inside the block counts
+    where the reference's string comparison keeps the `\\boxed` and fails; the literal `\\boxed`; the last block)."""
+    correct = 2.0 if equivalent(d1_answer(completion), ground_truth) else 0.0
+    return {"correctness": correct, "format": math_d1(completion, ground_truth)["format"]}
