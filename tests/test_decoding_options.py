@@ -211,6 +211,9 @@ def test_every_committed_evaluation_keeps_its_result_hash():
             saved = data["eval"]["decoding"]
             if not any(isinstance(saved.get(s), dict) for s in decoding.OPTIONS):  # saved before the sections
                 data["eval"]["decoding"] = decoding.from_flat(saved)
+            masked = data["eval"]["decoding"].get("masked") or {}
+            if masked.get("further_horizon") == 0 and masked.get("cache") != "prefix":
+                masked["further_horizon"] = None  # saved while 0 meant no window (now unset; 0 is the block alone)
             cfg = load(EvalRunConfig, data=data)
             name, family = result["benchmark"]["name"], result["model"]["family"]
             digest = result_hash(cfg, name, decoding_for(cfg, family, name)[0], family)
@@ -224,3 +227,28 @@ def test_every_committed_evaluation_keeps_its_result_hash():
             assert result["run_id"].endswith(f"-{config_hash(cfg)[:8]}-{strategy}"), path
         checked += 1
     assert checked > 200
+
+
+def test_further_horizon_unset_is_no_window_and_keeps_every_hash():
+    """Issue 59.3: `masked.further_horizon` unset (None) is no window and 0 the block alone, as in TraceRL's rollout
+    (0 meant no window before). A config without the option, or with a window, keeps the hash it had at e8b2faf
+    (computed there with `dare.app.runs.resolve`); 0 is now a setting: hashed, and in a result's decoding record."""
+    from dare.app.runs import resolve
+    from dare.eval import decoding_record
+
+    before = {("tracerl", "reproductions/tracerl/llada_math.yaml"):
+              "e8434ff46b9f570013bb3b70a68b1931104bf7100f06594926dccbd227700bcf",
+              ("rldf", "reproductions/rldf/llada_math.yaml"):
+              "14add02c02c1733a4fe173652e8df8faa4e8dcbfc4a898d1134eef6740acd843",
+              ("tracerl", None): "bc2bb4105796ba04cdf912f6efc7f02675e4b61da660769fd7e880441f8ce9d0",
+              ("d1", None): "90eca4a87546a1005b2856623aa64411c00c7054ec101d9ca44c9ba53fa620aa"}
+    for (name, path), digest in before.items():
+        _, cfg, _ = resolve(name, REPO / path if path else None, [])
+        assert config_hash(cfg) == digest, (name, path)
+    assert DecodingConfig().masked.further_horizon is None and decoding.FLAT["further_horizon"] is None
+    unset = DecodingConfig(masked={"cache": "prefix"})
+    zero = DecodingConfig(masked={"cache": "prefix", "further_horizon": 0})
+    assert "further_horizon" not in decoding.hashed(unset, "llada")
+    assert decoding.hashed(zero, "llada")["further_horizon"] == 0
+    assert decoding_record(unset, "masked")["extra"] == {"cache": "prefix"}
+    assert decoding_record(zero, "masked")["extra"] == {"cache": "prefix", "further_horizon": 0}

@@ -275,7 +275,9 @@ def test_parallel_decoding_without_a_cache_matches_fast_dllm(case):
 # Step maps: the original runs one more forward for a block whose first forward already committed it whole
 # (it checks for a clean block after the window's forward) and numbers its steps by forward, so its step
 # values can skip; ours commit in the same order, and TraceRL reads only that order (its trace steps rank the
-# distinct values): the test compares the ranks. Tokens (and ranks) one character each.
+# distinct values): the test compares the ranks. Tokens (and ranks) one character each. Window 0 is the block
+# alone (the original's `x[:, s:min(e + 0, L)]`); those four cases were produced later by the same harness (which
+# reproduced the twelve cases above token for token, step maps included).
 
 FURTHER_HORIZON_CASES = {  # (seed, steps, horizon, remasking, threshold) -> PROMPTS (tokens, step maps), EQUAL
     (0, 8, 4, "low_confidence", 0.0): (
@@ -314,6 +316,18 @@ FURTHER_HORIZON_CASES = {  # (seed, steps, horizon, remasking, threshold) -> PRO
     (3, 16, 128, "low_confidence", 0.5): (
         "hhhhgggg33ggg333 gghhgggg333gg333 hhhhgggg3333g33g hhggggggggg6666g", "000054329876adcb 23017546ba98cfed 000023459768bdca 0132467598abcefd",
         "hhhhggggg33g3g33 hhhhgggggg3333g3 ggggg66gg66666g6 hhhhgggg333gg333", "000044448ba9fced 0000444489badecf 01236754ab98cfde 000045679ab8cfed"),
+    (0, 8, 0, "low_confidence", 0.0): (  # window 0: the block alone
+        "iiii4ii444999999 99ii99ii99999999 iiii9ii944999999 iiii9ii994499999", "1100322344556677 1100332255446677 0110322344556677 1100322354456677",
+        "iiii9ii994499999 iiii99ii44999999 iiii99ii94499999 ii99ii9999999999", "0011322354456677 1001332244556677 1001332254457667 0011223355446776"),
+    (0, 16, 0, "low_confidence", 0.5): (
+        "iiiiiiii44449999 iiii9i9999999999 iiiiiiii44449999 iiiiiiii44449999", "0000222244446666 0000324466657777 0000222244446666 0000222244446666",
+        "iiiiiiii44449999 iiiiiiii44449999 iiiiiiii99499999 iiiiiiii44449999", "0000222244447777 0000222244447777 0000222256467777 0000222244447777"),
+    (3, 8, 0, "low_confidence", 0.0): (
+        "hgghhh33gg33gggg 33hh3gg333gggggg hh33gg333gg3gggg hhggg33ggg3366gg", "0110223344557766 1100322355446677 0011223354457766 0011233244557766",
+        "gghh33ggg33ggggg gghh33ggg33ggggg gggg66gg6gg66666 h33hgg333gg3gggg", "1100332245546677 1100332245546677 0011332245546677 0110223354457766"),
+    (3, 16, 0, "low_confidence", 0.5): (
+        "hhhh333ggggg33gg 33h3gggg333ggg6g hhhhg333gggg333g hgggg33ggg66666g", "000034425555a987 2201333386759acb 0000233344449876 011135426978acdb",
+        "hhhhggggg333gggg hhhhggggg333gggg ggggg66g66g6666g hhhhg333gggg333g", "000022226777aaaa 000022226777aaaa 011154327986acdb 000023336666dcba"),
 }
 
 
@@ -351,14 +365,16 @@ def test_prefix_window_and_margin_match_tracerls_llada_rollout(case):
 
 
 def test_the_window_changes_what_the_sampler_decodes():
-    """The horizon is not a no-op: on seed 3 with a threshold of 0.5 a window of 4 decodes other steps than the
-    whole suffix (as the original does: the pins above), and past the canvas's end it is the whole suffix."""
+    """The horizon is not a no-op: on seed 3 with a threshold of 0.5 windows of 4 and of 0 (the block alone)
+    decode other steps than the whole suffix (unset: no window), as the original does (the pins above), and past
+    the canvas's end it is the whole suffix."""
     model = never_mask(sharp("llada", 3))
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
     maps = {h: generate(model, ids, mask, DecodingConfig(gen_length=16, block_length=4, steps=16, masked=dict(
                 cache="prefix", further_horizon=h, threshold=0.5))).step_map
-            for h in (0, 4, 128)}
-    assert not torch.equal(maps[4], maps[0]) and torch.equal(maps[128], maps[0])
+            for h in (None, 0, 4, 128)}
+    assert not torch.equal(maps[4], maps[None]) and not torch.equal(maps[0], maps[None])
+    assert not torch.equal(maps[0], maps[4]) and torch.equal(maps[128], maps[None])
 
 
 def test_further_horizon_and_margin_are_checked_before_decoding():
@@ -368,6 +384,10 @@ def test_further_horizon_and_margin_are_checked_before_decoding():
         DecodingConfig(masked=dict(further_horizon=8, cache="dual")).validate()
     with pytest.raises(Invalid, match="must be >= 0"):
         DecodingConfig(masked=dict(further_horizon=-1, cache="prefix")).validate()
+    with pytest.raises(Invalid, match="window on the masked sampler's prefix cache.*0 is the block alone"):
+        DecodingConfig(masked=dict(further_horizon=0)).validate()  # 0 is a window now, not the option unset
+    DecodingConfig(masked=dict(further_horizon=0, cache="prefix")).validate()
+    DecodingConfig(masked=dict(further_horizon=None, cache="dual")).validate()
     with pytest.raises(ConfigError, match=r"block\.remasking: must be one of \['low_confidence', 'left_to_right'\]"):
         load(DecodingConfig, overrides=["sampler=block", "block.remasking=margin"])  # margin: the masked sampler's
 

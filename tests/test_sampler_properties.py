@@ -44,6 +44,9 @@ def _cases():
         for rule in ("quota", "threshold"):
             cases.append((family, dict(sampler="masked", block_length=4, steps=steps, cache="prefix",
                                        further_horizon=horizon, remasking=remasking, **RULES[rule]), False))
+    for family, steps, rule in itertools.product(("llada", "dream"), (2, 8), ("quota", "threshold")):  # the block alone
+        cases.append((family, dict(sampler="masked", block_length=4, steps=steps, cache="prefix", further_horizon=0,
+                                   **RULES[rule]), False))
     cases.append(("llada", dict(sampler="masked", block_length=8, steps=8, cfg_scale=1.0), False))
     cases.append(("llada", dict(sampler="masked", block_length=8, steps=4, tree=(2, 2)), False))
     # block: the model's block of 4 (plus the prompt tail); steps per block below, at and above its 4 masks

@@ -60,7 +60,7 @@ FLAT = {"sampler": "auto", "gen_length": 256, "block_length": 32, "steps": 128, 
         "alg": "maskgit_plus", "alg_temp": 0.0, "top_p": 1.0, "top_k": 0, "eps": 1e-3, "logits_eos_inf": False,
         "confidence_eos_eot_inf": False, "eos_early_stop": False, "editing_threshold": 0.0, "max_post_steps": 16,
         "record_trajectory": False, "schedule": "even", "ass_blocks": 1, "eos_gamma_min": 1.0,
-        "eos_gamma_max": 1.0, "rcr": False, "tree": (), "further_horizon": 0, "whole_last_block": True,
+        "eos_gamma_max": 1.0, "rcr": False, "tree": (), "further_horizon": None, "whole_last_block": True,
         "dynamic": False, "dynamic_max_block": 0, "dynamic_marker": "block", "dynamic_min_offset": 1,
         "dynamic_reward": 0.0, "dynamic_target_blocks": 10}
 """The flat layout's names and defaults, in its order (every option's default is its section's)."""

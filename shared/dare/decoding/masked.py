@@ -41,11 +41,12 @@ class MaskedOptions:
     by gamma, which rises from `eos_gamma_min` to `eos_gamma_max` over the steps (`dare.rollout.llada.eos_gamma`);
     1 and 1 = off. CJ-GRPO trains with 0.01."""
     eos_gamma_max: float = 1.0
-    further_horizon: int = 0
+    further_horizon: int | None = None
     """With the prefix cache: every step after a block's first forward runs the block and only this many
     positions after it on the cache (the rest of the canvas is not seen: TraceRL's LLaDA rollout,
-    `llada_rl_rollout.py`, `further_horizon`, 128 in `rl_llada.yaml`); 0 = everything after the block
-    (Fast-dLLM)."""
+    `llada_rl_rollout.py`, `further_horizon`, 128 in `rl_llada.yaml`); 0 = the block alone (the original's
+    window `x[:, s:min(e + 0, L)]`); None (unset) = no window, everything after the block (Fast-dLLM).
+    Configs saved before this option took None for "no window" recorded 0 there."""
 
 
 def check(o: MaskedOptions, d, layout: bool = True):
@@ -58,9 +59,12 @@ def check(o: MaskedOptions, d, layout: bool = True):
     yield (o.remasking != "left_to_right" or (o.eos_gamma_min, o.eos_gamma_max) == (1.0, 1.0), "left-to-right "
            "order ranks positions, not confidences: EOSER (eos_gamma_min/max) would reorder it", "masked.remasking",
            "masked.eos_gamma_min")
-    yield o.further_horizon >= 0, "must be >= 0 (0: everything after the block)", "masked.further_horizon"
-    yield (not o.further_horizon or o.cache == "prefix", "the horizon is a window on the masked sampler's prefix "
-           "cache: set masked.cache=prefix", "masked.further_horizon", "masked.cache")
+    window = o.further_horizon is not None
+    yield (not window or o.further_horizon >= 0, "must be >= 0 (0: the block alone; unset: everything after "
+           "the block)", "masked.further_horizon")
+    yield (not window or o.cache == "prefix", "the horizon is a window on the masked sampler's prefix cache: set "
+           "masked.cache=prefix, or unset it (null: no window; 0 is the block alone, and configs saved before "
+           "that wrote 0 for no window)", "masked.further_horizon", "masked.cache")
     yield o.cfg_scale >= 0, "must be >= 0", "masked.cfg_scale"
     yield 0 <= o.threshold <= 1, "must be in [0, 1]", "masked.threshold"
     yield o.factor >= 0, "must be >= 0", "masked.factor"

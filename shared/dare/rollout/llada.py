@@ -15,8 +15,9 @@ Fast-dLLM options (this sampler's options are `decoding.masked`, defined and che
   after it on top of it. `cache="dual"`: the full cache is kept and each step runs only the
   block, replacing its keys in the cache (the masked suffix's keys are reused, stale).
   `further_horizon=h` (prefix cache only; TraceRL's LLaDA rollout, `Gen-Verse/dLLM-RL @10b4fd1,
-  sample/llada_rl_rollout.py`): those later steps run only the block and the h positions after it,
-  so the rest of the canvas is not seen; their commit ranks over that window.
+  sample/llada_rl_rollout.py`): those later steps run only the block and the h positions after it
+  (h = 0: the block alone, as the original's window; unset: everything after the block), so the rest of
+  the canvas is not seen; their commit ranks over that window.
 - `threshold=t`: commit every masked token with confidence >= t, at least the most confident
   one, until the block is clean (steps become nominal). `factor=f`: the factor rule.
   Both apply with or without a cache.
@@ -229,7 +230,7 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
             cache.truncate(start)
         else:
             where.fill_(start)  # the dual cache's window, a device scalar: one captured step for every block
-        end = min(hi + o.further_horizon, P + G) if o.further_horizon else P + G  # the prefix window
+        end = P + G if o.further_horizon is None else min(hi + o.further_horizon, P + G)  # the prefix window
         todo = 0 if parallel else n - 1  # the fixed schedule cleans the block in its n steps
         while True:
             if todo <= 0:
