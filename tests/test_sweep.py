@@ -654,3 +654,20 @@ def test_a_targets_protocol_reads_a_results_decoding_record_like_its_flat_form()
     even = Decoding(**{**record, "extra": {}}).model_dump()  # the default schedule: not the paper's protocol
     assert not targets.same_protocol(bench, even)
     assert not targets.same_protocol(bench, {**flat, "schedule": "even"})
+
+
+def test_a_local_run_gets_the_threads_of_its_slurm_job(tmp_path, monkeypatch):
+    """torch's default (one thread a core) in each of two local sweeps on two cores oversubscribed the machine:
+    a suite seed ran ten times slower. A local run gets `cpus_per_task` as OMP_NUM_THREADS unless it is set."""
+    import dare.app.sweep as sweep_mod
+
+    seen = []
+    monkeypatch.setattr(sweep_mod.subprocess, "run",
+                        lambda *a, env=None, **k: seen.append(env) or types.SimpleNamespace(returncode=0))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    sweep = load_sweep(write_sweep(tmp_path, "t", {"run.seed": [0]}))  # cpus_per_task: 1
+    sweep_mod._local(sweep, sweep.runs[0])
+    assert seen[-1]["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
+    sweep_mod._local(sweep, sweep.runs[0])
+    assert seen[-1]["OMP_NUM_THREADS"] == "3"
