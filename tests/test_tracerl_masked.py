@@ -153,12 +153,15 @@ def _gradients(model) -> dict:
     return out
 
 
-def _run(family: str, padded: bool = False, attend_padding: bool = False):
+def _run(family: str, padded: bool = False, attend_padding: bool = False, model_out: list | None = None, **algo):
     model, batch, old = injected(family, padded)
     if attend_padding:  # as rl_llada.py's forward, which takes no attention mask
         batch = replace(batch, attention_mask=torch.ones_like(batch.attention_mask))
-    (loss, _), batch = _loss(model, batch, old, run_config("tracerl", shrink=2, beta=0.5, epsilon=0.2))
+    (loss, _), batch = _loss(model, batch, old, run_config("tracerl", **{"shrink": 2, "beta": 0.5, "epsilon": 0.2,
+                                                                          **algo}))
     loss.backward()
+    if model_out is not None:
+        model_out.append(model)
     return loss.item(), batch.num_units, _gradients(model)
 
 
@@ -188,6 +191,71 @@ def test_left_padding_rl_llada_attends_and_we_hide():
     assert loss == pytest.approx(want_loss, rel=1e-3) and loss != pytest.approx(want_loss, rel=1e-5)
     worst = max(abs(grads[n][0] - norm) / norm for n, (norm, _) in want.items())
     assert 0.005 < worst < 0.03, worst
+
+
+# The reference's weighting of the trace rows (issue 59.2, `algo.micro_batch_rows`): rl_llada.py averages each
+# micro-batch of `training.batch_size_lm` rows, then the micro-batches. The ORIGINAL (as for `PINNED`: its
+# `prepare_inputs_and_labels_for_text` and `forward_process`, run in a scratch folder) on `injected("llada")` with
+# shrink 4 (7 trace rows: 2, 2, 3), eps 0.2, beta 0.5: the rows in its DataLoader's order in micro-batches of b rows,
+# each micro-batch's loss divided by their count (its accumulation) and backpropagated. b = 1 (b = 7 gives the same
+# to 1e-7) is the mean over the rows, ours by default; b = 2 leaves the last row alone in the fourth micro-batch.
+# b -> (loss, our loss units: rows for b = 1, micro-batches for b = 2, {parameter: as in `PINNED`})
+MICRO_PINNED = {
+    1: (-0.7194796758038656, 7, {
+        "model.transformer.wte.weight": (0.802391713, -0.58981809),
+        "model.transformer.blocks.0.v_proj.weight": (0.378090234, -0.122395999),
+        "model.transformer.blocks.0.attn_out.weight": (0.334482481, -0.595848358),
+        "model.transformer.blocks.1.q_proj.weight": (0.00176129888, 0.0010034996),
+        "model.transformer.blocks.1.ff_out.weight": (0.0421751925, -0.0416931001),
+        "model.transformer.ln_f.weight": (0.0179335896, -0.0183257329),
+        "model.transformer.ff_out.weight": (0.877151121, -0.52150392)}),
+    2: (-0.8035015687346458, 4, {
+        "model.transformer.wte.weight": (0.668238638, -0.724950238),
+        "model.transformer.blocks.0.v_proj.weight": (0.318435007, -0.087202138),
+        "model.transformer.blocks.0.attn_out.weight": (0.277251157, -0.404424772),
+        "model.transformer.blocks.1.q_proj.weight": (0.00172709142, 0.000677639787),
+        "model.transformer.blocks.1.ff_out.weight": (0.0349110372, -0.0220441653),
+        "model.transformer.ln_f.weight": (0.0116152496, -0.0100126971),
+        "model.transformer.ff_out.weight": (0.717104434, -0.285073592)}),
+}
+
+
+def test_both_weightings_of_trace_rows_match_the_reference():
+    """micro_batch_rows 0 (the default): every trace row weighs the same, the reference with micro-batches of one
+    row; 2: the reference's micro-batch means with rl_llada.yaml's batch_size_lm. The README's deviation, measured
+    here: 7 rows in micro-batches of 2, the reference's loss is -0.8035 where the mean over rows is -0.7195, and the
+    gradients differ by 40% (relative to the reference's)."""
+    models = []
+    mean, reference = (_run("llada", shrink=4, micro_batch_rows=rows, model_out=models) for rows in (0, 2))
+    _assert_pinned(mean, MICRO_PINNED[1])
+    _assert_pinned(reference, MICRO_PINNED[2])
+    a, b = ([p.grad.double().flatten() for p in m.parameters()] for m in models)
+    gap = math.sqrt(sum(((x - y) ** 2).sum().item() for x, y in zip(a, b)) / sum((y ** 2).sum().item() for y in b))
+    assert (round(mean[0], 4), round(reference[0], 4), round(gap, 2)) == (-0.7195, -0.8035, 0.40)
+
+
+def test_micro_batches_of_trace_rows_by_hand():
+    """shrink 2: rows 3, 3, 6, 0 (`test_masked_trace_rows_by_hand`). Micro-batches of 5 rows: completion 0's 3 rows
+    and completion 1's first 2, its last and completion 2's first 4, then completion 2's last 2 (a micro-batch of 2;
+    completion 2 was decoded right to left).
+    With 2 mini-batches (completions 0-1 and 2-3, 6 rows each) each is cut afresh: 5 + 1 and 5 + 1."""
+    _, batch, _ = injected("llada")
+    cfg = run_config("tracerl", shrink=2, micro_batch_rows=5)
+    z = tracerl.prepare(batch, cfg).extras
+    on, size = z["targets"], z["micro_rows"]
+    assert size[0][on[0]].tolist() == [5.0] * 8 and size[1][on[1]].tolist() == [5.0] * 6
+    rounds = z["rounds"][:, batch.prompt_length:]
+    assert rounds[2].tolist() == [5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0] and size[2].tolist() == [2.0] * 4 + [5.0] * 8
+    assert (size[~on] == 1).all() and tracerl.loss_units(tracerl.prepare(batch, cfg), None, cfg) == 3.0
+    cfg = replace(cfg, rl=replace(cfg.rl, mini_batches=2))
+    full = tracerl.prepare(batch, cfg)
+    size = full.extras["micro_rows"]
+    assert size[1][on[1]].tolist() == [5.0, 5.0, 5.0, 5.0, 5.0, 1.0] and size[2].tolist() == [1.0] * 2 + [5.0] * 10
+    assert [tracerl.loss_units(take(full, rows, 4), None, cfg) for rows in (slice(0, 2), slice(2, 4))] == [2.0, 2.0]
+    with pytest.raises(ValueError, match="masked models"):
+        tracerl.prepare(replace(batch, block_size=4), cfg)
+    with pytest.raises(Exception, match="must be >= 0"):
+        run_config("tracerl", micro_batch_rows=-1).algo.validate()
 
 
 def test_masked_trace_rows_by_hand():
@@ -229,10 +297,12 @@ def test_masked_loss_hand_computed():
     assert metrics["stats/clip_ratio"] == pytest.approx((2 / 3 + 0) / 2)  # 0.5 and 0.3 clip, both in row 0
 
 
-def test_masked_loss_adds_up_over_micro_batches():
-    """The whole step's trace rows normalize every micro-batch: the micro-batches' losses sum to the whole's."""
+@pytest.mark.parametrize("rows", [0, 5])
+def test_masked_loss_adds_up_over_micro_batches(rows):
+    """The whole step's trace rows (or the reference's micro-batches of rows) normalize every micro-batch of
+    completions: the micro-batches' losses sum to the whole's."""
     model, batch, old = injected("llada")
-    cfg = run_config("tracerl", shrink=2, beta=0.5)
+    cfg = run_config("tracerl", shrink=2, beta=0.5, micro_batch_rows=rows)
     (whole, _), full = _loss(model, batch, old, cfg)
     parts = 0.0
     for rows in (slice(0, 1), slice(1, 3), slice(3, 4)):

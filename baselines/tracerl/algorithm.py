@@ -24,6 +24,7 @@ Masked models (rl_llada.py, rl_dream.py): a trace row j is one trace step of one
 group; its targets T_j are that step's tokens except EOS (the padding token, `post_num: 0`), every
 other token of the completion after it too; a row without a target is no row. With N the step's rows:
     L = 1/N sum_j [ -1/|T_j| sum_{k in T_j} C_k + beta sum_{k in T_j} KL_k ]
+(`algo.micro_batch_rows` = b, the reference's weighting: 1/N becomes 1/(M |m_j|), m_j row j's micro-batch of b rows.)
 
 With the diffusion value model (`algo.value_model`, configs/rl_sdar_with_value.yaml;
 train_sdar_value.py), V_k is a value head on the hidden state that predicts o_k at o_k's own trace
@@ -48,7 +49,8 @@ One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dar
 Deviations (README.md): one optimizer step per rollout batch (the value model: mu); on block models
 rows of filtered groups stay in the batch with zero advantage; the trainer's blocks are the rollout's
 (rl_sdar.py aligns them at the padded prompt end); left padding is hidden from attention (rl_llada.py
-attends it); the log-ratio is clamped to +-10 on every family.
+attends it); the log-ratio is clamped to +-10 on every family; masked models weight every trace row the same
+(the reference's micro-batch means weigh a partial last micro-batch's rows more: `algo.micro_batch_rows`).
 """
 
 from dataclasses import replace
@@ -104,8 +106,11 @@ def prepare(batch, cfg):
     (`targets`), "kept" (B,) the rows of kept groups; and `kept_groups`. Once the value model's values are in
     `batch.old_values` (the loop prepares again), also "token_advantages", "returns", "value_mask" (`value_targets`)."""
     rounds, groups = noise.rollout_rounds(batch, cfg.algo.shrink), kept(batch.rewards.view(-1, batch.group_size), cfg)
-    batch = replace(batch, kept_groups=groups, extras={"rounds": rounds, "targets": targets(batch, rounds, cfg),
-                                                       "kept": groups.expand(-1, batch.group_size).reshape(-1)})
+    on = targets(batch, rounds, cfg)
+    extras = {"rounds": rounds, "targets": on, "kept": groups.expand(-1, batch.group_size).reshape(-1)}
+    if cfg.algo.micro_batch_rows:
+        extras["micro_rows"] = micro_batch_sizes(batch, rounds, on, cfg)
+    batch = replace(batch, kept_groups=groups, extras=extras)
     return batch if batch.old_values is None else replace(batch, extras={**batch.extras, **value_targets(batch, cfg)})
 
 
@@ -129,9 +134,30 @@ def trace_rows(batch) -> tuple[torch.Tensor, torch.Tensor]:
     return per_token, rows[:, 0]
 
 
+def micro_batch_sizes(batch, rounds: torch.Tensor, on: torch.Tensor, cfg) -> torch.Tensor:
+    """(B, G) the number of rows in the micro-batch of each target's trace row, 1 elsewhere: the rows in the reference's
+    order (completions in turn, rounds ascending) cut into micro-batches of b = `algo.micro_batch_rows` rows, the
+    last holding the rest; each process cuts its own, afresh in each mini-batch (`rl.mini_batches` equal slices)."""
+    if batch.block_size is not None:
+        raise ValueError("algo.micro_batch_rows weights the trace rows of masked models; leave it 0 on block models")
+    b, B, k = cfg.algo.micro_batch_rows, on.shape[0], cfg.rl.mini_batches
+    r = torch.where(on, rounds[:, -on.shape[1]:], 0)
+    present = torch.zeros(B, int(r.max()) + 1, dtype=torch.long, device=r.device).scatter_add_(1, r, on.long()) > 0
+    rank, per = present.long().cumsum(1).gather(1, r) - 1, present.sum(1)  # a row's rank in its completion; rows
+    mini, before = torch.arange(B, device=r.device) // (B // k), per.cumsum(0) - per  # rows before each completion
+    index = (before - before[mini * (B // k)])[:, None] + rank  # each target's row in its mini-batch
+    total = torch.zeros(k, dtype=per.dtype, device=r.device).index_add_(0, mini, per)[mini, None]
+    last = total // b * b  # where the partial last micro-batch starts
+    return torch.where(on & (index >= last), total - last, torch.where(on, b, 1)).float()
+
+
 def loss_units(batch, z, cfg) -> float:
-    """This process's trace rows (masked models: the loss averages over the step's rows); 0 for block models."""
-    return float(trace_rows(batch)[1].sum()) if batch.block_size is None else 0.0
+    """This process's trace rows (masked models: the loss averages over the step's rows), or its micro-batches of
+    rows with `algo.micro_batch_rows` (a row counts 1/its micro-batch's rows); 0 for block models."""
+    if batch.block_size is not None:
+        return 0.0
+    (per_token, rows), micro = trace_rows(batch), batch.extras.get("micro_rows")
+    return float(rows.sum() if micro is None else round((batch.extras["targets"] / (per_token * micro)).sum().item()))
 
 
 def token_logps(model, batch, z, cfg) -> torch.Tensor:
@@ -212,8 +238,9 @@ def loss(logps, old_logps, ref_logps, batch, z, cfg):
     bites = ((ratio - clipped).abs() > 0).float()
     if batch.block_size is None:  # rl_llada.py: each trace row's policy term over its targets, the KL summed
         row_targets, _ = trace_rows(batch)
-        policy, share = policy / row_targets, bites / row_targets
-        norm = clip_norm = max(batch.num_units, 1.0)  # means over the step's trace rows
+        w = 1 / batch.extras.get("micro_rows", 1.0)  # algo.micro_batch_rows: a row's share of its micro-batch
+        policy, kl, share = policy * w / row_targets, kl * w, bites * w / row_targets
+        norm = clip_norm = max(batch.num_units, 1.0)  # means over the step's trace rows (or micro-batches)
     else:
         norm = batch.responses.shape[1] * max(batch.num_sequences, 1)  # L1 per response, mean over responses
         share, clip_norm = bites, max(batch.num_tokens, 1.0)

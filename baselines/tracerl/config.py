@@ -31,6 +31,11 @@ class TraceRL:
     """Step-level GAE over the trace steps (training.gam, training.lam)."""
     value_clip: float = field(default=0.2, metadata=ADDED)
     """Clip of the value update around the values before it (train_sdar_value.py uses training.eps)."""
+    micro_batch_rows: int = field(default=0, metadata=ADDED)
+    """Masked models: how the step's trace rows are weighted. 0: equally, the mean over the rows (ours). b >= 1:
+    as rl_llada.py / rl_dream.py weight them, the rows in their order cut into micro-batches of b rows
+    (training.batch_size_lm, 2 in rl_llada.yaml), each micro-batch's mean, then the mean over the micro-batches,
+    so the rows of a partial last micro-batch weigh more (README, deviations)."""
 
     def validate(self):
         check(self.shrink >= 1, "must be >= 1", "shrink")
@@ -42,6 +47,7 @@ class TraceRL:
         check(0 <= self.gamma <= 1, "must be in [0, 1]", "gamma")
         check(0 <= self.lam <= 1, "must be in [0, 1]", "lam")
         check(self.value_clip > 0, "must be > 0", "value_clip")
+        check(self.micro_batch_rows >= 0, "must be >= 0 (0: every trace row weighs the same)", "micro_batch_rows")
 
 
 @dataclass
