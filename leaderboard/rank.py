@@ -533,19 +533,22 @@ def across(items, column: str, metric: str | None = None) -> tuple[list[str], li
 
 def published_rankings(root=None) -> list[dict]:
     """The papers' rankings the suite is checked against: for each published model of `PROXY_MODEL`, benchmark of
-    `PROXY_BENCHMARKS` and stated protocol (`dare.app.targets.comparable`: generation length, block length and
-    steps stated), the numbers of the methods trained from the released model (no `init`), one per method (the
-    first its file lists: its own paper's), where at least `PROXY_MIN` methods report."""
+    `PROXY_BENCHMARKS` and protocol, the numbers of the methods trained from the released model (no `init`), one
+    per method (the first its file lists: its own paper's), where at least `PROXY_MIN` methods report. A protocol is
+    either stated (`dare.app.targets.comparable`: generation length, block length and steps) or one table's own:
+    numbers without a stated protocol group by their source (DARE's README compares its methods in one table, under
+    one protocol it does not state), never with stated ones."""
     import published  # leaderboard/published.py
     from dare.app import targets
 
     groups: dict[tuple, dict[str, float]] = {}
     for pub in published._load(root)[0]:
         for e in pub.numbers:
-            if (e["model"].startswith(PROXY_MODEL) and e["benchmark"] in PROXY_BENCHMARKS and not e.get("init")
-                    and targets.comparable(e)):
-                groups.setdefault((e["model"], e["benchmark"], targets.protocol_text(e)), {}).setdefault(
-                    pub.baseline, float(e["value"]))
+            if e["model"].startswith(PROXY_MODEL) and e["benchmark"] in PROXY_BENCHMARKS and not e.get("init"):
+                protocol = (targets.protocol_text(e) if targets.comparable(e)
+                            else f"{e['source']} (one table; protocol not stated)")
+                groups.setdefault((e["model"], e["benchmark"], protocol), {}).setdefault(pub.baseline,
+                                                                                         float(e["value"]))
     return [{"model": m, "benchmark": b, "protocol": p, "values": v}
             for (m, b, p), v in sorted(groups.items()) if len(v) >= PROXY_MIN]
 
@@ -554,7 +557,8 @@ def proxy(items, column: str, metric: str | None = None, models: list[str] | Non
           draws: int = DRAWS, seed: int = SEED) -> list[dict]:
     """Is the suite a proxy for the papers' 8B rankings? For each published ranking (`published_rankings`) and each
     LLaDA model of the column (or `models`): Kendall's tau-b (`tau_b`) between the published numbers and our means
-    of the methods in both (a method with one recipe on the model; starts left out), with a 95% percentile
+    of the methods in both (a method with one recipe on the model; the column's start is its baseline, `sft`, as the
+    papers rank the SFT model beside the RL methods trained from it), with a 95% percentile
     interval from a bootstrap over our seeds (each method's seeds resampled with replacement; the published
     numbers fixed). A row says when fewer than `PROXY_MIN` methods overlap; no correlation for fewer than two."""
     metric = metric or column_metric(items, column)
@@ -563,7 +567,7 @@ def proxy(items, column: str, metric: str | None = None, models: list[str] | Non
     rankings = published_rankings(root)
     out = []
     for model in models:
-        ranked = [c for c in cells if c.model == model and not c.start]
+        ranked = [c for c in cells if c.model == model]  # the start too: the papers' "SFT" rows rank it
         by_baseline: dict[str, list[Cell]] = {}
         for c in ranked:
             by_baseline.setdefault(c.baseline, []).append(c)
@@ -579,9 +583,13 @@ def proxy(items, column: str, metric: str | None = None, models: list[str] | Non
                 notes.append(f"fewer than {PROXY_MIN} methods overlap ({len(both)})")
             if several and any(b in pub["values"] for b in several):
                 notes.append("left out, several recipes here: " + ", ".join(b for b in several if b in pub["values"]))
-            if len(both) >= 2:
-                published_values = [pub["values"][b] for b in both]
-                row["tau"] = round(tau_b([math.fsum(ours[b]) / len(ours[b]) for b in both], published_values), 3)
+            published_values = [pub["values"][b] for b in both]
+            point = tau_b([math.fsum(ours[b]) / len(ours[b]) for b in both], published_values) if len(both) >= 2 \
+                else math.nan
+            if len(both) >= 2 and math.isnan(point):
+                notes.append("tau-b undefined: every pair is tied on one side")
+            if not math.isnan(point):
+                row["tau"] = round(float(point), 3)
                 rng = np.random.default_rng(seed)
                 means = np.stack([np.asarray(ours[b])[rng.integers(len(ours[b]), size=(draws, len(ours[b])))].mean(1)
                                   for b in both], axis=1)
@@ -668,7 +676,7 @@ def report(items, column: str, model: str | None = None) -> str:
     if not rows:
         lines.append("no LLaDA model in this column (or none chosen): no proxy correlation")
     for r in rows:
-        tau = "no correlation (under two methods)" if r["tau"] is None else (
+        tau = ("no correlation" + (" (under two methods)" if r["overlap"] < 2 else "")) if r["tau"] is None else (
             f"tau = {r['tau']:+.2f}" + (f" [{r['low']:+.2f}, {r['high']:+.2f}]" if r["low"] is not None else ""))
         lines.append(f"{r['model']} vs {r['benchmark']} on {r['published on']} ({r['protocol']}): {tau}, "
                      f"{r['overlap']} of {r['published methods']} published methods here ({r['methods']})"

@@ -296,3 +296,31 @@ def test_the_command_on_the_committed_results_imports_no_torch():
             "assert 'pairs of RL methods that differ (uncorrected)' in text and 'proxy' in text, text; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_proxy_ranks_the_start_as_sft_and_says_when_tau_is_undefined(rank, results, tmp_path):
+    """The papers rank the SFT model beside the RL methods trained from it (d1's Table 1: SFT, d1, wd1, ...); the
+    column's start is that row here. Published sft 50 < d1 70 < coupled_grpo 80; ours: start 40 < d1 61 <
+    coupled_grpo 91: tau = 1 over three. Published numbers that tie every pair give no tau-b: a row with a note,
+    not "nan". A table whose protocol is not stated ranks its own methods (one source, one protocol)."""
+    runs = Path(rank.load.run_dirs_from_env()[0])
+    for seed in range(3):
+        _write(runs, "sft", "tiny-llada", "llada", seed, 40, init="scratch")
+    import load
+
+    items = load.load_all()[0]
+    _published(tmp_path / "repro", {"sft": 50.0, "d1": 70.0, "coupled_grpo": 80.0, "spg": 75.0, "wd1": 65.0})
+    [row] = rank.proxy(items, "addition [4/4/4, T=0]", root=tmp_path / "repro")
+    assert row["methods"] == "coupled_grpo, d1, sft" and row["tau"] == 1.0
+    _published(tmp_path / "tied", {"sft": 50.0, "d1": 50.0, "mdpo": 60.0, "spg": 75.0, "wd1": 65.0})
+    [row] = rank.proxy(items, "addition [4/4/4, T=0]", root=tmp_path / "tied")
+    assert row["methods"] == "d1, sft" and row["tau"] is None and "tau-b undefined" in row["note"]
+    assert "tau = +nan" not in rank.report(items, "addition [4/4/4, T=0]", "tiny-llada")
+    (tmp_path / "unstated" / "d1").mkdir(parents=True)
+    for i, m in enumerate(["d1", "coupled_grpo", "bgpo", "spg", "vrpo"]):
+        (tmp_path / "unstated" / m).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "unstated" / m / "published.yaml").write_text(
+            f'paper: {{arxiv: "0000.00000"}}\npublished:\n  - {{model: "LLaDA-8B-Instruct", benchmark: "gsm8k", '
+            f'value: {50 + i}, source: "one README table"}}\n')
+    [pub] = rank.published_rankings(tmp_path / "unstated")
+    assert pub["protocol"] == "one README table (one table; protocol not stated)" and len(pub["values"]) == 5
