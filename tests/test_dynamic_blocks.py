@@ -149,6 +149,36 @@ def test_the_marker_ends_a_row_block_where_it_is_committed():
     assert len({tuple(s.tolist()) for s in out.segments}) > 1
 
 
+@pytest.mark.parametrize("M, T", [(6, 1.0), (8, 0.0)])
+def test_the_replay_of_dynamic_windows_is_exact(M, T):
+    """`agree/logp_gap` (issue 59.4: 0.67 and 4.3 nats with dynamic windows, 0 with fixed blocks): on the tiny SDAR
+    (block 4) with windows that cross the model's blocks and no block cut at a marker, the trainer's replay of the
+    sampler's states (`rl.replay_agreement`) gives the sampler's own log-probs, row by row. It did not: the sampler's
+    forward ended at the furthest window's end, hiding the masked tail of that model block, and the replay ranked
+    steps per dynamic block and read them through the block layout `[x_t ; x_0]` (a block seeing the earlier model
+    blocks clean, where the sampler saw them half decoded). A block cut at its marker after tokens beyond the marker
+    were committed (and seen) still disagrees: the step map keeps no re-masked token (docs/training.md, b1)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from dare.train.dist import Dist
+    from dare.train.rl import replay_agreement
+
+    model, _ = tiny("sdar")
+    f = facts(model)
+    ids, mask = left_pad([[5, 9, 7], [5, 11, 6, 8, 9, 10], [6]], f.pad_token_id)
+    never = model.get_input_embeddings().weight.shape[0]  # no such token: no block is cut
+    out = generate(model, ids, mask, DecodingConfig(gen_length=24, steps=4, temperature=T,
+                                                    block=dynamic(dynamic_max_block=M)),
+                   torch.Generator().manual_seed(0), marker_id=never)
+    assert out.segments.max() >= 2 and (mask.sum(dim=1) % f.block_size).all()  # windows across block boundaries
+    batch = RLBatch(**{**batch_of(model, out).__dict__, "commit_logps": out.commit_logps})
+    trainer = SimpleNamespace(autocast=contextlib.nullcontext, dist=Dist())
+    sums = replay_agreement(model, trainer, batch, rows=3)
+    assert sums["replay/n"] == float((out.response_mask.bool() & (out.step_map >= 0)).sum()) > 30
+    assert sums["replay/max_abs"] < 1e-5, sums
+
+
 def test_block_reward_by_hand():
     """0.5 (share of consecutive blocks whose mean entropy decreases) + 0.5 log(n + 1) / log(T + 1), 1 from T
     blocks on, 0 below two blocks."""
@@ -267,3 +297,17 @@ def test_two_rl_steps_with_dynamic_blocks(name, family, tmp_path, monkeypatch, s
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "rollout/blocks" in r]
     assert len(steps) == 2 and all(r["rollout/blocks"] >= 1 for r in steps)
+
+
+@pytest.mark.parametrize("name", ["cj_grpo", "tracerl"])
+def test_trajectory_replays_refuse_dynamic_windows(name):
+    """Issue 59.4's remaining disagreement: a block cut at its marker re-masks tokens the sampler had committed and
+    shown to the model, which the step map does not keep; the estimators that replay the rollout's states from it
+    (TraceRL, CJ-GRPO) refuse dynamic windows with one line at config validation, before any model is built."""
+    from dare.app.runs import resolve
+    from dare.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^baselines/\w+: invalid config: rl\.decoding\.block\.dynamic: a dynamic "
+                                          r"block cut at its marker re-masks tokens"):
+        resolve(name, None, ["model.family=sdar", "rl.decoding.block.dynamic=true", "rl.decoding.block.threshold=0"])
+    resolve(name, None, ["model.family=sdar", "rl.decoding.block.threshold=0"])  # fixed blocks: as before

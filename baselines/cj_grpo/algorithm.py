@@ -47,6 +47,10 @@ def check_config(cfg) -> None:
     if cfg.rl.decoding.block.editing_threshold > 0:
         raise ValueError("rl.decoding.block.editing_threshold > 0: token editing rewrites committed tokens, so the "
                          "step map no longer gives the states the sampler saw; CJ-GRPO needs each token committed once")
+    if cfg.rl.decoding.block.dynamic:
+        raise ValueError("rl.decoding.block.dynamic: a dynamic block cut at its marker re-masks tokens the sampler had "
+                         "committed and shown to the model, so the step map no longer gives the states it decoded from; "
+                         "CJ-GRPO replays them (docs/training.md, b1)")
 
 
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:

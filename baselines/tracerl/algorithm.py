@@ -71,6 +71,10 @@ def check_config(cfg) -> None:
     if cfg.rl.decoding.block.editing_threshold > 0:
         raise ValueError("rl.decoding.block.editing_threshold > 0: token editing rewrites committed tokens, so the "
                          "step map no longer gives the states the sampler saw; TraceRL needs each token committed once")
+    if cfg.rl.decoding.block.dynamic:
+        raise ValueError("rl.decoding.block.dynamic: a dynamic block cut at its marker re-masks tokens the sampler had "
+                         "committed and shown to the model, so the step map no longer gives the states it decoded from; "
+                         "TraceRL replays them (docs/training.md, b1)")
     if cfg.rl.group_size < 2:
         raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group z-score needs at least 2 completions")
 

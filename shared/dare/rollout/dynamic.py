@@ -26,7 +26,8 @@ b1's reward (`block_reward`, (B,)): with n blocks, count = 1 if n >= T else log(
 0.5 trend + 0.5 count for n >= 2, else 0; the RL loop adds `dynamic_reward` times it to the task's reward.
 
 Cost: no cache (a window crosses the model's blocks; the reference recomputes the whole sequence every step too):
-each step is one forward over the canvas up to the furthest window's end, logits (B, E, V) of it; the state is a
+each step is one forward over the canvas up to the model block holding the furthest window's end (the block's
+masked tail is seen, as the reference's forward over the whole canvas sees it), logits (B, E, V) of it; the state is a
 few (B, W) canvases and the window's (B, M) slices. The host looks once per window and every `LOOK_EVERY` steps
 (whether any row still has a quota).
 
@@ -128,7 +129,10 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
         active = ~finished
         L = torch.where(active, (gen_end - start).clamp(max=M), 0)  # the window's length per row
         cols = start[:, None] + offs  # (B, M), inside the canvas thanks to the spare columns
-        E = max(min(int((start + L).max()), W), 1)  # the forward's extent (the furthest window end)
+        # the forward's extent: the furthest window end, rounded up to the model's block (canvas blocks start at
+        # multiples of bs), so every row sees its window's whole last block, masks included, as the reference's
+        # forward over the whole canvas and an exact replay do (a cut block hid its masked tail: issue 59.4)
+        E = max(min(-(-int((start + L).max()) // bs) * bs, W), 1)
         in_win = offs < L[:, None]
         m0 = ((x.gather(1, cols) == mask_id) & in_win).sum(dim=1)  # the quota schedule: m0 over R steps from `first`
         first = torch.zeros(B, dtype=torch.long, device=device)

@@ -330,13 +330,18 @@ def per_round(score, batch, rounds: torch.Tensor, n_rounds: int | None = None, t
 
 
 def trajectory_logps(model, batch, rounds: torch.Tensor, temperature: float = 1.0,
-                     n_rounds: int | None = None, targets: torch.Tensor | None = None) -> torch.Tensor:
+                     n_rounds: int | None = None, targets: torch.Tensor | None = None,
+                     canvas: bool = False) -> torch.Tensor:
     """(B, G) log pi(o_k | the trajectory state before o_k's round): the rollout's own denoising
     transitions, replayed from its step map (each token is committed once, so the state before round
     r is the final completion with every token of round >= r masked), at `targets` (default: every
-    committed token; `per_round`), 0 elsewhere. Collective under FSDP (`per_round`)."""
+    committed token; `per_round`), 0 elsewhere. Collective under FSDP (`per_round`).
+    `canvas`: each round's state in one plain forward with the model's own attention (`masked_logps`), not
+    the block layout: the replay of a sampler whose windows cross the model's blocks (b1's dynamic blocks,
+    with `rounds` over the row's steps, not per block), where a block sees the earlier ones as they were then."""
     mask_id = facts(model).mask_token_id
-    return per_round(lambda where, masked: diffusion_logps(
+    score = masked_logps if canvas else diffusion_logps
+    return per_round(lambda where, masked: score(
         model, torch.where(masked, mask_id, batch.sequences), batch.sequences, where, batch.attention_mask,
         compute=batch.compute, temperature=temperature), batch, rounds, n_rounds, targets, sharded(model))
 

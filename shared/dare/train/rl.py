@@ -76,7 +76,7 @@ from dare.train.critic import build_critic
 from dare.train.estimators import spread, trajectory_logps
 from dare.train.hooks import RLHooks, missing_value_hooks
 from dare.train.noise import Draw
-from dare.train.noise import rollout_rounds
+from dare.train.noise import rollout_rounds, trace_rounds
 from dare.utils import UserError, derive_seed, make_generator
 
 @dataclass(kw_only=True)
@@ -399,12 +399,20 @@ def replay_agreement(policy, trainer, batch: RLBatch, rows: int) -> dict:
     """The rollout/trainer agreement on the first `rows` rows: each committed token's log-prob in the state
     the sampler decoded it from, replayed by the trainer's forward without a cache (`trajectory_logps` on
     the step map, one forward per decoding round), against the sampler's own (`batch.commit_logps`).
+    Dynamic blocks (`batch.segments`): the rounds are the row's steps and each state one plain forward of the
+    canvas (a window crosses the model's blocks); exact but where a block cut at its marker re-masked tokens
+    the sampler had shown to the model (docs/training.md, b1).
     Summed over processes (collective: every rank runs the largest round count of any rank)."""
     n = batch.sequences.shape[0]
     sub = take(batch, slice(0, min(rows, n)), n)
-    rounds = rollout_rounds(sub)
+    canvas = sub.segments is not None
+    if canvas:  # every distinct step of a row is a round, across its blocks
+        steps = trace_rounds(sub.step_map, torch.zeros_like(sub.step_map))
+        rounds = torch.cat([torch.full_like(sub.sequences[:, :sub.prompt_length], -1), steps], dim=1)
+    else:
+        rounds = rollout_rounds(sub)
     with torch.no_grad(), trainer.autocast():
-        replayed = trajectory_logps(policy, sub, rounds)  # collective under FSDP
+        replayed = trajectory_logps(policy, sub, rounds, canvas=canvas)  # collective under FSDP
     sums = diag.agreement_sums(sub.commit_logps, replayed, sub.response_mask & (sub.step_map >= 0), "replay/")
     worst = {"replay/max_abs": sums.pop("replay/max_abs")}
     return {**trainer.dist.sum(sums), **trainer.dist.max(worst)}
