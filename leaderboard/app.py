@@ -553,6 +553,9 @@ def speed_view() -> None:
         st.dataframe(gpu, hide_index=True, key="gpu_targets", column_config={
             "verdict": st.column_config.TextColumn("verdict", width="medium", pinned=True),
             "target": st.column_config.TextColumn("target", width="large")})
+    if max(len(training), len(gpu)) >= load.MAX_BENCH_ROWS:
+        st.caption(f"Bench reports: only the first {load.MAX_BENCH_ROWS:,} rows of a table are shown (and "
+                   f"{load.MAX_BENCH_BYTES // 2**20} MiB of reports read in all).")
     if not len(rollout) and not len(training) and not len(gpu):
         st.info("No throughput results yet: run `dare bench rollout` or `dare bench train`.")
 

@@ -100,15 +100,28 @@ def result_key(r: Result) -> tuple[str, str | None]:
     return r.run_id, a.samples_total_sha256 or a.samples_sha256
 
 
+MAX_BENCH_BYTES = 16 * 2**20
+"""The most bytes of `dare bench` reports read in all (a report is tens of KiB; ten hostile 4 MiB ones made 600,000
+rows, 48 s and 830 MB): the reports past it, in path order, are left out."""
+MAX_BENCH_ROWS = 1000
+"""The most rows a Speed table makes from bench reports (`training_speed_rows`, `gpu_target_rows`)."""
+
+
 def load_bench(extra_runs: list[Path] | None = None) -> list[tuple[Path, dict]]:
-    """`dare bench` reports (train: packing, loss memory, RL step) from the same sources."""
-    out = []
+    """`dare bench` reports (train: packing, loss memory, RL step) from the same sources, `MAX_BENCH_BYTES` in
+    all."""
+    out, left = [], MAX_BENCH_BYTES
     roots = [committed(), *(extra_runs if extra_runs is not None else run_dirs_from_env())]
     for root in roots:
         for path in sorted(Path(root).glob("**/*.json")) if Path(root).is_dir() else []:
-            report = _bench(path)
+            try:
+                size = path.stat().st_size
+            except OSError:  # a dangling link
+                continue
+            report = _bench(path) if size <= left else None
             if report:
                 out.append((path, report))
+                left -= size
     return out
 
 
@@ -605,9 +618,12 @@ def report_hardware(report: dict) -> str:
 
 
 def training_speed_rows(reports) -> list[dict]:
-    """`dare bench train` reports: each comparison's baseline, accelerated value and gain."""
+    """`dare bench train` reports: each comparison's baseline, accelerated value and gain (`MAX_BENCH_ROWS` rows at
+    most)."""
     out = []
     for path, rep in reports:
+        if len(out) >= MAX_BENCH_ROWS:
+            break
         res = _dict(rep.get("results"))
         hw = report_hardware(rep)
         if "packing" in res:
@@ -630,7 +646,7 @@ def training_speed_rows(reports) -> list[dict]:
                 out.append({"comparison": "end-to-end RL step, mean reward", "baseline": naive, "accelerated": fast,
                             "gain": fast / naive if naive else None, "hardware": hw, "report": path.name})
     return [{**row, **{k: _round(row[k], 2) if _number(row[k]) else None for k in ("baseline", "accelerated", "gain")}}
-            for row in out]
+            for row in out[:MAX_BENCH_ROWS]]
 
 
 def quantity(value, unit) -> str:
@@ -651,13 +667,15 @@ def gpu_target_rows(reports) -> list[dict]:
     """`dare bench gpu` reports at the released shapes (shrunk CPU runs left out): one row per target, the newest
     report first: its verdict (met, missed, not measured; the gpu-marked tests' target says when they timed out,
     from the report's `stages.gpu_tests`), what was measured against what was asked, each in its unit, the need
-    with its direction (`<= 40 ms`, `>= 20x`: `dare.app.bench_gpu.at_most`)."""
+    with its direction (`<= 40 ms`, `>= 20x`: `dare.app.bench_gpu.at_most`); `MAX_BENCH_ROWS` rows at most."""
     out = []
     for path, rep in reports:
         if rep.get("kind") != "bench.gpu" or rep.get("shrunk") is not False or not isinstance(rep.get("targets"), list):
             continue
         tests = _dict(_dict(rep.get("stages")).get("gpu_tests"))
         for t in (x for x in rep["targets"] if isinstance(x, dict)):
+            if len(out) >= MAX_BENCH_ROWS:
+                break
             verdict = {True: "met", False: "missed"}.get(t.get("met"), "not measured")
             measured = quantity(t.get("measured"), t.get("unit"))
             if t.get("unit") == "failed" and tests.get("rc") == "timeout":  # the count of failed gpu-marked tests
@@ -759,8 +777,8 @@ def read_curve(path: Path | None) -> list[dict]:
     """The logged steps of a metrics.jsonl, each with its numeric values within ±`MAX_NUMBER` only (NaN
     and infinities dropped) under names without control characters (lines that are not JSON, nest too
     deep or have no integer `step` are skipped; [] without a file or for one that is not a regular file
-    of at most `MAX_LOG_BYTES`). A file is read again only when it changes; the records returned are
-    shared, not to be modified."""
+    of at most `MAX_LOG_BYTES`, or a link out of its folder). A file is read again only when it changes;
+    the records returned are shared, not to be modified."""
     if path is None:
         return []
     try:
@@ -771,7 +789,7 @@ def read_curve(path: Path | None) -> list[dict]:
     if path in _CURVES and _CURVES[path][0] == stamp:
         return _CURVES[path][1]
     try:
-        text = read_bounded(path, MAX_LOG_BYTES).decode(errors="replace")
+        text = read_bounded(path, MAX_LOG_BYTES, folder=path.parent).decode(errors="replace")  # no link out
     except ValueError:
         text = ""
     records = []

@@ -423,3 +423,115 @@ def test_a_fifo_given_directly_is_named_as_what_it_is(tmp_path):
     os.mkfifo(tmp_path / "result_x.json")
     valid, invalid = load_results(tmp_path / "result_x.json", tmp_path / "missing.json")
     assert valid == [] and [why for _, why in invalid] == ["not a regular file (a FIFO)", "no such file or folder"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 60: the Published view's files, training logs linked out, the Speed tab's size, the fingerprint
+# ---------------------------------------------------------------------------------------------
+
+TARGETS = """paper: {arxiv: "2504.12216", table: "d1 Table 1"}
+base_model: LLaDA-8B-Instruct
+eval: {split: test, block_length: 32, steps_per_token: 0.5, temperature: 0.0, n_shot: 0}
+tolerance: 2.0
+targets:
+  - {config: gsm8k.yaml, benchmark: gsm8k, gen_length: 256, value: 79.8}
+"""
+PUBLISHED = """paper: {arxiv: "2504.12216"}
+published:
+  - {model: LLaDA-8B-Instruct, benchmark: gsm8k, value: 79.8, source: "d1 Table 1", gen_length: 256}
+"""
+SECRET = "root:x:0:0:root:/root:/bin/bash\n"
+
+
+@pytest.mark.parametrize("name, old, new, shown", [
+    ("published.yaml", "benchmark: gsm8k", "benchmark: [gsm8k]", "published[0].benchmark=['gsm8k']: a non-empty string"),
+    ("published.yaml", "benchmark: gsm8k", "benchmark: !!set {gsm8k}", "published.0.benchmark: a set;"),
+    ("targets.yaml", 'paper: {arxiv: "2504.12216", table: "d1 Table 1"}', "paper: [arxiv, table]",
+     "paper=['arxiv', 'table']: needs arxiv and table"),
+    ("targets.yaml", "tolerance: 2.0", "tolerance: abc", "tolerance='abc': points, a number in [0, 100]"),
+    ("published.yaml", '"d1 Table 1"', '"d1 Table 1\\u202e"', "published.0.source: control or format character U+202E"),
+    ("targets.yaml", "d1 Table 1", "d1 \\e[31mTable 1", "paper.table: control or format character U+001B"),
+    ("published.yaml", "gen_length: 256", "gen_length: 1" + "0" * 50, "published.0.gen_length: a 51-digit number"),
+    ("published.yaml", "gen_length: 256", "gen_length: 256, temperature: .inf", "published.0.temperature: inf is not"),
+    ("targets.yaml", "temperature: 0.0", "temperature: .inf", "eval.temperature: inf is not a finite number"),
+    ("published.yaml", "", "#" + "x" * (18 << 20), "bytes, over the 1 MiB cap"),  # parsed in 130 s on every rerun
+    ("published.yaml", "", "LINK", "a link to"),  # its first 200 characters were shown in a caption
+    ("targets.yaml", "", "LINK", "a link to"),
+])
+def test_each_bad_published_file_is_one_line_on_the_page_and_the_others_still_show(monkeypatch, tmp_path, name, old,
+                                                                                    new, shown):
+    """Each of these raised out of the Published view (TypeError, AttributeError, ValueError), stopping the app at
+    that tab, showed control and bidi characters raw, accepted 10^50 and T=inf, or read a file linked out of the
+    reproductions folder and showed its start."""
+    monkeypatch.syspath_prepend(str(REPO / "leaderboard"))
+    import published
+
+    root = tmp_path / "reproductions"
+    path = root / "d1" / name
+    path.parent.mkdir(parents=True)
+    (path.parent / "gsm8k.yaml").write_text("baseline: d1\n")
+    text = TARGETS if name == "targets.yaml" else PUBLISHED
+    if new == "LINK":
+        (tmp_path / "secret.yaml").write_text(SECRET)
+        path.symlink_to(tmp_path / "secret.yaml")
+    else:
+        assert old in text
+        path.write_text(text.replace(old, new) if old else text + new)
+    (root / "wd1").mkdir()
+    (root / "wd1" / "published.yaml").write_text(PUBLISHED)
+    methods = {m["method"]: m for m in published.published_methods(root)}
+    why = methods["d1"]["why none"]
+    assert why.startswith(f"{path}: ") and shown in why and "\n" not in why and why.isprintable(), why[:500]
+    assert "root:x" not in why and len(why) < 1000
+    assert {r["method"] for r in published.published_rows([], root)} == {"wd1"}  # the others still show
+
+
+def test_training_curves_are_not_read_through_a_link_out_of_their_folder(load, tmp_path):
+    secret = tmp_path / "environ"
+    secret.write_text('{"step": 1, "HF_TOKEN_is_1": 1}\n')
+    r = _write(tmp_path / "runs" / "run", make_result())
+    (r.parent / "metrics.jsonl").symlink_to(secret)
+    assert load.read_curve(load.curve_file(r)) == []
+    (r.parent / "metrics.jsonl").unlink()
+    (r.parent / "metrics.jsonl").write_text(secret.read_text())
+    assert load.read_curve(load.curve_file(r)) == [{"step": 1, "HF_TOKEN_is_1": 1}]
+
+
+def test_the_speed_tab_reads_and_shows_a_bounded_amount_of_bench_reports(load, tmp_path, monkeypatch):
+    """Ten 4 MiB bench reports made 607,860 rows (48 s, 830 MB); the rows and the bytes read are capped."""
+    report = json.loads((REPO / "leaderboard" / "results" / "bench-gpu").glob("gpu-*.json").__next__().read_text())
+    report["targets"] = [{"target": f"t{i}", "measured": 1.0, "need": 2.0, "unit": "s", "met": True}
+                         for i in range(800)]
+    for i in range(4):
+        _write(tmp_path / "committed" / "bench-gpu", report, f"gpu-{i}.json")
+    reports = load.load_bench()
+    assert len(reports) == 4 and len(load.gpu_target_rows(reports)) == load.MAX_BENCH_ROWS == 1000
+    size = (tmp_path / "committed" / "bench-gpu" / "gpu-0.json").stat().st_size
+    monkeypatch.setattr(load, "MAX_BENCH_BYTES", 2 * size + 10)
+    assert len(load.load_bench()) == 2
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "link_out"])
+def test_the_results_fingerprint_neither_hangs_nor_reads_what_the_leaderboard_would_not(tmp_path, kind):
+    """make screenshot and the browser test hung on a FIFO named *.json, and ran out of memory on a link to /dev/zero:
+    in a subprocess with a timeout and a memory cap, so that a regression fails instead."""
+    root = tmp_path / "results"
+    (root / "run").mkdir(parents=True)
+    (root / "run" / "result_a.json").write_text("{}\n")
+    bad = root / "run" / "result_b.json"
+    if kind == "fifo":
+        os.mkfifo(bad)
+    else:
+        (tmp_path / "secret.json").write_text('{"token": "x"}\n')
+        bad.symlink_to("/dev/zero" if kind == "dev_zero" else tmp_path / "secret.json")
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30)); "
+            "from dare.app.screenshot import results_fingerprint; print(results_fingerprint(__import__('pathlib').Path(sys.argv[1])))")
+    fingerprint = lambda: subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True,
+                                         timeout=60, cwd=REPO)
+    done = fingerprint()
+    assert done.returncode == 0 and len(done.stdout.strip()) == 64, done.stderr[-2000:]
+    if kind == "link_out":  # the target's content does not count: changing it changes nothing
+        (tmp_path / "secret.json").write_text('{"token": "y"}\n')
+        assert fingerprint().stdout == done.stdout
+    (root / "run" / "result_a.json").write_text("{ }\n")  # a regular file's bytes still count
+    assert fingerprint().stdout != done.stdout

@@ -36,12 +36,20 @@ WINDOW = (1500, 1300)
 
 def results_fingerprint(root: Path | None = None) -> str:
     """SHA-256 over the relative path and bytes of every *.json under `root` (default: the committed results,
-    leaderboard/results/), in path order: it changes when a result is added, removed or rewritten."""
+    leaderboard/results/), in path order: it changes when a result is added, removed or rewritten. Only what the
+    leaderboard would read is read (`dare.results.read_bounded`: a regular file of at most `MAX_FILE_BYTES`, no link
+    out of `root`); anything else (a FIFO, a link to /dev/zero) counts by its name alone."""
+    from dare.results import MAX_FILE_BYTES, read_bounded
+
     root = Path(root or REPO_ROOT / "leaderboard" / "results")
     digest = hashlib.sha256()
     for path in sorted(root.glob("**/*.json")):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+        try:
+            data = read_bounded(path, MAX_FILE_BYTES, folder=root)
+        except ValueError:
+            data = b"\0not read"  # the same on every machine (the reason may name a machine's path)
+        digest.update(hashlib.sha256(data).digest())
     return digest.hexdigest()
 
 

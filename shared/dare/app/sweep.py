@@ -60,7 +60,7 @@ from typing import Any
 from dare.app import targets
 from dare.config import ConfigError, load, read_yaml
 from dare.eval import evaluate_checkpoint, load_eval_config
-from dare.results import publish, read_result, write_result
+from dare.results import publish, publish_destination, read_result, write_result
 from dare.utils import UserError, atomic_write_json, runs_dir, shown_value
 
 MAX_RUNS = 10_000
@@ -733,6 +733,8 @@ def collect(sweep: Sweep, dest: str | Path, only: dict | None = None, allow_dirt
         raise UserError(f"{dest}: would hold results of {len(commits)} commits ({shown}); a results folder holds "
                         f"one commit's runs: collect into a folder of its own (--to), or delete {sweep.out} and run the "
                         f"sweep again from one commit{hint}")
+    for *_, p, res in found:  # every file `publish` would read or write checked before the first copy
+        publish_destination(p, res, dest)
     for _, baseline, config, run, p, res in found:
         path = publish(p, dest)
         res = read_result(path)

@@ -42,6 +42,7 @@ ours (`matches`) only when its generation length, block length and steps are all
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,36 +100,109 @@ class Targets:
                 "same_decoding": self.same_protocol(benchmark, decoding)}
 
 
+MAX_YAML_BYTES = 2**20
+"""The largest targets.yaml or published.yaml read (the committed ones are a few KiB): a larger one is refused by
+its size, before it is parsed."""
+
+
+def read_yaml(path: Path, what: str):
+    """The parsed YAML of a targets or published file, refused in one line naming the file (and the field)
+    unless it is a regular file of at most `MAX_YAML_BYTES` reached through no link out of its folder
+    (`dare.results.read_bounded`), without anchors, of plain values only (mappings with string keys, lists,
+    strings, numbers, booleans, null: no `!!set`, date or binary), each number finite within ±1e18 and no string
+    with a control or format character (`dare.results.check_values`: a bidi override would make a name read as
+    another)."""
+    from dare.results import check_values, printable, read_bounded
+
+    try:
+        data = load_yaml(read_bounded(path, MAX_YAML_BYTES, folder=path.parent).decode(), str(path))
+    except ValueError as e:  # unreadable, a link out, not a regular file, too large, not UTF-8
+        raise UserError(f"{path}: cannot read {what} ({e})") from None
+    except yaml.YAMLError as e:  # one line, and none of the file's text (yaml's own message quotes it)
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"{path}: not valid YAML{where}: {printable(str(getattr(e, 'problem', None) or e), 100)}") from None
+    except RecursionError:
+        raise UserError(f"{path}: nested too deep") from None
+    stack = [((), data)]
+    while stack:
+        where, value = stack.pop()
+        field = ".".join(map(str, where)) or "(top level)"
+        if isinstance(value, dict):
+            bad = [k for k in value if not isinstance(k, str)]
+            if bad:
+                raise UserError(f"{path}: {field}: the key {shown_value(bad[0])} is not a string")
+            stack += [((*where, k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [((*where, i), v) for i, v in enumerate(value)]
+        elif value is not None and not isinstance(value, (str, int, float)):
+            raise UserError(f"{path}: {field}: a {type(value).__name__}; {what} hold mappings, lists, strings, "
+                            "numbers, booleans and null only")
+    try:
+        check_values(data)
+    except ValueError as e:
+        raise UserError(f"{path}: {e}") from None
+    return data
+
+
+def _mapping(path: Path, key: str, value, needs: tuple[str, ...]) -> dict:
+    """`value` when it is a mapping whose `needs` are strings; else one line naming the file and the key."""
+    if not isinstance(value, dict) or not all(isinstance(value.get(k), str) and value[k].strip() for k in needs):
+        raise UserError(f"{path}: {key}={shown_value(value)}: needs {' and '.join(needs)} (strings)")
+    return value
+
+
 def load_targets(path: str | Path) -> Targets:
     """Parse and check a targets.yaml; the error names the file and the entry."""
     path = Path(path)
-    try:
-        data = load_yaml(path.read_text(), str(path)) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"{path}: cannot read targets ({e})") from None
+    data = read_yaml(path, "targets")
+    data = {} if data is None else data
     if not isinstance(data, dict):
-        raise UserError(f"{path}: a mapping of {sorted(KEYS)} expected; got {shown_value(data)}")
+        raise UserError(f"{path}: a mapping of {sorted(KEYS)} expected; got a {type(data).__name__}")
     missing = KEYS - set(data)
     if missing:
         raise UserError(f"{path}: missing {sorted(missing)}")
     unknown = set(data) - KEYS - OPTIONAL_KEYS
     if unknown:
         raise UserError(f"{path}: unknown keys {sorted(unknown)}; a targets.yaml has {sorted(KEYS | OPTIONAL_KEYS)}")
-    if not {"arxiv", "table"} <= set(data["paper"] or {}):
-        raise UserError(f"{path}: paper needs arxiv and table")
-    if not EVAL_KEYS - {"n_shot", "decoding"} <= set(data["eval"] or {}):
+    _mapping(path, "paper", data["paper"], ("arxiv", "table"))
+    _mapping(path, "eval", data["eval"], ("split",))
+    if not isinstance(data["base_model"], str) or not data["base_model"].strip():
+        raise UserError(f"{path}: base_model={shown_value(data['base_model'])}: a model name")
+    p = data["eval"]
+    if not EVAL_KEYS - {"n_shot", "decoding"} <= set(p):
         raise UserError(f"{path}: eval needs {sorted(EVAL_KEYS - {'n_shot', 'decoding'})} (the paper's protocol)")
+    unknown = set(p) - EVAL_KEYS
+    if unknown:
+        raise UserError(f"{path}: eval: unknown keys {sorted(unknown)}; eval has {sorted(EVAL_KEYS)}")
+    for key, ok, why in (("block_length", _int(p["block_length"], 1) and p["block_length"] <= MAX_TOKENS,
+                          f"a positive integer up to {MAX_TOKENS:,}"),
+                         ("steps_per_token", _number(p["steps_per_token"]) and 0 < p["steps_per_token"] <= 1,
+                          "a number in (0, 1]"),
+                         ("temperature", _temperature(p["temperature"]), TEMPERATURE),
+                         ("n_shot", _int(p.get("n_shot", 0), 0), "an integer >= 0"),
+                         ("decoding", isinstance(p.get("decoding") or {}, dict), "a mapping of decoding fields")):
+        if not ok:
+            raise UserError(f"{path}: eval.{key}={shown_value(p.get(key))}: {why}")
     fields = set(FLAT)  # a result's decoding record names every setting flat (`threshold`, not `masked.threshold`)
-    unknown = set((data["eval"].get("decoding") or {})) - fields
+    unknown = set((p.get("decoding") or {})) - fields
     if unknown:
         raise UserError(f"{path}: eval.decoding: unknown decoding fields {sorted(unknown)}")
+    if not _number(data["tolerance"]) or not 0 <= data["tolerance"] <= 100:
+        raise UserError(f"{path}: tolerance={shown_value(data['tolerance'])}: points, a number in [0, 100]")
+    if not isinstance(data["targets"] or [], list):
+        raise UserError(f"{path}: targets={shown_value(data['targets'])}: a list of rows expected")
     for i, row in enumerate(data["targets"] or []):
         if not isinstance(row, dict) or set(row) != TARGET_KEYS:
             raise UserError(f"{path}: targets[{i}]: needs exactly {sorted(TARGET_KEYS)}; got {shown_value(row)}")
-        if not isinstance(row["value"], (int, float)) or not 0 <= row["value"] <= 100:
-            raise UserError(f"{path}: targets[{i}].value={shown_value(row['value'])}: a percentage in [0, 100]")
-        if not (path.parent / row["config"]).is_file():
-            raise UserError(f"{path}: targets[{i}].config={shown_value(row['config'])}: no such file beside it")
+        for key, ok, why in (("benchmark", isinstance(row["benchmark"], str), "a benchmark's name"),
+                             ("gen_length", _int(row["gen_length"], 1) and row["gen_length"] <= MAX_TOKENS,
+                              f"a positive integer up to {MAX_TOKENS:,}"),
+                             ("value", _number(row["value"]) and 0 <= row["value"] <= 100, "a percentage in [0, 100]"),
+                             ("config", isinstance(row["config"], str) and Path(row["config"]).name == row["config"]
+                              and (path.parent / row["config"]).is_file(), "no such file beside it")):
+            if not ok:
+                raise UserError(f"{path}: targets[{i}].{key}={shown_value(row[key])}: {why}")
     published = check_published(path, data.get("published"))
     return Targets(path, data["paper"], data["base_model"], data["eval"], float(data["tolerance"]),
                    list(data["targets"] or []), tuple(published))
@@ -163,12 +237,22 @@ def _shown(path: Path, i: int, key: str, value, why: str) -> UserError:
     return UserError(f"{path}: published[{i}].{key}={shown_value(value)}: {why}")
 
 
+MAX_TOKENS = 1_000_000
+"""The longest generation length, block or step count a protocol states (a paper's are a few thousand)."""
+TEMPERATURE = "a number >= 0 and at most 100, or the list a best-of report chose from"
+
+
 def _int(value, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _temperature(t) -> bool:
+    """A temperature as a protocol states it: a number in [0, 100], or a non-empty list of them (best of)."""
+    return all(_number(x) and 0 <= x <= 100 for x in (t if isinstance(t, list) else [t])) and t != []
 
 
 def check_published(path: Path, entries) -> list[dict]:
@@ -192,7 +276,7 @@ def check_published(path: Path, entries) -> list[dict]:
             if key not in e or e[key] is None:
                 why = "every number carries its source" if key == "source" else "every entry has one"
                 raise UserError(f"{path}: published[{i}].{key}: missing ({why})")
-        for key in ("model", "source", "init", "note"):
+        for key in ("model", "benchmark", "source", "init", "note"):
             if key in e and (not isinstance(e[key], str) or not e[key].strip()):
                 raise _shown(path, i, key, e[key], "a non-empty string")
         if e["benchmark"] not in TASKS and e["benchmark"] not in OTHER_BENCHMARKS:
@@ -201,14 +285,12 @@ def check_published(path: Path, entries) -> list[dict]:
         if not _number(e["value"]) or not 0 <= e["value"] <= 100:
             raise _shown(path, i, "value", e["value"], "a percentage in [0, 100], as printed")
         for key in ("gen_length", "steps", "block_length"):
-            if key in e and not _int(e[key], 1):
-                raise _shown(path, i, key, e[key], "a positive integer")
+            if key in e and not (_int(e[key], 1) and e[key] <= MAX_TOKENS):
+                raise _shown(path, i, key, e[key], f"a positive integer up to {MAX_TOKENS:,}")
         if "n_shot" in e and not _int(e["n_shot"], 0):
             raise _shown(path, i, "n_shot", e["n_shot"], "an integer >= 0")
-        if "temperature" in e:
-            t = e["temperature"]
-            if not (_number(t) and t >= 0 or isinstance(t, list) and t and all(_number(x) and x >= 0 for x in t)):
-                raise _shown(path, i, "temperature", t, "a number >= 0, or the list a best-of report chose from")
+        if "temperature" in e and not _temperature(e["temperature"]):
+            raise _shown(path, i, "temperature", e["temperature"], TEMPERATURE)
         if "init" in e and e["init"] not in names():
             raise _shown(path, i, "init", e["init"], f"not a baseline ({', '.join(names())})")
         key = (e["model"], e["benchmark"], e.get("init"), e["source"], e.get("note"), *(repr(e.get(k)) for k in PROTOCOL))
@@ -254,12 +336,9 @@ def load_published(path: str | Path) -> Published:
         return Published(baseline, path, t.paper, tuple(target_entries(t) + [{**e, "split": "test"} for e in t.published]))
     if path.name != PUBLISHED_FILE:
         raise UserError(f"{path}: published numbers live in targets.yaml or {PUBLISHED_FILE}")
-    try:
-        data = load_yaml(path.read_text(), str(path))
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"{path}: cannot read published numbers ({e})") from None
+    data = read_yaml(path, "published numbers")
     if not isinstance(data, dict):
-        raise UserError(f"{path}: a mapping of {sorted(PUBLISHED_FILE_KEYS)} expected; got {shown_value(data)}")
+        raise UserError(f"{path}: a mapping of {sorted(PUBLISHED_FILE_KEYS)} expected; got a {type(data).__name__}")
     unknown = set(data) - PUBLISHED_FILE_KEYS
     if unknown:
         raise UserError(f"{path}: unknown keys {sorted(unknown)}; a {PUBLISHED_FILE} has {sorted(PUBLISHED_FILE_KEYS)}")

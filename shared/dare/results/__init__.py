@@ -310,12 +310,30 @@ _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFB
           stat.S_IFDIR: "a folder", stat.S_IFSOCK: "a socket"}
 
 
-def read_bounded(path: str | Path, limit: int = MAX_FILE_BYTES, *, prefix: bool = False) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes (symlinks followed); with `prefix`, the first
-    `limit` bytes of a longer one. ValueError with the reason otherwise: a FIFO (which would block), a
-    device such as /dev/zero (endless), a folder, a larger file, an unreadable one."""
+def inside(path: str | Path, folder: str | Path) -> Path:
+    """`path` resolved (its symlinks followed), when that stays inside `folder` (resolved too); ValueError
+    naming where it leads otherwise: a link out of its folder (to /proc/self/environ, ~/.netrc) is never
+    read."""
+    try:
+        target, root = Path(path).resolve(), Path(folder).resolve()
+    except (OSError, RuntimeError, ValueError) as e:  # a symlink loop, a NUL byte
+        raise ValueError(f"unreadable: {e}") from None
+    if not target.is_relative_to(root):
+        raise ValueError(f"a link to {printable(str(target))}, outside {printable(str(root))}: not read")
+    return target
+
+
+def read_bounded(path: str | Path, limit: int = MAX_FILE_BYTES, *, prefix: bool = False,
+                 folder: str | Path | None = None) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (symlinks followed; with `folder`, only while they
+    stay inside it: `inside`); with `prefix`, the first `limit` bytes of a longer one. ValueError with the
+    reason otherwise: a link out of `folder`, a FIFO (which would block), a device such as /dev/zero
+    (endless), a folder, a larger file, an unreadable one."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+    if folder is not None:  # the resolved target itself is opened, and must not have become a link since
+        path, flags = inside(path, folder), flags | os.O_NOFOLLOW
     try:  # non-blocking, so opening a FIFO returns at once; the checks are on what was opened
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        fd = os.open(path, flags)
     except OSError as e:
         raise ValueError(f"unreadable: {e.strerror}") from None
     with os.fdopen(fd, "rb") as f:
@@ -455,7 +473,7 @@ def publish(result_path: str | Path, dest_root: str | Path) -> Path:
         try:
             read_result(existing)
             if curves and not (dest / "metrics.jsonl").is_file():  # an older copy gets its curves
-                shutil.copyfile(curves, dest / "metrics.jsonl")
+                atomic_write(dest / "metrics.jsonl", read_curves(curves))
             return existing
         except ValueError:
             pass  # a broken copy is replaced
@@ -474,7 +492,7 @@ def publish(result_path: str | Path, dest_root: str | Path) -> Path:
         else:
             shutil.copyfile(whole, dest / art.samples)
     if curves:
-        shutil.copyfile(curves, dest / "metrics.jsonl")
+        atomic_write(dest / "metrics.jsonl", read_curves(curves))
     write_result(result, dest / result_path.name)
     atomic_write(dest / result_path.name, portable((dest / result_path.name).read_text()))  # its commands
     return dest / result_path.name
@@ -510,7 +528,20 @@ def publish_destination(result_path: Path, result: Result, dest_root: str | Path
     for name in (result_path.name, "metrics.jsonl"):
         if not (dest / name).resolve().is_relative_to(root):
             refuse("destination", str(dest / name), f"resolves outside --to {root}")
+    curves = training_curves(result_path)
+    if curves:
+        try:
+            read_curves(curves)
+        except ValueError as e:
+            raise UserError(f"{result_path}: its training curves {curves}: {e}; nothing was published") from None
     return Path(dest_root) / run_id
+
+
+def read_curves(path: Path) -> bytes:
+    """A run's metrics.jsonl, to copy: a regular file of at most `MAX_LOG_BYTES`, read only from inside its own
+    folder (`read_bounded`); ValueError otherwise. Refused rather than skipped, as an artifact symlinked out
+    of the result's folder is: a published result without its curves would look complete."""
+    return read_bounded(path, MAX_LOG_BYTES, folder=Path(path).parent)
 
 
 def training_curves(result_path: Path) -> Path | None:
