@@ -89,7 +89,7 @@ data: $(TRAIN)/.installed ## build every offline task under data/ from code (byt
 # exists, else python3 with this checkout's shared/ on the path (the GPU machines carry their wheels, no venv).
 GPU_PYTHON ?= $(if $(wildcard $(TRAIN)/bin/python),$(TRAIN)/bin/python,python3)
 gpu-check: ## the GPU acceptance run (dare bench gpu --device cuda): report in leaderboard/results/bench-gpu/
-	PYTHONPATH=$(CURDIR)/shared$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m dare.app.cli bench gpu --device cuda
+	PYTHONPATH=$(CURDIR)/shared$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m dare.app.cli bench gpu --device cuda --out leaderboard/results/bench-gpu/
 
 checklist: $(TRAIN)/.installed ## the contribution checklist of every baseline folder (train venv only, seconds)
 	$(TRAIN)/bin/dare checklist

@@ -279,3 +279,121 @@ def test_a_train_crashing_after_its_first_step_keeps_its_folder(tmp_path, monkey
     with pytest.raises(RuntimeError, match="simulated crash"):
         main(["train", "sft", f"run.out_dir={out}", "train.steps=3", "run.save_every=1", "run.log_every=1", *TINY])
     assert (out / "checkpoints").is_dir() and (out / "run.json").is_file() and (out / "metrics.jsonl").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 60: no training log copied through a link out of its run folder; absurd plan and bench input
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout, command", [("train", "publish"), ("sweep", "publish"), ("sweep", "collect")])
+def test_no_training_log_is_copied_through_a_link_out_of_its_run_folder(tmp_path, capsys, layout, command):
+    """A run's metrics.jsonl linked to a file outside its folder (/proc/self/environ: the publisher's HF_TOKEN) was
+    copied into the published folder. The publish is refused in one line naming the log, before anything is
+    written (as an artifact linked out is); the same log as a plain file is published with the result."""
+    from test_sweep import _evaluated, load_sweep, write_sweep
+
+    secret = tmp_path / "environ"
+    secret.write_text("HF_TOKEN=hf_not_to_be_published\n")
+    if layout == "train":  # `dare train` run: <run>/metrics.jsonl, its evaluation in <run>/eval/<hash>/
+        src = tmp_path / "runs" / "r1" / "eval" / "0123abcd" / "result_addition.json"
+        write_result(make_result(), src)
+        log = src.parents[2] / "metrics.jsonl"
+    else:  # a sweep's run: <run>/train/metrics.jsonl, its evaluation in <run>/eval/
+        sweep = load_sweep(write_sweep(tmp_path, "s", {"run.seed": [0]}))
+        src = _evaluated(sweep.runs[0], "linked")
+        log = src.parent.parent / "train" / "metrics.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.symlink_to(secret)
+    board = tmp_path / "board"
+    if command == "collect":
+        assert main(["sweep", "collect", str(sweep.path), "--to", str(board)]) == 2
+    else:
+        assert main(["results", "publish", str(src), "--to", str(board)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert str(log) in line and f"a link to {secret}" in line and "nothing was published" in line, line
+    assert not board.exists()
+    log.unlink()
+    log.write_text('{"step": 1, "loss": 0.5}\n')
+    if command == "collect":
+        assert main(["sweep", "collect", str(sweep.path), "--to", str(board)]) == 0
+    else:
+        assert main(["results", "publish", str(src), "--to", str(board)]) == 0
+    assert [p.read_text() for p in board.glob("*/metrics.jsonl")] == ['{"step": 1, "loss": 0.5}\n']
+
+
+def _config_json(folder: Path, **changes) -> Path:
+    """A checkpoint folder holding only LLaDA-8B's released config.json, with `changes`."""
+    from dare.models.registry import family_module
+
+    module = family_module("llada")
+    _, kwargs = module.RELEASED
+    folder.mkdir(parents=True)
+    config = json.loads(module.MODEL_CLASS.config_class(**kwargs).to_json_string())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+@pytest.mark.parametrize("changes, shown", [
+    ({"n_layers": 10**9}, "n_layers=1000000000: a size must be an integer in [0, 1,024]"),  # hung, 4.7 GB at 120 s
+    ({"n_heads": -4}, "n_heads=-4: a size must be an integer in [0, 1,048,576]"),  # a traceback
+    ({"d_model": 2**20}, "dare plan builds one on the CPU to measure it, and allows"),  # asked for terabytes
+])
+def test_dare_plan_refuses_an_absurd_config_before_building_it(tmp_path, capsys, changes, shown):
+    folder = _config_json(tmp_path / "ckpt", **changes)
+    t0 = time.perf_counter()
+    assert main(["plan", "d1", f"model.path={folder}"]) == 2
+    assert shown in one_error_line(capsys.readouterr().err)
+    assert time.perf_counter() - t0 < FAST_S
+
+
+@pytest.mark.parametrize("option, value, shown", [
+    ("--gpu-memory", "nan", "--gpu-memory=nan: must be a finite number > 0"),  # a traceback
+    ("--gpu-memory", "inf", "--gpu-memory=inf: must be a finite number > 0"),
+    ("--prompt-length", "-100000", "--prompt-length=-100000: must be a finite number >= 1"),  # "fits, peak -3162 GiB"
+    ("--length", "0", "--length=0: must be a finite number >= 1"),
+    ("--gpus", "-2", "--gpus=-2: must be a finite number >= 1"),
+])
+def test_dare_plan_refuses_an_option_out_of_range_in_one_line(capsys, option, value, shown):
+    assert main(["plan", "d1", "model.path=/nowhere", "--released", option, value]) == 2
+    assert one_error_line(capsys.readouterr().err) == f"error: dare plan: {shown}"
+
+
+@pytest.mark.parametrize("what, option, value", [
+    ("rewards", "--n", "0"), ("rewards", "--n", "-5"), ("rewards", "--workers", "-3"),
+    ("estimators", "--draws", "-1"), ("rollout", "--prompts", "-1"), ("gpu", "--budget", "nan"),
+])
+def test_dare_bench_refuses_a_count_out_of_range_before_benchmarking(monkeypatch, capsys, what, option, value):
+    """The former code ran the benchmark: a traceback (--n 0, --workers -3) or a report of negative rates (--n -5)."""
+    from dare.app import bench, bench_estimators, bench_gpu
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the benchmark ran")
+
+    for module, name in ((bench, "rewards_benchmark"), (bench, "rollout_benchmark"),
+                         (bench_estimators, "estimators_benchmark"), (bench_gpu, "gpu_benchmark")):
+        monkeypatch.setattr(module, name, ran)
+    assert main(["bench", what, option, value]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: dare bench {what}: {option}={value}: must be a finite number")
+
+
+def test_dare_bench_gpu_without_out_writes_under_runs_and_says_where(tmp_path, monkeypatch, capsys):
+    """It wrote into leaderboard/results/bench-gpu/, the checkout's committed results."""
+    from dare.app import bench_gpu
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setenv("DARE_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(bench_gpu, "experts_benchmark", stop)  # the first stage: where it writes is known by then
+    with pytest.raises(Stop):
+        bench_gpu.gpu_benchmark("cpu", "float32", shrink=True, run_tests=False)
+    said = capsys.readouterr().out
+    assert "report -> " in said and str(tmp_path / "runs" / "bench" / "gpu-cpu-") in said, said
+    with pytest.raises(Stop):  # a folder given: the report inside it, under its usual name
+        bench_gpu.gpu_benchmark("cpu", "float32", shrink=True, run_tests=False, out=f"{tmp_path}/board/")
+    assert f"report -> {tmp_path}/board/gpu-cpu-" in capsys.readouterr().out

@@ -71,6 +71,25 @@ def test_fork_bomb_is_contained_and_leaves_no_process():
     assert_no_sandbox_process_left()
 
 
+_REAP = """
+import ctypes, os, subprocess
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER: orphans come here
+from dare.rewards.sandbox import Limits, run_program
+print(run_program("import time\\ntime.sleep(60)\\n", Limits(wall_s=2, cpu_s=2)).status)
+ps = subprocess.run(["ps", "--ppid", str(os.getpid()), "-o", "stat=,comm="], capture_output=True, text=True).stdout
+print([line for line in ps.splitlines() if line.startswith("Z")])
+"""
+
+
+def test_a_timed_out_program_is_reaped_before_the_call_returns():
+    """bwrap was killed before it could reap the namespace's first process, which was left a zombie of the host's
+    init (for up to 10 s on some machines). This process is made the subreaper such orphans come to, so one left
+    behind shows as its zombie child, whatever the host's init does."""
+    done = subprocess.run([sys.executable, "-c", _REAP], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["timeout", "[]"], done.stdout
+
+
 def assert_no_sandbox_process_left():
     """Nothing of the sandbox runs on: no live process of its user now, and no zombie either after the
     host's init has reaped the children the namespace's end left it (at once on most machines; in

@@ -443,13 +443,15 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
     import torch
 
     from dare.app.bench import released_benchmark
-    from dare.utils import REPO_ROOT, atomic_write_json, command_line, fingerprint, now, shown_path
+    from dare.utils import atomic_write_json, command_line, fingerprint, now, runs_dir, shown_path
 
     start = time.perf_counter()
     card = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     stamp = now().replace(":", "")
-    path = Path(out) if out else REPO_ROOT / "leaderboard" / "results" / "bench-gpu" / (
-        f"gpu-{card.replace(' ', '_')}-{stamp}.json")
+    name = f"gpu-{card.replace(' ', '_')}-{stamp}.json"
+    # a report is published by choice (make gpu-check: --out leaderboard/results/bench-gpu/), never by default
+    path = (Path(out) / name if out.endswith("/") or Path(out).is_dir() else Path(out)) if out else (
+        runs_dir() / "bench" / name)
     report = {"kind": "bench.gpu", "benchmark": "gpu", "card": card, "device": device, "dtype": dtype, "shrunk": shrink,
               "command": command_line(), "created": now(), **fingerprint(), "stages": {}, "targets": []}
 
@@ -465,7 +467,8 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, report)
 
-    print(f"dare bench gpu: {card}, {dtype}, {'shrunk' if shrink else 'released'} shapes, budget {budget_s:.0f} s")
+    print(f"dare bench gpu: {card}, {dtype}, {'shrunk' if shrink else 'released'} shapes, budget {budget_s:.0f} s; "
+          f"report -> {shown_path(path)}")
     cuda = device.startswith("cuda")
     exp = experts_benchmark(device, dtype, hidden=64 if shrink else None, expert_width=32 if shrink else None,
                             tokens=8 * QUERY if shrink else 8 * (PROMPT + GEN), repeats=repeats)

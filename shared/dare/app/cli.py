@@ -71,6 +71,24 @@ def _is_yaml(arg: str) -> bool:
     return Path(arg).suffix in (".yaml", ".yml")
 
 
+def _check_ranges(command: str, ns, rules: dict[str, tuple[float, bool]]) -> None:
+    """One line for the first option out of its range, before any work: `rules` maps an option's dest to (its
+    bound, whether the bound itself is allowed); every number given must be finite (`--gpu-memory nan` compared
+    false with everything and passed)."""
+    import math
+
+    for dest, (low, inclusive) in rules.items():
+        value = getattr(ns, dest, None)
+        if value is not None and not (math.isfinite(value) and (value >= low if inclusive else value > low)):
+            raise UserError(f"{command}: --{dest.replace('_', '-')}={value!r}: must be a finite number "
+                            f"{'>=' if inclusive else '>'} {low:g}")
+
+
+PLAN_RANGES = {"gpus": (1, True), "gpu_memory": (0, False), "prompt_length": (1, True), "length": (1, True)}
+BENCH_RANGES = {"n": (1, True), "workers": (1, True), "draws": (1, True), "prompts": (1, True), "budget": (0, False),
+                "repeats": (1, True), "batch_size": (1, True), "prompt_length": (1, True), "min_seconds": (0, True)}
+
+
 def _train_args(ns) -> tuple[str, str | None, list[str]]:
     """(baseline, config file, overrides) of `dare train <baseline> [config.yaml] [key=value ...]` or
     `dare train <config.yaml> [key=value ...]`, where the YAML's `baseline:` key names the baseline
@@ -253,10 +271,9 @@ def cmd_plan(ns) -> int:
     from dare.models.api import meta_model
     from dare.train import plan as planner
 
+    _check_ranges("dare plan", ns, PLAN_RANGES)
     baseline, path, overrides = _train_args(ns)
     b, cfg, hooks = resolve(baseline, path, overrides)
-    if ns.gpus < 1 or ns.gpu_memory <= 0:
-        raise UserError(f"dare plan: --gpus must be >= 1 and --gpu-memory > 0 (got {ns.gpus}, {ns.gpu_memory})")
     folder = Path(cfg.model.path) if cfg.model.path else None
     if folder is not None and (folder / "config.json").is_file() and not ns.released:
         model = meta_model(folder)
@@ -292,6 +309,7 @@ def cmd_plan(ns) -> int:
 def cmd_bench(ns) -> int:
     from dare.app.bench import BENCH_FAMILIES, rewards_benchmark, rollout_benchmark
 
+    _check_ranges(f"dare bench {ns.what}", ns, BENCH_RANGES)
     if ns.what == "train":
         from dare.app.bench import train_benchmark
 
@@ -551,7 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
         "dare bench gpu: the GPU acceptance command (make gpu-check): the gpu-marked tests, then per family at its "
         "released shape with random weights: forwards at batch 1 and 8 (eager and captured), decoding tokens/s per "
         "cache strategy, grouped vs loop experts, the attention kernels, peak memory, and a verdict per target; the "
-        "report goes to leaderboard/results/bench-gpu/ (--device cpu: shrunk shapes, the suite's check)."))
+        "report goes to runs/bench/ (make gpu-check: --out leaderboard/results/bench-gpu/, the committed folder; --device "
+        "cpu: shrunk shapes, the suite's check)."))
     s.add_argument("what", choices=["rollout", "rewards", "train", "estimators", "experts", "gpu"])
     s.add_argument("args", nargs="*", metavar="key=value")
     s.add_argument("--checkpoint")
@@ -575,7 +594,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n", type=int, default=1000, help="rewards: completions per task")
     s.add_argument("--draws", type=int, default=64, help="estimators: independent draws per estimator")
     s.add_argument("--workers", type=int, default=None, help="rewards: parallel workers (default: CPU count)")
-    s.add_argument("--out", help="where to write the report (rollout: a folder of result JSONs; default under runs/bench/)")
+    s.add_argument("--out", help="where to write the report (rollout: a folder of result JSONs; gpu: a file, or a "
+                   "folder ending in /; default under runs/bench/, never the committed results)")
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("results", help="publish result JSONs to the leaderboard", description=(

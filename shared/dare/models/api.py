@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from dare.models.registry import FAMILIES, ModelFacts, family_module, register_all
@@ -82,14 +83,39 @@ def _check_folder(path: str | Path) -> Path:
             f"{path}: not a checkpoint folder (no config.json). Models are loaded from local folders "
             f"(download them first, e.g. `huggingface-cli download GSAI-ML/LLaDA-8B-Instruct --local-dir ...`).")
     try:
-        model_type = json.loads(file.read_text()).get("model_type")
+        raw = json.loads(file.read_text())
+        model_type = raw.get("model_type")
     except (ValueError, AttributeError) as e:
         raise UserError(f"{file}: not a JSON object ({e})") from None
     known = {mt for _, mt in FAMILIES.values()}
     if model_type not in known:
         raise UserError(f"{file}: model_type {model_type!r} is not a family dare knows "
                         f"(model types: {sorted(known)}; families: {sorted(FAMILIES)})")
+    check_sizes(file, raw)
     return p
+
+
+MAX_LAYERS = 1024
+"""The most layers a checkpoint's config may name (released models have up to about 130): a model is built layer by
+layer, even on the meta device, so 10^9 layers would run for hours while memory grows."""
+MAX_SIZE = 2**20
+"""The largest any other size of a config may be (widths, heads, experts, vocabulary, context length)."""
+_SIZE = re.compile(r"(^|_)(size|dim|heads|experts|layers|model|embeddings|length|tok)$|^(n|num)_")
+_LAYERS = ("n_layers", "num_hidden_layers", "num_layers")
+
+
+def check_sizes(file: Path, raw: dict) -> None:
+    """One line naming the field when a size of a config.json (`hidden_size`, `n_layers`, `vocab_size`, ...: the
+    integers its name marks as sizes) is not an integer in [0, `MAX_SIZE`] (layers: [0, `MAX_LAYERS`]), before any
+    model is built from it."""
+    if not isinstance(raw, dict):
+        raise UserError(f"{file}: not a JSON object")
+    for key, value in raw.items():
+        if not _SIZE.search(key) or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue  # `pruned_heads: {}`, `tie_word_embeddings: true`: not sizes
+        limit = MAX_LAYERS if key in _LAYERS else MAX_SIZE
+        if not isinstance(value, int) or not 0 <= value <= limit:
+            raise UserError(f"{file}: {key}={str(value)[:40]}: a size must be an integer in [0, {limit:,}]")
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -191,6 +217,7 @@ def meta_model(path: str | Path):
     if not file.is_file():
         raise UserError(f"{path}: no config.json")
     raw = json.loads(file.read_text())
+    check_sizes(file, raw)
     if raw.get("model_type") == "llada" and "LLaDAMoEModelLM" in (raw.get("architectures") or []):
         from dare.models.lladamoe import LLaDAMoEConfig, LLaDAMoEModelLM  # same special case as load_pretrained
 

@@ -24,7 +24,8 @@ PID, IPC, UTS, network, mount and cgroup namespaces, with `--die-with-parent` an
   parent's memory.
 When the call returns nothing it started runs on: the namespace's first process is killed through its
 pidfd (bwrap's `--info-fd` names it), which ends every process of the PID namespace, also one that
-cleared its parent-death signal; with a cgroup, whatever is left in it is killed too.
+cleared its parent-death signal, and bwrap, its parent, reaps it before bwrap's own group is killed (no zombie
+is left to the host's init); with a cgroup, whatever is left in it is killed too.
 
 A pass means the program ran to its end: a per-call random token is written after the program's last
 line (after the tests' last assertion), and the program passes only when its output holds the token and
@@ -68,6 +69,8 @@ from dataclasses import dataclass
 from dare.utils import UserError
 
 NOBODY = 65534
+REAP_S = 2.0
+"""How long bwrap is given to reap the namespace's first process, once killed, before bwrap itself is killed."""
 MODE_ENV = "DARE_SANDBOX"
 CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -552,6 +555,10 @@ def run_program(source: str, limits: Limits = Limits()) -> Outcome:
             except OSError:
                 pass
             os.close(first)
+            try:  # bwrap, its parent, reaps it and exits: killed first, it left it a zombie of the host's init
+                proc.wait(timeout=REAP_S)
+            except subprocess.TimeoutExpired:
+                pass
         if group:
             group.kill()
         try:

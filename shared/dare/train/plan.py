@@ -29,7 +29,10 @@ GPU), baselines that keep several draws' graphs alive at once (`draw_parts` spli
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
+
+from dare.utils import UserError
 
 GIB = 2**30
 OVERHEAD_GIB = 2.0  # CUDA context, cuBLAS workspaces, the caching allocator's fragmentation (a GPU only)
@@ -154,6 +157,11 @@ def layer_activation_bytes(model_class, config, dtype: str, tokens: int = 64) ->
         model = model_class(config)
     embed, layers, _, _, rope = model.decoder_parts()
     hidden = embed.weight.shape[1]
+    largest, limit = max(sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in layers), probe_bytes()
+    if largest > limit:  # before any layer is allocated (a width of 2^20 asked for terabytes)
+        raise UserError(f"one decoder layer of {model_class.__name__} holds {largest / 2**30:,.1f} GiB of weights at its "
+                        f"widths (hidden size {hidden:,}); dare plan builds one on the CPU to measure it, and allows "
+                        f"{limit / 2**30:,.1f} GiB (`probe_bytes`: half this machine's memory)")
     seen: dict[int, int] = {}
 
     def count(t):
@@ -188,6 +196,12 @@ def layer_activation_bytes(model_class, config, dtype: str, tokens: int = 64) ->
         per_forward.append(max(0, one - per_token[-1] * tokens))
         del real
     return per_token, per_forward
+
+
+def probe_bytes() -> int:
+    """The most bytes of weights one decoder layer built on the CPU by `layer_activation_bytes` may hold: half of this
+    machine's memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
 def _same_layer(a, b) -> bool:
