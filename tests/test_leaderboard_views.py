@@ -91,7 +91,7 @@ def test_the_committed_chain_decodings_are_benchmarks_of_the_rollout(monkeypatch
     benchmarks = {p.relative_to(load.committed()).parts[0] for p, r in items if load.rollout_benchmark(r)}
     assert benchmarks == {f"bench-rollout-chain-{f}" for f in ("dream", "llada", "llada2", "sdar")}
     assert sorted({load.benchmark_label(r) for _, r in items if not load.rollout_benchmark(r)}) == [
-        "addition [4/4/4, T=0]", "sudoku_fill [5/5/5, T=0]"]
+        "addition [4/4/4, T=0]", "countdown_tiny [8/8/8, T=0]", "sudoku_fill [5/5/5, T=0]"]
 
 
 def test_the_leaderboard_compares_each_run_with_its_own_start_as_the_families_tab_does(tmp_path, monkeypatch):
