@@ -72,9 +72,8 @@ def check_config(cfg) -> None:
         raise ValueError("rl.decoding.block.editing_threshold > 0: token editing rewrites committed tokens, so the "
                          "step map no longer gives the states the sampler saw; TraceRL needs each token committed once")
     if cfg.rl.decoding.block.dynamic:
-        raise ValueError("rl.decoding.block.dynamic: a dynamic block cut at its marker re-masks tokens the sampler had "
-                         "committed and shown to the model, so the step map no longer gives the states it decoded from; "
-                         "TraceRL replays them (docs/training.md, b1)")
+        raise ValueError("rl.decoding.block.dynamic: a dynamic block cut at its marker re-masks tokens the model had "
+                         "seen, which the step map does not keep: TraceRL replays those states (docs/training.md, b1)")
     if cfg.rl.group_size < 2:
         raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group z-score needs at least 2 completions")
 
@@ -139,9 +138,8 @@ def trace_rows(batch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def micro_batch_sizes(batch, rounds: torch.Tensor, on: torch.Tensor, cfg) -> torch.Tensor:
-    """(B, G) the number of rows in the micro-batch of each target's trace row, 1 elsewhere: the rows in the reference's
-    order (completions in turn, rounds ascending) cut into micro-batches of b = `algo.micro_batch_rows` rows, the
-    last holding the rest; each process cuts its own, afresh in each mini-batch (`rl.mini_batches` equal slices)."""
+    """(B, G) each target's trace-row micro-batch size, 1 elsewhere: rows in the reference's order (completions in turn,
+    rounds ascending) cut into b = `algo.micro_batch_rows` rows (the last: the rest), per process and mini-batch."""
     if batch.block_size is not None:
         raise ValueError("algo.micro_batch_rows weights the trace rows of masked models; leave it 0 on block models")
     b, B, k = cfg.algo.micro_batch_rows, on.shape[0], cfg.rl.mini_batches
@@ -156,8 +154,7 @@ def micro_batch_sizes(batch, rounds: torch.Tensor, on: torch.Tensor, cfg) -> tor
 
 
 def loss_units(batch, z, cfg) -> float:
-    """This process's trace rows (masked models: the loss averages over the step's rows), or its micro-batches of
-    rows with `algo.micro_batch_rows` (a row counts 1/its micro-batch's rows); 0 for block models."""
+    """Masked models: this process's trace rows, or (`algo.micro_batch_rows`) its micro-batches; block models: 0."""
     if batch.block_size is not None:
         return 0.0
     (per_token, rows), micro = trace_rows(batch), batch.extras.get("micro_rows")
