@@ -95,6 +95,93 @@ def host_files(marker: str) -> list[str]:
     return [os.path.join(d, marker + suffix) for d in WRITABLE for suffix in ("", ".daemon")]
 
 
+# Ways to pass a code reward without a correct answer (issue 60), for any entry point. Each one worked on the former
+# sandbox, where the tests and an end token ran in the completion's own interpreter: the token was a 32-hex constant
+# of the program and `check(...)` a line of it. Judged in a separate process, each must score 0.
+_FIND_TOKEN = (
+    "import os as _o, re as _r\n"
+    "def _token(codes):\n"
+    "    for code in codes:\n"
+    "        for c in getattr(code, 'co_consts', ()):\n"
+    "            text = c.decode('latin-1') if isinstance(c, bytes) else c if isinstance(c, str) else ''\n"
+    "            m = _r.search('[0-9a-f]{32}', text)\n"
+    "            if m:\n"
+    "                return m.group(0)\n"
+    "def _win(token):\n"
+    "    if token:\n"
+    "        _o.write(1, ('\\n' + token + '\\n').encode())\n"
+    "        _o._exit(0)\n")
+
+
+def reward_hacks(entry: str) -> dict[str, str]:
+    """{name: a completion that defines `entry` without solving it and tries to pass anyway}."""
+    return {
+        # the program's constants hold the token: print it and leave with status 0
+        "co_consts": _FIND_TOKEN + "import sys\n_win(_token([sys._getframe().f_code]))\n"
+                                   f"def {entry}(*a, **k):\n    return None\n",
+        # a trace function moves the line past `check(...)`, so the lines after it (the token's) run
+        "f_lineno jump": (
+            "import sys, dis\n"
+            f"def {entry}(*a, **k):\n    return None\n"
+            "_top = sys._getframe()\n"
+            "_lines = sorted({i.positions.lineno for i in dis.get_instructions(_top.f_code) if i.positions.lineno})\n"
+            "_check = [i.positions.lineno for i in dis.get_instructions(_top.f_code)\n"
+            "          if i.opname == 'LOAD_NAME' and i.argval == 'check']\n"
+            "def _jump(frame, event, arg):\n"
+            "    if event == 'line' and _check and frame.f_lineno == _check[-1]:\n"
+            "        frame.f_lineno = min(n for n in _lines if n > _check[-1])\n"
+            "    return _jump\n"
+            "_top.f_trace = _jump\nsys.settrace(lambda *a: None)\n"),
+        # from the function's body, the callers' frames (the tests' and the module's) hold the token
+        "inspect.stack": _FIND_TOKEN + "import inspect\n"
+                                       f"def {entry}(*a, **k):\n"
+                                       "    _win(_token([f.frame.f_code for f in inspect.stack()]))\n"
+                                       "    return None\n",
+        # every code object and frame the collector tracks
+        "gc.get_objects": _FIND_TOKEN + "import gc, types\n"
+                                        f"def {entry}(*a, **k):\n"
+                                        "    objs = gc.get_objects()\n"
+                                        "    _win(_token([o.f_code if isinstance(o, types.FrameType) else o for o in objs\n"
+                                        "                 if isinstance(o, (types.FrameType, types.CodeType, types.FunctionType))]\n"
+                                        "                + [o.__code__ for o in objs if isinstance(o, types.FunctionType)]))\n"
+                                        "    return None\n",
+        # the failed assert reaches the excepthook, which finds the token in the traceback's frames
+        "sys.excepthook": _FIND_TOKEN + "import sys\n"
+                                        "def _hook(kind, value, tb):\n"
+                                        "    codes = []\n"
+                                        "    while tb is not None:\n"
+                                        "        codes.append(tb.tb_frame.f_code)\n"
+                                        "        f = tb.tb_frame.f_back\n"
+                                        "        while f is not None:\n"
+                                        "            codes.append(f.f_code)\n"
+                                        "            f = f.f_back\n"
+                                        "        tb = tb.tb_next\n"
+                                        "    _win(_token(codes))\n"
+                                        "sys.excepthook = _hook\n"
+                                        f"def {entry}(*a, **k):\n    return None\n",
+        # no token at all: a str equal to everything (and its relatives), no answer in it
+        "always-equal str": ("class _Any(str):\n"
+                             "    def __eq__(self, other): return True\n"
+                             "    def __ne__(self, other): return False\n"
+                             "    def __lt__(self, other): return False\n"
+                             "    def __gt__(self, other): return False\n"
+                             "    def __le__(self, other): return True\n"
+                             "    def __ge__(self, other): return True\n"
+                             "    def __bool__(self): return True\n"
+                             "    def __sub__(self, other): return 0\n"
+                             "    def __rsub__(self, other): return 0\n"
+                             "    def __abs__(self): return 0\n"
+                             "    __hash__ = str.__hash__\n"
+                             f"def {entry}(*a, **k):\n    return _Any('')\n"),
+        # a builtin of the tests replaced: a top-level `abs`, `set` or `sorted` that makes any comparison hold
+        "shadowed builtins": ("def abs(x):\n    return 0\n"
+                              "def set(*a):\n    return 0\n"
+                              "def sorted(*a, **k):\n    return 0\n"
+                              "def len(*a):\n    return 0\n"
+                              f"def {entry}(*a, **k):\n    return None\n"),
+    }
+
+
 def survivors(marker: str) -> list[str]:
     """Live processes named as the staying programs name themselves."""
     name, found = comm(marker), []
@@ -110,7 +197,27 @@ def survivors(marker: str) -> list[str]:
     return found
 
 
-if __name__ == "__main__":
+def hacks_table() -> None:
+    """`python tests/sandbox_hostile.py --hacks`: each reward hack on all 164 HumanEval problems, through the RL
+    reward and the OpenCompass metric, with the `dare` on PYTHONPATH (point it at another tree to compare)."""
+    import time
+
+    from dare.data import TASKS
+    from dare.rewards.code import code_rewards, humaneval_pass
+
+    extras = [r["extra"] for r in TASKS["humaneval"].build("test")]
+    print(f"| hack | RL reward | OpenCompass metric | seconds |\n|---|---|---|---|")
+    for name in reward_hacks("f"):
+        t0 = time.monotonic()
+        completions = [reward_hacks(e["entry_point"])[name] for e in extras]
+        rl = sum(code_rewards(completions, extras))
+        oc = sum(humaneval_pass([f"```python\n{c}```" for c in completions], extras))
+        print(f"| {name} | {rl:.0f}/164 | {oc:.0f}/164 | {time.monotonic() - t0:.0f} |", flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--hacks"]:
+    hacks_table()
+elif __name__ == "__main__":
     sys.path.insert(0, os.path.join(REPO, "shared"))
     from dare.rewards.sandbox import Limits, cgroups, isolation, run_program
 
@@ -122,4 +229,14 @@ if __name__ == "__main__":
         out[name] = {"passed": o.passed, "status": o.status, "output_bytes": len(o.output)}
     out["survivors"] = survivors(sys.argv[1])
     out["canonical"] = run_program("import math\nassert math.comb(5, 2) == 10\n", limits).passed
+    from dare.rewards.code import code_rewards, humaneval_pass
+
+    # the reward hacks, through the RL reward (HumanEval and MBPP layouts) and the eval metric, on one problem
+    he = {"prompt_code": 'def add(a, b):\n    """The sum."""\n', "test": "def check(candidate):\n"
+          "    assert candidate(1, 2) == 3\n    assert abs(candidate(0.5, 0.25) - 0.75) < 1e-9\n", "entry_point": "add"}
+    mbpp = {"test_list": ["assert add(1, 2) == 3", "assert set([add(1, 1)]) == {2}"], "test_setup_code": ""}
+    hacks = ["def add(a, b):\n    return a + b\n", *reward_hacks("add").values()]
+    scored = [code_rewards(hacks, [he] * len(hacks), limits), code_rewards(hacks, [mbpp] * len(hacks), limits),
+              humaneval_pass([f"```python\n{h}```" for h in hacks], [he] * len(hacks))]
+    out["reward_hacks"] = {"canonical": [s[0] for s in scored], "hacks": [sum(s[1:]) for s in scored]}
     print(json.dumps(out))

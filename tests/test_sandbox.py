@@ -39,8 +39,9 @@ def test_completion_shapes_fenced_block_or_function_body():
     full = f"Here you go:\n```python\n{e['prompt_code']}{row['ground_truth']}```\nDone."
     assert extract_code(full).startswith(e["prompt_code"][:10])
     assert code_rewards([full, row["ground_truth"]], [e, e]) == [1.0, 1.0]
-    prog = humaneval_program(row["ground_truth"], e["prompt_code"], e["test"], e["entry_point"])
-    assert prog.rstrip().endswith(f"check({e['entry_point']})")
+    code, tests = humaneval_program(row["ground_truth"], e["prompt_code"], e["test"], e["entry_point"])
+    assert code.startswith(e["prompt_code"]) and "def check" not in code  # the tests stay with the judge
+    assert tests.then.strip() == f"check({e['entry_point']})" and tests.force == (e["entry_point"],)
 
 
 def test_mbpp_program_runs_its_asserts():
@@ -48,6 +49,135 @@ def test_mbpp_program_runs_its_asserts():
     good = "```python\ndef add(a, b):\n    return a + b\n```"
     bad = "def add(a, b):\n    return a - b"
     assert code_rewards([good, bad], [extra, extra]) == [1.0, 0.0]
+
+
+# ------------------------------------------------------------------------------------------------
+# The judge: tests in their own process, plain data between them and the judged program
+
+
+def test_reward_hacks_score_zero_on_every_humaneval_problem():
+    """Issue 60's ways to pass without a correct answer (on the former sandbox, where the tests and the end
+    token shared the completion's interpreter, each passed 155-164 of the 164 problems:
+    `python tests/sandbox_hostile.py --hacks` prints the table), through the RL reward and the OpenCompass
+    metric: the always-equal str, whose success depends on each problem's asserts, on all 164; the token
+    hunts on every eighth problem (21)."""
+    from sandbox_hostile import reward_hacks
+
+    from dare.rewards.code import humaneval_pass
+
+    rows = TASKS["humaneval"].build("test")
+    for name in reward_hacks("f"):
+        extras = [r["extra"] for r in (rows if name == "always-equal str" else rows[::8])]
+        completions = [reward_hacks(e["entry_point"])[name] for e in extras]
+        assert sum(code_rewards(completions, extras, FAST)) == 0, name
+        assert sum(humaneval_pass([f"```python\n{c}```" for c in completions], extras)) == 0, name
+
+
+def test_plain_data_crosses_exactly_and_nothing_else_does():
+    from dare.rewards.plain import Remote, decode, encode
+
+    values = [None, True, False, 0, -7, 2 ** 200, -2 ** 70, 1.5, float("inf"), -0.0, 1 + 2j, "h\u00e9\udc80", b"\x00\xff",
+              [1, (2, "3")], {1: {"a": frozenset({1.0})}, (1, 2): [None]}, set(), ((),)]
+    for v in values:
+        back = decode(encode(v), None)
+        assert repr(back) == repr(v) and type(back) is type(v)
+    assert decode(encode(float("nan")), None) != decode(encode(float("nan")), None)  # nan stays nan
+
+    class Any(str):
+        def __eq__(self, other):
+            return True
+
+    for impostor in (Any("x"), [Any("x")], {"k": Any("x")}, type("I", (int,), {})(3), print):
+        try:
+            encode(impostor)
+            raise AssertionError(f"{impostor!r} crossed")
+        except TypeError:
+            pass
+    kept = []
+    assert decode(encode([Any("x")], kept), lambda n: ("ref", n)) == [("ref", 0)] and kept[0] == "y"
+    remote = decode(encode(Any("x"), []), lambda n: Remote(n, None))
+    assert remote != "x" and remote != remote.__class__(0, None)
+    try:
+        bool(remote)
+        raise AssertionError("a remote object has a truth value")
+    except TypeError:
+        pass
+    for bad in [b"", b"x", b"l5:", b"i;", b"s9:ab", b"NN", b"l1:" * 300 + b"N", b"S1:l0:", b"d1:l0:N", b"f0x1p0",
+                b"s2:\xff\xfe"]:
+        try:
+            decode(bad, None)
+            raise AssertionError(f"decoded {bad[:20]!r}")
+        except (ValueError, TypeError, UnicodeDecodeError):
+            pass
+
+
+def test_judged_tests_keep_the_benchmarks_semantics():
+    from dare.rewards.sandbox import Tests, run_judged
+
+    # MBPP asserts see the program's functions, classes (as references) and its stdlib imports
+    mbpp = {"test_list": ["assert math.isclose(area(1), 3.141592653589793)", "assert total([P(1), P(2)]) == 3",
+                          "assert adder(2)(3) == 5", "assert pair(1) == (1, [1])"], "test_setup_code": ""}
+    good = ("import math\nclass P:\n    def __init__(self, a):\n        self.a = a\n"
+            "def area(r):\n    return math.pi * r * r\ndef total(ps):\n    return sum(p.a for p in ps)\n"
+            "def adder(a):\n    return lambda b: a + b\ndef pair(x):\n    return (x, [x])\n")
+    assert code_rewards([good, good.replace("a + b", "a - b")], [mbpp, mbpp], FAST) == [1.0, 0.0]
+    # an exception of the program reaches the tests as the same built-in exception
+    raises = Tests("", "try:\n    f(-1)\nexcept ValueError as e:\n    assert str(e) == 'negative'\nelse:\n    raise AssertionError\n")
+    assert run_judged("def f(x):\n    if x < 0:\n        raise ValueError('negative')\n", raises, FAST).passed
+    # a test's argument is a copy: the program cannot change the test's values
+    copy = Tests("xs = [3, 1, 2]\n", "assert f(xs) == 3 and xs == [3, 1, 2]\n")
+    assert run_judged("def f(xs):\n    n = len(xs)\n    xs.clear()\n    return n\n", copy, FAST).passed
+    # the program's top-level names never replace the tests' own or Python's built-ins
+    shadow = Tests("def helper():\n    return 1\n", "assert helper() == 1 and abs(-2) == 2 and f() == 0\n")
+    assert run_judged("def helper():\n    return 5\ndef abs(x):\n    return 0\ndef f():\n    return 0\n",
+                      shadow, FAST).passed
+    # a missing entry point, code that does not run, and an endless call fail; the judge's reason is kept
+    missing = run_judged("def g():\n    return 1\n", Tests("", "f()", ("f",)), FAST)
+    assert not missing.passed and "does not define f" in missing.output
+    assert not run_judged("def f(:\n", Tests("", "f()", ("f",)), FAST).passed
+    t0 = time.monotonic()
+    slow = run_judged("def f():\n    while True:\n        pass\n", Tests("", "f()", ("f",)), Limits(wall_s=2, cpu_s=2))
+    assert slow.status == "timeout" and time.monotonic() - t0 < 6
+    assert_no_sandbox_process_left()
+    from dare.rewards.sandbox import _Zygote
+
+    deadline = time.monotonic() + 5  # its judge saw the program end and left too
+    while (judges := _children(_Zygote.proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert judges == []
+
+
+def _children(pid: int) -> list[str]:
+    out = subprocess.run(["ps", "--ppid", str(pid), "-o", "pid=,stat="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.split()[1:2] != ["Z"]]
+
+
+def test_sandboxed_and_judging_processes_are_the_oom_killers_first_choice():
+    """A trainer holding GBs must outlive the code it scores: everything sandboxed or judging has
+    oom_score_adj 1000 (raising one's own needs no privilege), so the kernel picks it first."""
+    from dare.rewards.sandbox import Tests, run_judged
+
+    out = run_program("print(open('/proc/self/oom_score_adj').read().strip())\n", FAST)
+    assert out.passed and out.output.strip() == "1000"
+    judged = Tests("", "assert f() == '1000' and open('/proc/self/oom_score_adj').read().strip() == '1000'\n")
+    assert run_judged("def f():\n    return open('/proc/self/oom_score_adj').read().strip()\n", judged, FAST).passed
+    with open("/proc/self/oom_score_adj") as f:
+        assert int(f.read()) < 1000  # the caller keeps its own
+
+
+def test_the_judges_parent_restarts_after_a_fork_or_its_death():
+    from dare.rewards.sandbox import Tests, _Zygote, run_judged
+
+    ok = ("def f():\n    return 1\n", Tests("", "assert f() == 1", ("f",)))
+    assert run_judged(*ok, FAST).passed
+    first = _Zygote.proc.pid
+    _Zygote.proc.kill()
+    _Zygote.proc.wait()
+    assert run_judged(*ok, FAST).passed and _Zygote.proc.pid != first
+    pid = os.fork()
+    if pid == 0:  # a forked trainer gets its own zygote, never shares the parent's socket
+        os._exit(0 if run_judged(*ok, FAST).passed and _Zygote.owner == os.getpid() else 1)
+    assert os.waitpid(pid, 0)[1] == 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -223,7 +353,9 @@ def test_hostile_programs_fail_as_an_unprivileged_user():
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(r.stdout.strip().splitlines()[-1])
     assert report["isolation"] == "bubblewrap" and report["uid"] != 0 and report["canonical"] is True
-    attacks = {k: v for k, v in report.items() if isinstance(v, dict)}
+    attacks = {k: v for k, v in report.items() if isinstance(v, dict) and k != "reward_hacks"}
+    # the reward hacks as this user: the correct answer passes each path, no hack passes any
+    assert report["reward_hacks"] == {"canonical": [1.0, 1.0, 1.0], "hacks": [0.0, 0.0, 0.0]}, report["reward_hacks"]
     assert len(attacks) >= 17 and not [k for k, v in attacks.items() if v["passed"]], attacks
     assert attacks["output_flood"]["output_bytes"] <= 8192
     assert report["survivors"] == []

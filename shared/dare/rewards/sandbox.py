@@ -51,12 +51,14 @@ import functools
 import glob
 import itertools
 import json
+import marshal
 import os
 import re
 import secrets
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -66,6 +68,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from dare.rewards import plain
 from dare.utils import UserError
 
 NOBODY = 65534
@@ -101,8 +104,8 @@ class Outcome:
 # reach the interpreter, the closed folder (/root) an empty tmpfs showing only the interpreter's prefix; then
 # the limits, `nobody`, and the command (bwrap, or with DARE_SANDBOX=limits-only the interpreter itself).
 _HELPER = r"""
-import ctypes, json, os, resource, sys
-cfg = json.loads(sys.argv[1]); argv = sys.argv[2:]
+import ctypes, marshal, os, resource, sys
+cfg = marshal.loads(bytes.fromhex(sys.argv[1])); argv = sys.argv[2:]  # the caller's own data (json costs 7 ms)
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 4096, 16384, 1 << 18
 
@@ -465,12 +468,86 @@ def _first_process(info_r: int, timeout: float) -> int | None:
         return None
 
 
-def run_program(source: str, limits: Limits = Limits()) -> Outcome:
-    """Run one Python program in the sandbox; see the module docstring."""
+class _Running:
+    """One sandboxed interpreter, started by `_start`: its process, the namespace's first process (a pidfd),
+    its cgroup, and a reader that keeps the tail of its output (and notes whether `needle` went by)."""
+
+    def __init__(self, proc, first_r, group, workdir, needle: bytes | None):
+        self.proc, self.first_r, self.group, self.workdir = proc, first_r, group, workdir
+        self.first = None
+        self.tail, self.seen, self.needle = bytearray(), False, needle
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        carry = b""
+        while chunk := self.proc.stdout.read1(65536):
+            if self.needle:
+                self.seen = self.seen or self.needle in carry + chunk
+                carry = chunk[-len(self.needle):]
+            self.tail.extend(chunk)
+            del self.tail[:-8192]
+
+    def feed(self, source: str, deadline: float) -> None:
+        """Write the program to its stdin and learn the namespace's first process."""
+        try:
+            self.proc.stdin.write(source.encode())
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        if self.first_r is not None:
+            self.first = _first_process(self.first_r, max(0.0, deadline - time.monotonic()))
+
+    def stop(self) -> None:
+        """Nothing may outlive the call: the namespace's first process (and with it the whole PID namespace),
+        everything in the cgroup, and bwrap's process group (without bwrap: the program's)."""
+        if self.first is not None:
+            try:
+                signal.pidfd_send_signal(self.first, signal.SIGKILL)
+            except OSError:
+                pass
+            os.close(self.first)
+            try:  # bwrap, its parent, reaps it and exits: killed first, it left it a zombie of the host's init
+                self.proc.wait(timeout=REAP_S)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.group:
+            self.group.kill()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        self.reader.join(timeout=5)
+        if self.first_r is not None:
+            os.close(self.first_r)
+        if self.group:
+            self.group.remove()
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def output(self) -> str:
+        text = bytes(self.tail)
+        if self.needle:
+            text = text.replace(b"\n" + self.needle + b"\n", b"")
+        return text.decode(errors="replace")
+
+
+def _disposable() -> None:
+    """(In a child before exec) the first process the kernel's OOM killer takes: anything sandboxed or judged
+    goes before the trainer that started it (raising one's own score needs no privilege)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+
+
+def _start(limits: Limits, needle: bytes | None = None, fds: tuple[int, ...] = ()) -> _Running:
+    """Start the sandboxed interpreter that runs the program it reads on stdin (see the module docstring);
+    `fds` stay open in it under the same numbers."""
     mode = isolation()
     root = _drops_to_nobody()
-    token = secrets.token_hex(16)
-    source = source + _end_token_line(token)
     workdir = tmp = None
     group = _Cgroup(limits) if cgroups() else None
     info_r, info_w = os.pipe() if mode == "bubblewrap" else (None, None)
@@ -494,9 +571,10 @@ def run_program(source: str, limits: Limits = Limits()) -> Outcome:
         cfg = {"prefix": _prefix(), "closed": closed, "stash": _stash(), "rlimits": rlimits, "uid": NOBODY,
                "tmp": tmp and {"path": tmp, "options": f"size={limits.tmpfs_mb}m,nr_inodes={limits.tmpfs_inodes},"
                                                        f"mode=1777"}}
-        cmd = [_python(), "-I", "-S", "-c", _HELPER, json.dumps(cfg), *cmd]
+        cmd = [_python(), "-I", "-S", "-c", _HELPER, marshal.dumps(cfg).hex(), *cmd]
 
     def before_exec():  # in the child: its cgroup; limits, then (root) nobody, unless the helper does both
+        _disposable()
         if group:
             group.join()
         if helper:
@@ -509,84 +587,160 @@ def run_program(source: str, limits: Limits = Limits()) -> Outcome:
             _become_nobody()
 
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", **({"HOME": workdir} if workdir else {})}
-    start = time.monotonic()
-    first = None
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=env, cwd=workdir or "/", preexec_fn=before_exec,
-                                pass_fds=(info_w,) if info_w is not None else ())
+                                pass_fds=(*fds, *((info_w,) if info_w is not None else ())))
     except BaseException:
         if group:
             group.remove()
+        if info_r is not None:
+            os.close(info_r)
         raise
     finally:
         if info_w is not None:
             os.close(info_w)
-    tail, seen, needle = bytearray(), [False], token.encode()
+    return _Running(proc, info_r, group, workdir, needle)
 
-    def read():
-        carry = b""
-        while chunk := proc.stdout.read1(65536):
-            seen[0] = seen[0] or needle in carry + chunk
-            carry = chunk[-len(needle):]
-            tail.extend(chunk)
-            del tail[:-8192]
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        proc.stdin.write(source.encode())
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
+def run_program(source: str, limits: Limits = Limits()) -> Outcome:
+    """Run one Python program in the sandbox; it passes when it runs to its end (module docstring)."""
+    token = secrets.token_hex(16)
+    start = time.monotonic()
+    run = _start(limits, needle=token.encode())
     status = None
     try:
-        if info_r is not None:
-            first = _first_process(info_r, limits.wall_s)
-        proc.wait(timeout=max(0.0, limits.wall_s - (time.monotonic() - start)))
+        run.feed(source + _end_token_line(token), start + limits.wall_s)
+        run.proc.wait(timeout=max(0.0, limits.wall_s - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
         status = "timeout"
     finally:
-        # Nothing may outlive the call: the namespace's first process (and with it the whole PID namespace),
-        # everything in the cgroup, and bwrap's process group (without bwrap: the program's).
-        if first is not None:
-            try:
-                signal.pidfd_send_signal(first, signal.SIGKILL)
-            except OSError:
-                pass
-            os.close(first)
-            try:  # bwrap, its parent, reaps it and exits: killed first, it left it a zombie of the host's init
-                proc.wait(timeout=REAP_S)
-            except subprocess.TimeoutExpired:
-                pass
-        if group:
-            group.kill()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
-        reader.join(timeout=5)
-        if info_r is not None:
-            os.close(info_r)
-        if group:
-            group.remove()
-        if workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-    rc = None if status == "timeout" else proc.returncode
-    completed = seen[0]
+        run.stop()
+    rc = None if status == "timeout" else run.proc.returncode
     if status is None:
-        status = "passed" if rc == 0 and completed else "failed"
-    output = bytes(tail).replace(b"\n" + needle + b"\n", b"").decode(errors="replace")
-    return Outcome(passed=status == "passed", status=status, returncode=rc, output=output,
-                   wall_s=time.monotonic() - start, completed=completed)
+        status = "passed" if rc == 0 and run.seen else "failed"
+    return Outcome(passed=status == "passed", status=status, returncode=rc, output=run.output(),
+                   wall_s=time.monotonic() - start, completed=run.seen)
+
+
+@dataclass(frozen=True)
+class Tests:
+    """What the judge runs (`dare.rewards.plain.judge`): `setup` (the task's own code: a HumanEval prompt
+    and its `check`, an MBPP task's setup code), then `then` (`check(f)`, the asserts), with the judged
+    code's functions named in `force` always taken from the judged end (the prompt's stub of the entry point
+    would otherwise hide it)."""
+
+    setup: str
+    then: str
+    force: tuple[str, ...] = ()
+
+
+class _Zygote:
+    """The judges' parent (`plain.zygote`) of this process, started at first use (again after a fork or if
+    it died): a small interpreter outside any sandbox, run as the caller, that forks one judge per program."""
+
+    owner, sock, proc = None, None, None
+    lock = threading.Lock()
+
+    @classmethod
+    def send(cls, header: bytes, fds: list[int]) -> None:
+        with cls.lock:
+            for attempt in (0, 1):
+                if cls.owner != os.getpid() or cls.proc.poll() is not None:
+                    cls._start()
+                try:
+                    socket.send_fds(cls.sock, [header], fds)
+                    return
+                except OSError:
+                    if attempt:
+                        raise
+                    cls.owner = None
+
+    @classmethod
+    def _start(cls) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with open(os.path.join(os.path.dirname(__file__), "plain.py")) as f:
+            source = f.read() + f"\nzygote({theirs.fileno()})\n"
+        cls.proc = subprocess.Popen([_python(), "-I", "-S", "-c", source], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/",
+                                    preexec_fn=_disposable, pass_fds=(theirs.fileno(),))
+        theirs.close()
+        cls.sock, cls.owner = ours, os.getpid()
+
+
+_SERVE = "\nserve({code!r}, {requests}, {replies})\n"
+
+
+@functools.cache
+def _plain_source() -> str:
+    with open(os.path.join(os.path.dirname(__file__), "plain.py")) as f:
+        return f.read()
+
+
+def run_judged(code: str, tests: Tests, limits: Limits = Limits()) -> Outcome:
+    """Run `code` (model-written) in the sandbox and `tests` in a separate judge process, outside it, that
+    calls its functions through plain data (`dare.rewards.plain`); it passes when the judge ran the tests to
+    their end. `output`: the judged program's output tail, then the judge's reason for a failure."""
+    start = time.monotonic()
+    deadline = start + limits.wall_s
+    pipes = [os.pipe() for _ in range(4)]  # spec (to the judge), requests, replies, verdict (from the judge)
+    (spec_r, spec_w), (requests_r, requests_w), (replies_r, replies_w), (verdict_r, verdict_w) = pipes
+    open_fds = {fd for pair in pipes for fd in pair}
+
+    def close(*fds):
+        for fd in fds:
+            os.close(fd)
+            open_fds.discard(fd)
+
+    run, status, verdict = None, None, b""
+    try:
+        _Zygote.send(int(limits.wall_s).to_bytes(4, "big") + int(limits.cpu_s).to_bytes(4, "big"),
+                     [spec_r, requests_w, replies_r, verdict_w])
+        close(spec_r, requests_w, replies_r, verdict_w)
+        try:
+            os.write(spec_w, plain.encode((tests.setup, tests.then, list(tests.force))))
+        except BrokenPipeError:
+            pass
+        close(spec_w)
+        run = _start(limits, fds=(requests_r, replies_w))
+        run.feed(_plain_source() + _SERVE.format(code=code, requests=requests_r, replies=replies_w), deadline)
+        close(requests_r, replies_w)
+        while len(verdict) < 4096:
+            if not select.select([verdict_r], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                status = "timeout"
+                break
+            chunk = os.read(verdict_r, 4096 - len(verdict))
+            if not chunk:
+                break
+            verdict += chunk
+    finally:
+        close(*list(open_fds))
+        if run is not None:
+            run.stop()
+    passed = status is None and verdict == b"P"
+    status = status or ("passed" if passed else "failed")
+    reason = verdict[1:].decode(errors="replace") if verdict.startswith(b"F") else ""
+    output = (run.output() if run is not None else "") + (f"\n[judge] {reason}" if reason else "")
+    return Outcome(passed=passed, status=status, returncode=None, output=output, wall_s=time.monotonic() - start,
+                   completed=passed)
 
 
 def run_programs(sources: list[str], limits: Limits = Limits(), workers: int | None = None) -> list[Outcome]:
     """Run many programs, `workers` sandboxes at a time (default: one per CPU core)."""
+    return _parallel(lambda s: run_program(s, limits), sources, workers)
+
+
+def run_judged_many(pairs: list[tuple[str, Tests]], limits: Limits = Limits(),
+                    workers: int | None = None) -> list[Outcome]:
+    """`run_judged` for many (code, tests) pairs, `workers` at a time (default: one per CPU core)."""
+    return _parallel(lambda pair: run_judged(pair[0], pair[1], limits), pairs, workers)
+
+
+def _parallel(run, items: list, workers: int | None) -> list[Outcome]:
     isolation()  # a missing sandbox is one clear error before any program
     workers = workers or os.cpu_count() or 1
     if workers == 1:
-        return [run_program(s, limits) for s in sources]
+        return [run(item) for item in items]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda s: run_program(s, limits), sources))
+        return list(pool.map(run, items))
