@@ -165,6 +165,63 @@ def test_sandboxed_and_judging_processes_are_the_oom_killers_first_choice():
         assert int(f.read()) < 1000  # the caller keeps its own
 
 
+_OOM_DRIVER = """
+import os, sys
+sys.path.insert(0, %r)
+from dare.rewards.sandbox import Limits, cgroups, run_programs
+held = bytearray(%d << 20)  # the trainer's memory, touched
+for i in range(0, len(held), 4096):
+    held[i] = 1
+hog = ("import os, time\\nfor _ in range(6):\\n    if os.fork() == 0:\\n        b = bytearray(110 << 20)\\n"
+       "        for i in range(0, len(b), 4096):\\n            b[i] = 1\\n        time.sleep(30)\\n        os._exit(0)\\n"
+       "time.sleep(30)\\n")
+out = run_programs([hog, hog], Limits(wall_s=20, cpu_s=10, memory_mb=256), workers=2)
+print("alive", cgroups(), [o.status for o in out], flush=True)
+"""
+
+
+def test_the_oom_killer_takes_the_sandboxed_programs_not_the_trainer():
+    """Issue 60's case, small: a trainer without a cgroup per call (an unprivileged user) holds 300 MB and
+    scores two programs in parallel that hold 1.3 GB between them, all under a 1 GiB memory cgroup the test
+    makes as root. The kernel's OOM killer must take the sandboxed processes (oom_score_adj 1000), and the
+    trainer finish. (With the former adj of 0, the trainer, the largest process, was taken: exit 137.)"""
+    import pytest
+
+    from dare.rewards.sandbox import CGROUP_ROOT, _own_cgroups
+
+    folder = os.path.join(CGROUP_ROOT, "memory", _own_cgroups().get("memory", "/").lstrip("/"))
+    python = "/usr/bin/python3"
+    if os.geteuid() != 0 or not os.access(folder, os.W_OK) or not os.path.exists(python):
+        pytest.skip("needs root, a writable cgroup v1 memory hierarchy and the system python3")
+    user = "dare-sandbox-test"
+    if subprocess.run(["id", user], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", user], check=True)
+    group = os.path.join(folder, f"dare-oom-test-{os.getpid()}")
+    os.mkdir(group)
+    try:
+        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+            if os.path.exists(os.path.join(group, name)):
+                with open(os.path.join(group, name), "w") as f:
+                    f.write(str(1 << 30))
+        driver = f"/tmp/dare-oom-driver-{os.getpid()}.py"  # readable by the user (pytest's tmp_path is not)
+        with open(driver, "w") as f:
+            f.write(_OOM_DRIVER % (os.environ.get("DARE_OOM_TREE", os.path.join(os.path.dirname(__file__), "..",
+                                                                              "shared")), 300))
+        os.chmod(driver, 0o644)
+        script = f"echo $$ > {group}/cgroup.procs && exec su {user} -s /bin/sh -c '{python} {driver}'"
+        r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120, cwd="/")
+        os.unlink(driver)
+        assert r.returncode == 0 and "alive False" in r.stdout, (r.returncode, r.stdout[-500:], r.stderr[-1500:])
+        assert "'passed'" not in r.stdout
+    finally:
+        for _ in range(100):
+            try:
+                os.rmdir(group)
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def test_the_judges_parent_restarts_after_a_fork_or_its_death():
     from dare.rewards.sandbox import Tests, _Zygote, run_judged
 
@@ -480,6 +537,15 @@ def test_root_dev_and_the_interpreters_folders_are_read_only_and_hold_no_shell()
         assert hostile(f"import subprocess\nsubprocess.run([{shell!r}, '-c', 'true'], check=True)\n") == 0.0
 
 
+SIX = ("import os, sys, time\nkids = []\nfor _ in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
+       "        b = bytearray(200 << 20)\n        b[::4096] = b'x' * len(b[::4096])\n        time.sleep(1)\n"
+       "        os._exit(0)\n    kids.append(pid)\n"
+       "if any(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids):\n    sys.exit(1)\n")
+SMALL = ("import os, sys, time\npid = os.fork()\nif pid == 0:\n    b = bytearray(100 << 20)\n"
+         "    b[::4096] = b'x' * len(b[::4096])\n    os._exit(0)\n"
+         "if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]):\n    sys.exit(1)\n")
+
+
 def test_the_program_as_a_whole_is_held_to_its_memory_and_tmp_inodes():
     """Six children of 200 MB each (1.2 GB) against 256 MB, and 200,000 empty files in /tmp: with a cgroup
     (here, as root) both fail; without one the sandbox said so at its start (the unprivileged test)."""
@@ -489,15 +555,83 @@ def test_the_program_as_a_whole_is_held_to_its_memory_and_tmp_inodes():
         import pytest
 
         pytest.skip("no cgroup can be made here (the sandbox's notice says so; the unprivileged test checks it)")
-    six = ("import os, sys, time\nkids = []\nfor _ in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
-           "        b = bytearray(200 << 20)\n        b[::4096] = b'x' * len(b[::4096])\n        time.sleep(1)\n"
-           "        os._exit(0)\n    kids.append(pid)\n"
-           "if any(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids):\n    sys.exit(1)\n")
-    small = ("import os, sys, time\npid = os.fork()\nif pid == 0:\n    b = bytearray(100 << 20)\n"
-             "    b[::4096] = b'x' * len(b[::4096])\n    os._exit(0)\n"
-             "if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]):\n    sys.exit(1)\n")
     limits = Limits(wall_s=10, cpu_s=8, memory_mb=256)
-    assert run_program(small, limits).passed  # the control: within the cap it runs
-    assert not run_program(six, limits).passed
+    assert run_program(SMALL, limits).passed  # the control: within the cap it runs
+    assert not run_program(SIX, limits).passed
     files = "for i in range(200_000):\n    open('/tmp/f%d' % i, 'w').close()\n"
     assert "No space left on device" in run_program(files, limits).output
+
+
+def test_a_cgroup_delegated_to_an_unprivileged_user_holds_its_programs_as_a_whole():
+    """Without root, a cgroup delegated to the user (the user owns its cgroup folders: what systemd's
+    `Delegate=yes` scope or a SLURM node's cgroup plugin gives) is used as root's is: each call gets its own
+    child cgroup, and six children of 200 MB fail against 256 MB. The test delegates one as root (cgroup v1
+    here: a pids and a memory folder chowned to the user) and runs the driver as that user inside it."""
+    import json
+    import pytest
+
+    from dare.rewards.sandbox import CGROUP_ROOT, _own_cgroups
+
+    python, user = "/usr/bin/python3", "dare-sandbox-test"
+    parents = [os.path.join(CGROUP_ROOT, c, _own_cgroups().get(c, "/").lstrip("/")) for c in ("pids", "memory")]
+    if os.geteuid() != 0 or not all(os.access(p, os.W_OK) for p in parents) or not os.path.exists(python):
+        pytest.skip("needs root, writable cgroup v1 pids and memory hierarchies and the system python3")
+    if subprocess.run(["id", user], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", user], check=True)
+    groups = [os.path.join(p, f"dare-delegated-{os.getpid()}") for p in parents]
+    driver = f"/tmp/dare-delegated-driver-{os.getpid()}.py"
+    with open(driver, "w") as f:
+        f.write(f"import json, sys\nsys.path.insert(0, {os.path.join(os.path.dirname(__file__), '..', 'shared')!r})\n"
+                "from dare.rewards.sandbox import Limits, cgroups, run_program\n"
+                f"limits = Limits(wall_s=10, cpu_s=8, memory_mb=256)\nsmall, six = {SMALL!r}, {SIX!r}\n"
+                "print(json.dumps([cgroups(), run_program(small, limits).passed, run_program(six, limits).passed]))\n")
+    os.chmod(driver, 0o644)
+    uid = int(subprocess.run(["id", "-u", user], capture_output=True, text=True).stdout)
+    try:
+        for g in groups:
+            os.mkdir(g)
+            for name in [""] + os.listdir(g):
+                os.chown(os.path.join(g, name), uid, -1)
+        enter = " && ".join(f"echo $$ > {g}/cgroup.procs" for g in groups)
+        r = subprocess.run(["sh", "-c", f"{enter} && exec su {user} -s /bin/sh -c '{python} {driver}'"],
+                           capture_output=True, text=True, timeout=120, cwd="/")
+        assert r.returncode == 0, r.stderr[-1500:]
+        assert json.loads(r.stdout.strip().splitlines()[-1]) == [True, True, False], (r.stdout, r.stderr[-800:])
+        assert "no cgroup can be made here" not in r.stderr
+    finally:
+        os.unlink(driver)
+        for g in groups:
+            for _ in range(100):
+                try:
+                    os.rmdir(g)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def test_a_delegated_cgroup_v2_scope_gets_a_leaf_and_gives_its_children_the_controllers(tmp_path, monkeypatch):
+    """cgroup v2 (this machine has v1, so the steps run on a folder laid out as a delegated systemd user scope:
+    this checks the writes, not the kernel): a scope we own that offers pids and memory but holds our
+    processes, under ancestors that give no controllers. Its processes move to `dare-leaf`, the controllers
+    are enabled for its children, and per-call cgroups go beside the leaf."""
+    from dare.rewards import sandbox
+
+    scope = tmp_path / "user.slice" / "app.scope"
+    scope.mkdir(parents=True)
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    for folder in (tmp_path, tmp_path / "user.slice"):
+        (folder / "cgroup.subtree_control").write_text("cpu\n")
+    (scope / "cgroup.controllers").write_text("cpu memory pids\n")
+    (scope / "cgroup.subtree_control").write_text("")
+    (scope / "cgroup.procs").write_text("4242\n")
+    monkeypatch.setattr(sandbox, "CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(sandbox, "_own_cgroups", lambda: {"": "/user.slice/app.scope"})
+    assert sandbox._cgroup_layout.__wrapped__() is None  # root's (or anyone else's) cgroup is left alone
+    monkeypatch.setattr(os, "geteuid", lambda: 4321)
+    for path in (scope, *scope.iterdir()):
+        os.chown(path, 4321, -1)
+    assert sandbox._cgroup_layout.__wrapped__() == ("v2", (str(scope),))
+    assert (scope / "dare-leaf" / "cgroup.procs").read_text() == "4242"
+    assert (scope / "cgroup.subtree_control").read_text() == "+pids +memory"
+    (scope / "cgroup.controllers").write_text("cpu\n")  # a scope without the controllers: no cgroups
+    assert sandbox._cgroup_layout.__wrapped__() is None

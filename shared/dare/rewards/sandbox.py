@@ -311,12 +311,38 @@ def _cgroup_layout() -> tuple[str, tuple[str, ...]] | None:
             if {"pids", "memory"} <= enabled and _writable(folder):
                 return "v2", (folder,)
             if path in ("", "/"):
-                return None
+                return _delegated_v2(os.path.join(CGROUP_ROOT, own[""].lstrip("/")))
             path = os.path.dirname(path)
     folders = tuple(os.path.join(CGROUP_ROOT, c, own.get(c, "/").lstrip("/")) for c in ("pids", "memory"))
     if all(_writable(f) for f in folders):
         return "v1", folders
     return None
+
+
+def _delegated_v2(folder: str) -> tuple[str, tuple[str, ...]] | None:
+    """Our own cgroup when it was delegated to us (a systemd `--user --scope -p Delegate=yes`: we own it and
+    it offers pids and memory) but holds processes, so cgroup v2 lets it give its children no controllers:
+    its processes move to a leaf child, `dare-leaf`, and the controllers are enabled for the children (the
+    steps systemd's delegation documents). Only for a user who owns the folder, never root: root's own cgroup
+    is the machine's or a container's, whose processes are not ours to move. None when any step is refused."""
+    try:
+        if os.stat(folder).st_uid != os.geteuid() or os.geteuid() == 0:
+            return None
+        with open(os.path.join(folder, "cgroup.controllers")) as f:
+            if not {"pids", "memory"} <= set(f.read().split()) or not _writable(folder):
+                return None
+        leaf = os.path.join(folder, "dare-leaf")
+        os.makedirs(leaf, exist_ok=True)
+        with open(os.path.join(folder, "cgroup.procs")) as f:
+            pids = f.read().split()
+        for pid in pids:
+            with open(os.path.join(leaf, "cgroup.procs"), "w") as f:
+                f.write(pid)
+        with open(os.path.join(folder, "cgroup.subtree_control"), "w") as f:
+            f.write("+pids +memory")
+    except OSError:
+        return None
+    return "v2", (folder,)
 
 
 _serial = itertools.count()
