@@ -397,3 +397,45 @@ def test_dare_bench_gpu_without_out_writes_under_runs_and_says_where(tmp_path, m
     with pytest.raises(Stop):  # a folder given: the report inside it, under its usual name
         bench_gpu.gpu_benchmark("cpu", "float32", shrink=True, run_tests=False, out=f"{tmp_path}/board/")
     assert f"report -> {tmp_path}/board/gpu-cpu-" in capsys.readouterr().out
+
+
+def test_the_hostile_file_tests_pass_as_an_unprivileged_user():
+    """Issue 60: the hostile inputs of this file and of test_leaderboard_hostile.py (links out of their folder,
+    FIFOs, /dev/zero, bad published files, absurd plan and bench input) hold for a user without privileges too
+    (root reads what a user cannot, so a check could pass for one and not the other). The test creates the user
+    and reruns both files as it, on the system python3 with this environment's packages (the project's
+    interpreter may live where the user cannot read) and a `dare` on PATH that runs the same code."""
+    import shutil
+    import tempfile
+
+    python = "/usr/bin/python3"
+    if os.geteuid() != 0 or not os.path.exists(python) or shutil.which("su") is None:
+        pytest.skip("needs root (to create the user), su and the system python3")
+    version = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                             text=True).stdout.strip()
+    if version != str(sys.version_info[:2]):
+        pytest.skip(f"the system python3 is {version}, this environment's packages are for {sys.version_info[:2]}")
+    user = "dare-sandbox-test"
+    if subprocess.run(["id", user], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", user], check=True)
+    import site
+
+    packages = next(p for p in site.getsitepackages() if p.endswith("site-packages"))
+    work = Path(tempfile.mkdtemp(prefix="dare-unprivileged-"))
+    try:
+        (work / "bin").mkdir()
+        (work / "bin" / "dare").write_text(f'#!/bin/sh\nexec {python} -m dare.app.cli "$@"\n')
+        (work / "cwd").mkdir()
+        for path in (work, work / "bin", work / "bin" / "dare", work / "cwd"):
+            os.chmod(path, 0o755)
+        os.chown(work / "cwd", int(subprocess.run(["id", "-u", user], capture_output=True, text=True).stdout), -1)
+        env = (f"HOME={work}/cwd PATH={work}/bin:/usr/bin:/bin PYTHONPATH={REPO}/shared:{REPO}:{packages} "
+               "GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0='*'")
+        files = " ".join(str(REPO / "tests" / f) for f in ("test_cli_hostile.py", "test_leaderboard_hostile.py"))
+        command = (f"cd {work}/cwd && env {env} {python} -m pytest -q -p no:cacheprovider {files} "
+                   "-k 'not unprivileged_user'")
+        r = subprocess.run(["su", user, "-s", "/bin/sh", "-c", command], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-1000:]
+        assert " passed" in r.stdout and "failed" not in r.stdout.splitlines()[-1], r.stdout[-1000:]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
