@@ -14,10 +14,10 @@ from dare.config import ModelConfig, TrainConfig
 from dare.models import facts, load_pretrained
 from dare.rollout import left_pad
 from dare.rollout.core import response_mask
-from dare.train.batches import take
+from dare.train.batches import take, updates
 from dare.train.noise import Draw
 from dare.train.estimators import Compute
-from dare.train.rl import RLBatch, updates
+from dare.train.rl import RLBatch
 from dare.train.dist import setup_dist
 from dare.train.trainer import Trainer
 
@@ -59,7 +59,7 @@ def loss_of(mb, mz, it, rows):
     return tracerl.loss(tracerl.token_logps(trainer.model, mb, mz, cfg), part, None, mb, mz, cfg)
 
 
-sums = updates(trainer, batch, [z], micro, "loss/total", "optim/grad_norm", loss_of)
+sums = updates(trainer, [(slice(0, batch.sequences.shape[0]), batch)], [z], micro, loss_of)
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
 
 weights = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import RL
-from dare.train.rl import RLBatch, mini_batches, updates
+from dare.train.batches import updates
+from dare.train.rl import RLBatch, mini_batches
 from dare.train.dist import Dist
 
 
@@ -53,7 +54,7 @@ def step(k: int, micro: int):
         return loss, {}
 
     minis = mini_batches(batch, k, trainer.dist, lambda mb, rows: 0.0)
-    sums = updates(trainer, batch, [None], micro, "loss", "norm", loss_of, minis)
+    sums = updates(trainer, minis, [None], micro, loss_of, "loss", "norm")
     return trainer, sums, minis
 
 

@@ -1,5 +1,7 @@
 """Batches as the recipes cut them: `take` (a batch or a noise draw restricted to some rows),
-`micro_slices`, and `backward_by_parts` (a loss backpropagated one part of its noise draw at a time)."""
+`micro_slices`, `backward_by_parts` (a loss backpropagated one part of its noise draw at a time), and
+`updates`, the one update loop of every recipe (SFT, preference, RL's policy and value model): micro-batches
+accumulated into one optimizer step, with the every-process backward guard (`every_rank_backward`)."""
 
 from __future__ import annotations
 
@@ -49,3 +51,48 @@ def backward_by_parts(forward, parts: list, combine, loss_of, backward) -> tuple
         if out.requires_grad:
             backward((out * (torch.zeros_like(value) if grad is None else grad)).sum())
     return loss.detach(), metrics, whole.detach()
+
+
+def updates(trainer, minis: list[tuple[slice, object]], noises: list, micro: int, loss_of,
+            loss_key: str = "loss/total", norm_key: str = "optim/grad_norm") -> dict:
+    """One optimizer step of `trainer` per noise draw and mini-batch (`minis`: (its rows of the step's batch,
+    the mini-batch), in order; RL's `mini_batches`, else the whole batch as one), each accumulated over the
+    mini-batch's micro-batches: `loss_of(micro_batch, micro_noise, draw, rows) -> (loss, metrics)`, `rows` the
+    micro-batch's slice of the step's rows. Returns the metrics (the loss as `loss_key`, the gradient norm
+    before clipping as `norm_key`) summed over micro-batches and processes and averaged over the optimizer
+    steps. SFT, preference, and RL's policy and value model all update through it."""
+    n = minis[-1][0].stop
+    steps = len(noises) * len(minis)
+    trainer.model.train()
+    sums: dict[str, float] = {}
+    for it, z_all in enumerate(noises):
+        for span, mini in minis:
+            step_sums: dict[str, float] = {}
+            size = span.stop - span.start
+            for j, part in enumerate(micro_slices(size, micro)):
+                rows = slice(span.start + part.start, span.start + part.stop)
+                with trainer.autocast():
+                    loss, metrics = loss_of(take(mini, part, size), take(z_all, rows, n), it, rows)
+                if every_rank_backward(trainer.dist, loss.requires_grad, j):
+                    trainer.backward(loss)
+                for k, v in {loss_key: loss.item(), **metrics}.items():
+                    step_sums[k] = step_sums.get(k, 0.0) + v
+            step_sums = trainer.dist.sum(step_sums)
+            step_sums[norm_key] = trainer.step()
+            for k, v in step_sums.items():
+                sums[k] = sums.get(k, 0.0) + v / steps
+    return sums
+
+
+def every_rank_backward(dist, graph: bool, micro_index: int) -> bool:
+    """Whether this micro-batch's loss is backpropagated: when it has a graph. A loss without one is a replayed
+    loss (`replayed_loss`, already backpropagated) or one whose forwards scored nothing. Under FSDP every process
+    must run every backward (the reduce-scatters pair up), and the estimators see to it: their forwards are
+    collective (`estimators.per_round`, `head_chunks`), so a process that scores nothing still gets a zero loss
+    with a graph through the model. The processes check that they agree (one all-reduce per micro-batch) and
+    stop with an error, instead of waiting forever, when a loss hook breaks that."""
+    if dist.processes > 1 and dist.any(graph) != graph:
+        raise RuntimeError(f"micro-batch {micro_index}: the loss on process {dist.process} has no graph while other "
+                           "processes backpropagate theirs; under FSDP every process must run the same forwards and "
+                           "backwards (compute the loss from the estimators' outputs, even when nothing is scored)")
+    return graph

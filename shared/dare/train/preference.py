@@ -31,7 +31,7 @@ import torch
 
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
-from dare.train.batches import backward_by_parts, micro_slices, take
+from dare.train.batches import backward_by_parts, take, updates
 from dare.train.loop import Loop, build_model
 from dare.train.dist import setup_dist
 from dare.train.trainer import Trainer
@@ -100,23 +100,17 @@ def run(cfg, hooks: PreferenceHooks, run_dir, label: str = "preference") -> dict
             n = batch.input_ids.shape[0]
             local, local_noise = take(batch, dist.shard(n), n), take(noise, dist.shard(n), n)
             m = local.input_ids.shape[0]
-            sums: dict[str, float] = {}
-            for rows_ in micro_slices(m, cfg.train.micro_batch_size):
-                micro, z = take(local, rows_, m), take(local_noise, rows_, m)
+
+            def loss_of(micro, z, it, rows):
                 with torch.no_grad(), trainer.reference() as ref_model:
                     ref = hooks.logps(ref_model, micro, z, cfg)
                 trainer.model.train()
                 parts = hooks.draw_parts(z, cfg)
-                with trainer.autocast():
-                    if parts is None:
-                        loss, metrics = hooks.loss(hooks.logps(trainer.model, micro, z, cfg), ref, micro, z, cfg)
-                        trainer.backward(loss)
-                    else:  # memory-bounded: one part's graph alive at a time
-                        loss, metrics = replayed_loss(trainer, hooks, micro, z, parts, ref, cfg)
-                for k, v in {"loss/total": loss.item(), **metrics}.items():
-                    sums[k] = sums.get(k, 0.0) + v
-            sums = dist.sum(sums)
-            sums["optim/grad_norm"] = trainer.step()
+                if parts is None:
+                    return hooks.loss(hooks.logps(trainer.model, micro, z, cfg), ref, micro, z, cfg)
+                return replayed_loss(trainer, hooks, micro, z, parts, ref, cfg)  # one part's graph alive at a time
+
+            sums = updates(trainer, [(slice(0, m), local)], [local_noise], cfg.train.micro_batch_size, loss_of)
             elapsed = time.perf_counter() - tic
             loop.end_step(step + 1, tokenizer, lambda: {
                 **sums, "optim/lr": trainer.lr, "data/epoch": loop.sampler.epoch,

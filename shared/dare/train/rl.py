@@ -65,7 +65,7 @@ from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
 from dare.rollout import decode_responses, generate, left_pad
 from dare.rollout.dynamic import marker_id
-from dare.train.batches import backward_by_parts, micro_slices, take
+from dare.train.batches import backward_by_parts, micro_slices, take, updates
 from dare.train.checkpoint import save_final
 from dare.train.loop import Loop, build_model
 from dare.train.dist import gathered, setup_dist
@@ -304,7 +304,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                         loss, metrics = hooks.value_loss(hooks.token_values(critic.model, mb, z, cfg), mb, z, cfg)
                         return loss, {f"value/{k}": v for k, v in metrics.items()}
 
-                    value_sums = updates(critic, batch, noises, micro, "value/loss", "value/grad_norm", value_loss, minis)
+                    value_sums = updates(critic, minis, noises, micro, value_loss, "value/loss", "value/grad_norm")
                 t_value = time.perf_counter() - tic
 
                 # --- old and reference log-probs, on the same noise draws the updates will use
@@ -342,7 +342,7 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                                 else first.get(k, 0.0) + v
                     return loss, metrics
 
-                sums.update(updates(trainer, batch, noises, micro, "loss/total", "optim/grad_norm", policy_loss, minis))
+                sums.update(updates(trainer, minis, noises, micro, policy_loss))
                 maxima = {k: first.pop(k) for k in list(first) if k.endswith(("max_abs", "max_dev"))}
                 checks.update({**dist.sum(first), **dist.max(maxima)})
                 sums.update(value_sums)
@@ -500,51 +500,6 @@ def mini_batches(batch: RLBatch, k: int, dist, units) -> list[tuple[slice, RLBat
         out.append((rows, replace(mini, num_tokens=t["tokens"], num_sequences=int(t["rows"]),
                                   num_active=int(t["active"]), num_units=t["units"])))
     return out
-
-
-def updates(trainer, batch: RLBatch, noises: list, micro: int, loss_key: str, norm_key: str, loss_of,
-            minis: list[tuple[slice, RLBatch]] | None = None) -> dict:
-    """One optimizer step of `trainer` per noise draw and mini-batch (`mini_batches`; default: the whole batch),
-    each accumulated over the mini-batch's micro-batches: `loss_of(micro_batch, micro_noise, draw, rows) ->
-    (loss, metrics)`, `rows` the micro-batch's slice of the step's rows. Returns the metrics (the loss as
-    `loss_key`, the gradient norm before clipping as `norm_key`) summed over micro-batches and processes and
-    averaged over the optimizer steps. The policy's and the value model's updates."""
-    n = batch.sequences.shape[0]
-    minis = minis or [(slice(0, n), batch)]
-    steps = len(noises) * len(minis)
-    trainer.model.train()
-    sums: dict[str, float] = {}
-    for it, z_all in enumerate(noises):
-        for span, mini in minis:
-            step_sums: dict[str, float] = {}
-            size = span.stop - span.start
-            for j, part in enumerate(micro_slices(size, micro)):
-                rows = slice(span.start + part.start, span.start + part.stop)
-                with trainer.autocast():
-                    loss, metrics = loss_of(take(mini, part, size), take(z_all, rows, n), it, rows)
-                if every_rank_backward(trainer.dist, loss.requires_grad, j):
-                    trainer.backward(loss)
-                for k, v in {loss_key: loss.item(), **metrics}.items():
-                    step_sums[k] = step_sums.get(k, 0.0) + v
-            step_sums = trainer.dist.sum(step_sums)
-            step_sums[norm_key] = trainer.step()
-            for k, v in step_sums.items():
-                sums[k] = sums.get(k, 0.0) + v / steps
-    return sums
-
-
-def every_rank_backward(dist, graph: bool, micro_index: int) -> bool:
-    """Whether this micro-batch's loss is backpropagated: when it has a graph. A loss without one is a replayed
-    loss (`replayed_loss`, already backpropagated) or one whose forwards scored nothing. Under FSDP every process
-    must run every backward (the reduce-scatters pair up), and the estimators see to it: their forwards are
-    collective (`estimators.per_round`, `head_chunks`), so a process that scores nothing still gets a zero loss
-    with a graph through the model. The processes check that they agree (one all-reduce per micro-batch) and
-    stop with an error, instead of waiting forever, when a loss hook breaks that."""
-    if dist.processes > 1 and dist.any(graph) != graph:
-        raise RuntimeError(f"micro-batch {micro_index}: the loss on process {dist.process} has no graph while other "
-                           "processes backpropagate theirs; under FSDP every process must run the same forwards and "
-                           "backwards (compute the loss from the estimators' outputs, even when nothing is scored)")
-    return graph
 
 
 def validation_rows(cfg, task, world: int) -> list[dict]:

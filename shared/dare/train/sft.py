@@ -23,7 +23,7 @@ import torch
 
 from dare.data import TASKS, load_split
 from dare.models import encode_chat, facts
-from dare.train.batches import micro_slices, take
+from dare.train.batches import take, updates
 from dare.train.loop import Loop, build_model
 from dare.train.dist import setup_dist
 from dare.train.trainer import Trainer
@@ -83,18 +83,8 @@ def train_step(trainer: Trainer, hooks: SFTHooks, batch: SFTBatch, noise, cfg) -
     mine = dist.shard(n)
     local, local_noise = take(batch, mine, n), take(noise, mine, n)
     m = local.input_ids.shape[0]
-    sums: dict[str, float] = {}
-    trainer.model.train()
-    for rows in micro_slices(m, cfg.train.micro_batch_size):
-        micro = take(local, rows, m)
-        with trainer.autocast():
-            loss, metrics = hooks.loss(trainer.model, micro, take(local_noise, rows, m), cfg)
-        trainer.backward(loss)
-        for k, v in {"loss/total": loss.item(), **metrics}.items():
-            sums[k] = sums.get(k, 0.0) + v
-    sums = dist.sum(sums)
-    sums["optim/grad_norm"] = trainer.step()
-    return sums
+    return updates(trainer, [(slice(0, m), local)], [local_noise], cfg.train.micro_batch_size,
+                   lambda micro, z, it, rows: hooks.loss(trainer.model, micro, z, cfg))
 
 
 def run(cfg, hooks: SFTHooks, run_dir, label: str = "sft") -> dict:
