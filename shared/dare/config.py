@@ -507,18 +507,25 @@ def load(cls, path: str | Path | None = None, overrides: typing.Iterable[str] = 
     return cfg
 
 
-def _override(cfg, item: str, origins: dict, problems: list[str]) -> None:
-    """Apply one `key=value` override; raises the ConfigError of a bad one."""
+def parse_override(item: str) -> tuple[str, Any, str]:
+    """One `key=value` override as (key, value, raw): the value read as YAML (the text itself when it is not
+    YAML; None when empty). The one parser of overrides (`dare train`, `dare eval`, sweeps); ConfigError for
+    an item without `=` or a value with YAML anchors or aliases."""
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
         raise ConfigError(f"command line: override {shown_value(item)} is not of the form key=value")
     try:
-        value = load_yaml(raw, f"command line: {key}") if raw.strip() else None
+        return key, load_yaml(raw, f"command line: {key}") if raw.strip() else None, raw
     except YAMLAliasError as e:
         raise ConfigError(f"{e} (quote the value to mean the text)") from None
     except yaml.YAMLError:
-        value = raw
+        return key, raw, raw
+
+
+def _override(cfg, item: str, origins: dict, problems: list[str]) -> None:
+    """Apply one `key=value` override; raises the ConfigError of a bad one."""
+    key, value, raw = parse_override(item)
     try:
         _set_dotted(cfg, key, value, "command line", origins, problems)
     except ConfigError as first:

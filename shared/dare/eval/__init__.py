@@ -23,10 +23,10 @@ from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
 
 from dare import decoding as decoding_options
-from dare.config import ConfigError, DecodingConfig, EvalRunConfig, config_hash, did_you_mean, read_yaml, to_dict
+from dare.config import (ConfigError, DecodingConfig, EvalRunConfig, config_hash, did_you_mean, parse_override,
+                         read_yaml, to_dict)
 from dare.config import load as load_config
 from dare.config import save as save_config
 from dare.data import TASKS, load_split
@@ -241,13 +241,9 @@ def explicit_decoding(config_path, overrides) -> set[str]:
     the config file or as `eval.decoding.X=` overrides (a section given as a mapping: each of its keys)."""
     keys = set()
     for o in overrides:
-        key, _, raw = o.partition("=")
-        if key.strip().startswith("eval.decoding."):
-            try:
-                value = yaml.safe_load(raw) if raw.strip() else None
-            except yaml.YAMLError:
-                value = None
-            keys |= _leaf_keys(value if isinstance(value, dict) else None, key.strip()[len("eval.decoding."):] + ".")
+        key, value, _ = parse_override(o)
+        if key.startswith("eval.decoding."):
+            keys |= _leaf_keys(value if isinstance(value, dict) else None, key[len("eval.decoding."):] + ".")
     if config_path is not None:
         keys |= _leaf_keys((read_yaml(config_path).get("eval") or {}).get("decoding") or {})
     return keys
