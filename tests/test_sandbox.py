@@ -214,12 +214,17 @@ def test_the_oom_killer_takes_the_sandboxed_programs_not_the_trainer():
         assert r.returncode == 0 and "alive False" in r.stdout, (r.returncode, r.stdout[-500:], r.stderr[-1500:])
         assert "'passed'" not in r.stdout
     finally:
-        for _ in range(100):
-            try:
-                os.rmdir(group)
-                break
-            except OSError:
-                time.sleep(0.1)
+        _remove_cgroup(group)
+
+
+def _remove_cgroup(folder: str) -> None:
+    """A test's cgroup, once the processes it held are gone (they leave as they are reaped)."""
+    for _ in range(100):
+        try:
+            os.rmdir(folder)
+            return
+        except OSError:
+            time.sleep(0.1)
 
 
 def test_the_judges_parent_restarts_after_a_fork_or_its_death():
@@ -601,12 +606,7 @@ def test_a_cgroup_delegated_to_an_unprivileged_user_holds_its_programs_as_a_whol
     finally:
         os.unlink(driver)
         for g in groups:
-            for _ in range(100):
-                try:
-                    os.rmdir(g)
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            _remove_cgroup(g)
 
 
 def test_a_delegated_cgroup_v2_scope_gets_a_leaf_and_gives_its_children_the_controllers(tmp_path, monkeypatch):
