@@ -442,6 +442,13 @@ def test_without_bubblewrap_the_sandbox_refuses_unless_limits_only_is_chosen(tmp
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**env, "DARE_SANDBOX": "limits-only"})
     assert r.returncode == 0 and r.stdout.strip() == "42" and "resource limits only" in r.stderr
+    # code rewards keep their judge there too: a right answer passes, a wrong one fails
+    judged = code.replace("print(run_program('print(6 * 7)').output.strip())", (
+        "from dare.rewards.code import code_rewards\nmbpp = {'test_list': ['assert add(1, 2) == 3']}\n"
+        "print(code_rewards(['def add(a, b):\\n    return a + b\\n', 'def add(a, b):\\n    return a - b\\n'], [mbpp] * 2))"))
+    r = subprocess.run([sys.executable, "-c", judged], capture_output=True, text=True, timeout=120,
+                       env={**env, "DARE_SANDBOX": "limits-only"})
+    assert r.returncode == 0 and r.stdout.strip() == "[1.0, 0.0]", r.stderr[-1000:]
 
 
 def test_with_user_namespaces_disabled_the_error_names_the_setting():
