@@ -95,11 +95,11 @@ def test_verdicts_judge_the_8b_rl_step_and_the_planner():
 
 
 def test_rl_loop_records_phase_peaks_on_cuda_only(monkeypatch):
-    """`dare.train.rl.PhasePeaks`: on a CUDA device each phase's allocator peak after a reset at its start (GiB);
+    """`dare.train.metrics.PhasePeaks`: on a CUDA device each phase's allocator peak after a reset at its start (GiB);
     on CPU nothing, and no CUDA call."""
     import torch
 
-    from dare.train.rl import PhasePeaks
+    from dare.train.metrics import PhasePeaks
 
     calls = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device)))

@@ -153,7 +153,7 @@ def test_the_marker_ends_a_row_block_where_it_is_committed():
 def test_the_replay_of_dynamic_windows_is_exact(M, T):
     """`agree/logp_gap` (issue 59.4: 0.67 and 4.3 nats with dynamic windows, 0 with fixed blocks): on the tiny SDAR
     (block 4) with windows that cross the model's blocks and no block cut at a marker, the trainer's replay of the
-    sampler's states (`rl.replay_agreement`) gives the sampler's own log-probs, row by row. It did not: the sampler's
+    sampler's states (`diagnostics.replay_agreement`) gives the sampler's own log-probs, row by row. It did not: the sampler's
     forward ended at the furthest window's end, hiding the masked tail of that model block, and the replay ranked
     steps per dynamic block and read them through the block layout `[x_t ; x_0]` (a block seeing the earlier model
     blocks clean, where the sampler saw them half decoded). A block cut at its marker after tokens beyond the marker
@@ -162,7 +162,7 @@ def test_the_replay_of_dynamic_windows_is_exact(M, T):
     from types import SimpleNamespace
 
     from dare.train.dist import Dist
-    from dare.train.rl import replay_agreement
+    from dare.train.diagnostics import replay_agreement
 
     model, _ = tiny("sdar")
     f = facts(model)

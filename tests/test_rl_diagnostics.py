@@ -19,7 +19,8 @@ from dare.rollout import generate, left_pad
 from dare.train import diagnostics as diag
 from dare.train.estimators import Compute
 from dare.train.fit import fit
-from dare.train.rl import RLBatch, replay_agreement
+from dare.train.diagnostics import replay_agreement
+from dare.train.rl import RLBatch
 from dare.train.dist import Dist
 from dare.train.trainer import Trainer
 from dare.utils import UserError

@@ -201,7 +201,7 @@ def test_validation_on_a_schedule_of_forward_budgets():
     and after the last step; the step schedule stays as it was beside it."""
     from types import SimpleNamespace
 
-    from dare.train.rl import validation_due
+    from dare.train.validation import validation_due
 
     rl = SimpleNamespace(eval_every=0, eval_every_forwards=300)
     totals = [0, 160, 320, 480, 640, 800]  # 160 forwards a step

@@ -21,7 +21,9 @@
   windowed mean falling below a floor or a share of its best, hand the step to `Loop.rollback`.
 
 Every `*_sums` function returns sums (and counts) of one process's rows, to be added over processes
-(`Dist.sum`) and divided by `ratios`; nothing here calls a collective.
+(`Dist.sum`) and divided by `ratios`, and calls no collective; the step's diagnostic passes, `replay_agreement`
+and `estimator_noise`, run the model on every process and sum over them (collective), and `step_diagnostics`
+turns the summed checks into the logged values.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ import math
 from collections import defaultdict, deque
 
 import torch
+
+from dare.train.batches import take
+from dare.train.estimators import spread, trajectory_logps
+from dare.train.noise import rollout_rounds, trace_rounds
+from dare.utils import derive_seed
+
 
 
 def ratios(sums: dict[str, float], spec: dict[str, tuple[str, str]]) -> dict[str, float]:
@@ -196,3 +204,66 @@ class CollapseGuard:
                     f"rl.collapse_drop={self.drop} below its best {self.best:.4g}")
         self.best = max(self.best, mean)
         return None
+
+
+def replay_agreement(policy, trainer, batch, rows: int) -> dict:
+    """The rollout/trainer agreement on the first `rows` rows of `batch` (an `rl.RLBatch`): each committed token's log-prob in the state
+    the sampler decoded it from, replayed by the trainer's forward without a cache (`trajectory_logps` on
+    the step map, one forward per decoding round), against the sampler's own (`batch.commit_logps`).
+    Dynamic blocks (`batch.segments`): the rounds are the row's steps and each state one plain forward of the
+    canvas (a window crosses the model's blocks); exact but where a block cut at its marker re-masked tokens
+    the sampler had shown to the model (docs/training.md, b1).
+    Summed over processes (collective: every rank runs the largest round count of any rank)."""
+    n = batch.sequences.shape[0]
+    sub = take(batch, slice(0, min(rows, n)), n)
+    canvas = sub.segments is not None
+    if canvas:  # every distinct step of a row is a round, across its blocks
+        steps = trace_rounds(sub.step_map, torch.zeros_like(sub.step_map))
+        rounds = torch.cat([torch.full_like(sub.sequences[:, :sub.prompt_length], -1), steps], dim=1)
+    else:
+        rounds = rollout_rounds(sub)
+    with torch.no_grad(), trainer.autocast():
+        replayed = trajectory_logps(policy, sub, rounds, canvas=canvas)  # collective under FSDP
+    sums = agreement_sums(sub.commit_logps, replayed, sub.response_mask & (sub.step_map >= 0), "replay/")
+    worst = {"replay/max_abs": sums.pop("replay/max_abs")}
+    return {**trainer.dist.sum(sums), **trainer.dist.max(worst)}
+
+
+def estimator_noise(policy, trainer, hooks, batch, cfg, step: int) -> dict:
+    """The algorithm's log-prob estimator re-run on the first `rl.diag_rows` rows with `rl.diag_draws`
+    independent noise draws (generators of their own): the mean standard deviation of a sequence's estimate
+    (`sequence_estimate`) and the spread of the batch's sequence advantages. An estimator without
+    noise (no `sample_noise`: trajectory replays) has none. Collective."""
+    dist, n = trainer.dist, batch.sequences.shape[0]
+    sub = take(batch, slice(0, min(cfg.rl.diag_rows, n)), n)
+    if hooks.draws_noise:
+        def estimate(generator):
+            z = hooks.sample_noise(sub, generator, cfg)
+            with torch.no_grad(), trainer.autocast():
+                return sequence_estimate(hooks.token_logps(policy, sub, z, cfg).float(), sub.response_mask)
+
+        _, std = spread(estimate, cfg.rl.diag_draws, derive_seed(cfg.run.seed, f"diag/{step}/{dist.rank}"))
+    else:
+        std = torch.zeros(sub.sequences.shape[0])
+    adv = batch.advantages.float()
+    sums = dist.sum({"spread/std": float(std.sum()), "spread/n": float(std.numel()), "adv/n": float(adv.numel()),
+                     "adv/sum": float(adv.sum()), "adv/sq": float((adv ** 2).sum())})
+    mean = sums["adv/sum"] / sums["adv/n"]
+    return {**sums, "adv/std": max(0.0, sums["adv/sq"] / sums["adv/n"] - mean ** 2) ** 0.5}
+
+
+def step_diagnostics(checks: dict) -> dict:
+    """The logged diagnostics from their sums over processes (`dare.train.diagnostics`)."""
+    out = ratios(checks, {**DIVERSITY, **AGREEMENT, "rollout/nonfinite": ("nonfinite", "values"),
+                               "diag/logp_std": ("spread/std", "spread/n")})
+    out["rollout/no_eos"] = 1 - checks["stop_rows"] / checks["rows"]
+    for key, name, count in [("replay/max_abs", "agree/logp_max_abs_gap", "replay/n"),
+                             ("estimate/max_abs", "agree/estimate_max_abs_gap", "estimate/n"),
+                             ("ratio/max_dev", "agree/ratio_max_dev", "ratio/n")]:
+        if checks.get(count):
+            out[name] = checks[key]
+    if "adv/std" in checks:
+        out["diag/adv_std"] = checks["adv/std"]
+        if checks["adv/std"] > 0 and "diag/logp_std" in out:
+            out["diag/logp_std_to_adv_std"] = out["diag/logp_std"] / checks["adv/std"]
+    return out

@@ -1,4 +1,6 @@
-"""The metrics log (`metrics.jsonl`, the terminal line) and the optional sinks (TensorBoard, W&B)."""
+"""The metrics log (`metrics.jsonl`, the terminal line) and the optional sinks (TensorBoard, W&B); an RL step's
+logged metrics (`step_metrics`, `compute_metrics`: collective sums over processes) and each phase's peak memory
+on CUDA (`PhasePeaks`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 import torch
 
 from dare.utils import UserError, atomic_write
+
 
 
 class MetricsLog:
@@ -106,3 +109,69 @@ def _plain(v):
 
 def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+class PhasePeaks:
+    """Each phase's peak memory on a CUDA device: `start()` resets the allocator's peak statistics, `end(phase)`
+    records `memory/<phase>_peak_gib` (max_memory_allocated / 2**30). Host-side allocator queries (no device
+    sync); on any other device it records nothing."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.cuda = device, torch.device(device).type == "cuda"
+        self.values: dict[str, float] = {}
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def end(self, phase: str) -> None:
+        if self.cuda:
+            self.values[f"memory/{phase}_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+
+    def take(self) -> dict[str, float]:
+        values, self.values = self.values, {}
+        return values
+
+
+def compute_metrics(loop, used: dict, nfe: int) -> dict:
+    """This step's compute, summed over processes (sequence forward passes of the rollout and of the training
+    passes, completion positions decoded, loss tokens x updates; the diagnostics' and validation's forwards
+    apart) and the run's totals so far (`Loop.totals`, kept in checkpoints), for plots against compute."""
+    spent = {"rollout_forwards": used["rollout/forwards"], "train_forwards": used["train/forwards"],
+             "rollout_tokens": used["rollout_tokens"], "update_tokens": used["update_tokens"]}
+    for k, v in spent.items():
+        loop.totals[k] = loop.totals.get(k, 0.0) + v
+    totals = loop.totals
+    return {**{f"compute/{k}": v for k, v in spent.items()}, "compute/rollout_nfe": nfe,
+            "compute/diag_forwards": used["diag/forwards"], "compute/eval_forwards": used["eval/forwards"],
+            **{f"compute/total_{k}": v for k, v in totals.items()},
+            "compute/total_forwards": totals["rollout_forwards"] + totals["train_forwards"],
+            "compute/wall_s": loop.elapsed()}
+
+
+def dynamic_stats(dist, out, rows: int) -> dict:
+    """Dynamic blocks (`decoding.block.dynamic`): the mean block-entropy reward and number of blocks decoded
+    per completion (collective where there are any; nothing with the model's fixed blocks)."""
+    if out.segments is None:
+        return {}
+    blocks = (out.segments.masked_fill(~out.response_mask.bool(), -1).amax(dim=1) + 1).float()
+    s = dist.sum({"reward": float(out.block_reward.sum()), "blocks": float(blocks.sum())})
+    return {"rollout/block_reward": s["reward"] / rows, "rollout/blocks": s["blocks"] / rows}
+
+
+def step_metrics(dist, batch, out, mu: int, sums: dict, lr: float, times: dict) -> dict:
+    """The logged metrics of an RL step (`batch`: its `rl.RLBatch`), summed over processes (collective)."""
+    G = batch.group_size
+    grouped = batch.rewards.view(-1, G)
+    stats = dist.sum({"reward_sum": float(batch.rewards.sum()), "reward_sq": float((batch.rewards ** 2).sum()),
+                      "zero_std": float((grouped.std(dim=1) == 0).sum()) if G > 1 else 0.0,
+                      "seq_tokens": float(out.attention_mask.sum()), "new_tokens": float(out.response_mask.sum())})
+    rows = batch.num_sequences
+    mean = stats["reward_sum"] / rows
+    var = max(0.0, stats["reward_sq"] / rows - mean ** 2) * rows / max(1, rows - 1)
+    return {"rollout/reward_mean": mean, "rollout/reward_std": var ** 0.5,
+            "rollout/zero_std_groups": stats["zero_std"] / (rows / G),
+            "rollout/response_tokens": batch.num_tokens / rows, **sums, "optim/lr": lr, **dynamic_stats(dist, out, rows),
+            "perf/rollout_tokens_per_s": stats["new_tokens"] / times["time/rollout_s"],
+            "perf/train_tokens_per_s": stats["seq_tokens"] * mu / max(times["time/logp_s"] + times["time/update_s"], 1e-9),
+            **times}

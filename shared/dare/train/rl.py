@@ -70,14 +70,15 @@ from dare.train.checkpoint import save_final
 from dare.train.loop import Loop, build_model
 from dare.train.dist import gathered, setup_dist
 from dare.train.trainer import Trainer
+from dare.train.validation import validate, validation_due, validation_rows
+from dare.train.metrics import PhasePeaks, compute_metrics, step_metrics
+from dare.train.diagnostics import estimator_noise, replay_agreement, step_diagnostics
 from dare.train.estimators import Compute
 from dare.train import diagnostics as diag
 from dare.train.critic import build_critic
-from dare.train.estimators import spread, trajectory_logps
 from dare.train.hooks import RLHooks, missing_value_hooks
 from dare.train.noise import Draw
-from dare.train.noise import rollout_rounds, trace_rounds
-from dare.utils import UserError, derive_seed, make_generator
+from dare.utils import UserError, make_generator
 
 @dataclass(kw_only=True)
 class RLBatch:
@@ -157,28 +158,6 @@ def per_micro(fn, batch: RLBatch, noise, size: int) -> list:
     """fn(micro_batch, micro_noise) for each micro-batch of `batch`."""
     n = batch.sequences.shape[0]
     return [fn(take(batch, rows, n), take(noise, rows, n)) for rows in micro_slices(n, size)]
-
-
-class PhasePeaks:
-    """Each phase's peak memory on a CUDA device: `start()` resets the allocator's peak statistics, `end(phase)`
-    records `memory/<phase>_peak_gib` (max_memory_allocated / 2**30). Host-side allocator queries (no device
-    sync); on any other device it records nothing."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.cuda = device, torch.device(device).type == "cuda"
-        self.values: dict[str, float] = {}
-
-    def start(self) -> None:
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def end(self, phase: str) -> None:
-        if self.cuda:
-            self.values[f"memory/{phase}_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-
-    def take(self) -> dict[str, float]:
-        values, self.values = self.values, {}
-        return values
 
 
 def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
@@ -395,94 +374,6 @@ def replayed_loss(trainer, hooks: RLHooks, policy, batch, draw, parts: list, old
         trainer.backward)
 
 
-def replay_agreement(policy, trainer, batch: RLBatch, rows: int) -> dict:
-    """The rollout/trainer agreement on the first `rows` rows: each committed token's log-prob in the state
-    the sampler decoded it from, replayed by the trainer's forward without a cache (`trajectory_logps` on
-    the step map, one forward per decoding round), against the sampler's own (`batch.commit_logps`).
-    Dynamic blocks (`batch.segments`): the rounds are the row's steps and each state one plain forward of the
-    canvas (a window crosses the model's blocks); exact but where a block cut at its marker re-masked tokens
-    the sampler had shown to the model (docs/training.md, b1).
-    Summed over processes (collective: every rank runs the largest round count of any rank)."""
-    n = batch.sequences.shape[0]
-    sub = take(batch, slice(0, min(rows, n)), n)
-    canvas = sub.segments is not None
-    if canvas:  # every distinct step of a row is a round, across its blocks
-        steps = trace_rounds(sub.step_map, torch.zeros_like(sub.step_map))
-        rounds = torch.cat([torch.full_like(sub.sequences[:, :sub.prompt_length], -1), steps], dim=1)
-    else:
-        rounds = rollout_rounds(sub)
-    with torch.no_grad(), trainer.autocast():
-        replayed = trajectory_logps(policy, sub, rounds, canvas=canvas)  # collective under FSDP
-    sums = diag.agreement_sums(sub.commit_logps, replayed, sub.response_mask & (sub.step_map >= 0), "replay/")
-    worst = {"replay/max_abs": sums.pop("replay/max_abs")}
-    return {**trainer.dist.sum(sums), **trainer.dist.max(worst)}
-
-
-def estimator_noise(policy, trainer, hooks: RLHooks, batch: RLBatch, cfg, step: int) -> dict:
-    """The algorithm's log-prob estimator re-run on the first `rl.diag_rows` rows with `rl.diag_draws`
-    independent noise draws (generators of their own): the mean standard deviation of a sequence's estimate
-    (`diag.sequence_estimate`) and the spread of the batch's sequence advantages. An estimator without
-    noise (no `sample_noise`: trajectory replays) has none. Collective."""
-    dist, n = trainer.dist, batch.sequences.shape[0]
-    sub = take(batch, slice(0, min(cfg.rl.diag_rows, n)), n)
-    if hooks.draws_noise:
-        def estimate(generator):
-            z = hooks.sample_noise(sub, generator, cfg)
-            with torch.no_grad(), trainer.autocast():
-                return diag.sequence_estimate(hooks.token_logps(policy, sub, z, cfg).float(), sub.response_mask)
-
-        _, std = spread(estimate, cfg.rl.diag_draws, derive_seed(cfg.run.seed, f"diag/{step}/{dist.rank}"))
-    else:
-        std = torch.zeros(sub.sequences.shape[0])
-    adv = batch.advantages.float()
-    sums = dist.sum({"spread/std": float(std.sum()), "spread/n": float(std.numel()), "adv/n": float(adv.numel()),
-                     "adv/sum": float(adv.sum()), "adv/sq": float((adv ** 2).sum())})
-    mean = sums["adv/sum"] / sums["adv/n"]
-    return {**sums, "adv/std": max(0.0, sums["adv/sq"] / sums["adv/n"] - mean ** 2) ** 0.5}
-
-
-def step_diagnostics(checks: dict) -> dict:
-    """The logged diagnostics from their sums over processes (`dare.train.diagnostics`)."""
-    out = diag.ratios(checks, {**diag.DIVERSITY, **diag.AGREEMENT, "rollout/nonfinite": ("nonfinite", "values"),
-                               "diag/logp_std": ("spread/std", "spread/n")})
-    out["rollout/no_eos"] = 1 - checks["stop_rows"] / checks["rows"]
-    for key, name, count in [("replay/max_abs", "agree/logp_max_abs_gap", "replay/n"),
-                             ("estimate/max_abs", "agree/estimate_max_abs_gap", "estimate/n"),
-                             ("ratio/max_dev", "agree/ratio_max_dev", "ratio/n")]:
-        if checks.get(count):
-            out[name] = checks[key]
-    if "adv/std" in checks:
-        out["diag/adv_std"] = checks["adv/std"]
-        if checks["adv/std"] > 0 and "diag/logp_std" in out:
-            out["diag/logp_std_to_adv_std"] = out["diag/logp_std"] / checks["adv/std"]
-    return out
-
-
-def validation_due(rl, done: int, total: int, before: float, after: float) -> bool:
-    """Whether the step that ends with `done` steps of `total` validates: every `rl.eval_every` steps, at each
-    multiple of `rl.eval_every_forwards` that the run's forwards passed during the step (from `before` to
-    `after`), and after the last step when either schedule is on."""
-    every, budget = rl.eval_every, rl.eval_every_forwards
-    return ((every > 0 and (done % every == 0 or done == total))
-            or (budget > 0 and (after // budget > before // budget or done == total)))
-
-
-def compute_metrics(loop, used: dict, nfe: int) -> dict:
-    """This step's compute, summed over processes (sequence forward passes of the rollout and of the training
-    passes, completion positions decoded, loss tokens x updates; the diagnostics' and validation's forwards
-    apart) and the run's totals so far (`Loop.totals`, kept in checkpoints), for plots against compute."""
-    spent = {"rollout_forwards": used["rollout/forwards"], "train_forwards": used["train/forwards"],
-             "rollout_tokens": used["rollout_tokens"], "update_tokens": used["update_tokens"]}
-    for k, v in spent.items():
-        loop.totals[k] = loop.totals.get(k, 0.0) + v
-    totals = loop.totals
-    return {**{f"compute/{k}": v for k, v in spent.items()}, "compute/rollout_nfe": nfe,
-            "compute/diag_forwards": used["diag/forwards"], "compute/eval_forwards": used["eval/forwards"],
-            **{f"compute/total_{k}": v for k, v in totals.items()},
-            "compute/total_forwards": totals["rollout_forwards"] + totals["train_forwards"],
-            "compute/wall_s": loop.elapsed()}
-
-
 def mini_batches(batch: RLBatch, k: int, dist, units) -> list[tuple[slice, RLBatch]]:
     """The step's rows in `k` consecutive slices of whole groups (`rl.mini_batches`, verl's `ppo_mini_batch_size`),
     each with its own totals over processes (`num_tokens`, `num_sequences`, `num_active`, `num_units` from
@@ -502,60 +393,3 @@ def mini_batches(batch: RLBatch, k: int, dist, units) -> list[tuple[slice, RLBat
     return out
 
 
-def validation_rows(cfg, task, world: int) -> list[dict]:
-    """The first `rl.eval_samples` rows of `rl.eval_split` (a multiple of the process count, so
-    every rank decodes the same number: generation under FSDP is collective)."""
-    if cfg.rl.eval_split not in task.splits:
-        raise UserError(f"rl.eval_split={cfg.rl.eval_split!r}: task {task.name!r} has splits {task.splits}")
-    rows = load_split(task.name, cfg.rl.eval_split)[:cfg.rl.eval_samples]
-    rows = rows[:len(rows) - len(rows) % world]
-    if not rows:
-        raise UserError(f"rl.eval_samples={cfg.rl.eval_samples}: fewer validation rows than the {world} processes")
-    return rows
-
-
-def validate(policy, trainer, tokenizer, task, rows: list[dict], decoding, generator, gather: bool = True) -> dict:
-    """The embedded evaluator's metrics on this rank's share of the validation rows, averaged over
-    all ranks (collective): {"val/<metric>": mean}. `gather`: the sharded policy gathered once for the
-    rollout (`dist.gathered`, `rl.gather_rollout`)."""
-    dist, f = trainer.dist, facts(policy)
-    mine = rows[dist.shard(len(rows))]
-    ids, mask = left_pad(encode_chat(tokenizer, [r["prompt"] for r in mine]), f.pad_token_id)
-    policy.eval()
-    with torch.no_grad(), trainer.autocast(), gathered(policy, gather):
-        out = generate(policy, ids.to(dist.device), mask.to(dist.device), decoding, generator,
-                       marker_id(tokenizer, decoding))
-    sums: dict[str, float] = {"count": float(len(mine))}
-    for scores in task.scores(decode_responses(tokenizer, out.responses, f.stop_ids), mine):
-        for k, v in scores.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-    totals = dist.sum(sums)
-    return {f"val/{k}": v / totals["count"] for k, v in totals.items() if k != "count"}
-
-
-def dynamic_stats(dist, out, rows: int) -> dict:
-    """Dynamic blocks (`decoding.block.dynamic`): the mean block-entropy reward and number of blocks decoded
-    per completion (collective where there are any; nothing with the model's fixed blocks)."""
-    if out.segments is None:
-        return {}
-    blocks = (out.segments.masked_fill(~out.response_mask.bool(), -1).amax(dim=1) + 1).float()
-    s = dist.sum({"reward": float(out.block_reward.sum()), "blocks": float(blocks.sum())})
-    return {"rollout/block_reward": s["reward"] / rows, "rollout/blocks": s["blocks"] / rows}
-
-
-def step_metrics(dist, batch: RLBatch, out, mu: int, sums: dict, lr: float, times: dict) -> dict:
-    """The logged metrics of an RL step, summed over processes (collective)."""
-    G = batch.group_size
-    grouped = batch.rewards.view(-1, G)
-    stats = dist.sum({"reward_sum": float(batch.rewards.sum()), "reward_sq": float((batch.rewards ** 2).sum()),
-                      "zero_std": float((grouped.std(dim=1) == 0).sum()) if G > 1 else 0.0,
-                      "seq_tokens": float(out.attention_mask.sum()), "new_tokens": float(out.response_mask.sum())})
-    rows = batch.num_sequences
-    mean = stats["reward_sum"] / rows
-    var = max(0.0, stats["reward_sq"] / rows - mean ** 2) * rows / max(1, rows - 1)
-    return {"rollout/reward_mean": mean, "rollout/reward_std": var ** 0.5,
-            "rollout/zero_std_groups": stats["zero_std"] / (rows / G),
-            "rollout/response_tokens": batch.num_tokens / rows, **sums, "optim/lr": lr, **dynamic_stats(dist, out, rows),
-            "perf/rollout_tokens_per_s": stats["new_tokens"] / times["time/rollout_s"],
-            "perf/train_tokens_per_s": stats["seq_tokens"] * mu / max(times["time/logp_s"] + times["time/update_s"], 1e-9),
-            **times}
