@@ -190,3 +190,39 @@ def test_no_baseline_imports_a_recipes_loop():
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             found += [f"{path.parent.name}: {n}" for n in names if n in loops]
     assert not found, found
+
+
+def test_each_rl_baseline_declares_what_token_logps_returns_and_the_bound_hook_checks_it():
+    """Issue 61: `token_logps` returns seven shapes across the baselines; each declares its kind (`SCORE`, one of
+    `dare.train.hooks.SCORES`), bind refuses a module without one, and the bound hook raises a clear error when a
+    result does not fit the declaration (the two-step runs of every baseline call it, so every declaration is
+    checked against what the baseline returns)."""
+    import importlib
+    import types
+
+    import pytest
+    import torch
+
+    from dare.app.baselines import names
+    from dare.train.hooks import SCORES, bind
+
+    kinds = {}
+    for name in names():
+        module = importlib.import_module(f"baselines.{name}.algorithm")
+        if module.RECIPE == "rl":
+            kinds[name] = module.SCORE
+    assert set(kinds.values()) == set(SCORES) and len(kinds) >= 14
+    module = types.ModuleType("m")
+    module.RECIPE = "rl"
+    for hook in ("advantages", "loss"):
+        setattr(module, hook, lambda *a: None)
+    module.token_logps = lambda model, batch, noise, cfg: torch.zeros(batch.sequences.shape[0])
+    with pytest.raises(ValueError, match="SCORE = None; declare what token_logps returns"):
+        bind(module, "m")
+    module.SCORE = "token"
+    batch = types.SimpleNamespace(sequences=torch.zeros(4, 10), prompt_length=6)
+    with pytest.raises(ValueError, match=r"returned shape \(4,\) for 4 completions of 4 positions, but the baseline "
+                                         r"declares SCORE = 'token'"):
+        bind(module, "m").token_logps(None, batch, None, None)
+    module.SCORE = "sequence"
+    assert bind(module, "m").token_logps(None, batch, None, None).shape == (4,)

@@ -33,6 +33,7 @@ from dare.train.estimators import masked_logps
 from dare.train.objectives import clipped_token_objective, group_advantages
 
 RECIPE = "rl"
+SCORE = "draw_token"  # what token_logps returns: (B, D, G) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:

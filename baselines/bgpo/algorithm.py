@@ -33,6 +33,7 @@ from dare.train.estimators import elbo_terms
 from dare.train.objectives import group_advantages
 
 RECIPE = "rl"
+SCORE = "draw"  # what token_logps returns: (B, D) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:

@@ -34,6 +34,7 @@ from dare.train.estimators import draw_logps
 from dare.train.objectives import bridge_log_ratio, clipped_sequence_objective, group_advantages
 
 RECIPE = "rl"
+SCORE = "draw_token"  # what token_logps returns: (B, D, G) (dare.train.hooks.SCORES)
 PATHS = 3  # the full mask, M, its complement
 
 

@@ -36,6 +36,7 @@ from dare.train.estimators import completion_logps
 from dare.train.objectives import clipped_token_objective, group_advantages
 
 RECIPE = "rl"
+SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:

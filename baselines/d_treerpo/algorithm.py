@@ -41,6 +41,7 @@ from dare.train.estimators import trajectory_logps
 from dare.train.objectives import clipped_token_objective
 
 RECIPE = "rl"
+SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:

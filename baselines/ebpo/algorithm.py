@@ -30,6 +30,7 @@ from dare.train.estimators import draw_logps
 from dare.train.objectives import clipped_sequence_objective, group_advantages
 
 RECIPE = "rl"
+SCORE = "draw"  # what token_logps returns: (B, D) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:

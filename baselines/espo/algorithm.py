@@ -29,6 +29,7 @@ from dare.train.estimators import elbo
 from dare.train.objectives import clipped_sequence_objective, group_advantages
 
 RECIPE = "rl"
+SCORE = "sequence"  # what token_logps returns: (B,) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:

@@ -37,6 +37,7 @@ from dare.train.estimators import elbo_terms
 from dare.train.objectives import clipped_log_ratio_regression, group_advantages
 
 RECIPE = "rl"
+SCORE = "draw"  # what token_logps returns: (B, D) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:

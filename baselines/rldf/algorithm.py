@@ -47,6 +47,7 @@ from dare.train.estimators import draw_logps
 from dare.train.objectives import clipped_token_objective, group_advantages
 
 RECIPE = "rl"
+SCORE = "draw_token"  # what token_logps returns: (B, D, G) (dare.train.hooks.SCORES)
 STD_EPS, STD_FLOOR = 1e-8, 1e-2  # main_rl.py compute_loss: (r - mean) / (std + 1e-8).clamp(min=1e-2)
 MIN_PROB = 1e-10  # masking_strategy.py: token probabilities are clamped before the log
 

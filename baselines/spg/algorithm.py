@@ -37,6 +37,7 @@ from dare.train.estimators import draw_logps, sandwiched_likelihood
 from dare.train.objectives import group_advantages
 
 RECIPE = "rl"
+SCORE = "draw_token"  # what token_logps returns: (B, D, G) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:

@@ -44,6 +44,7 @@ from dare.train.estimators import draw_logps, sandwiched_likelihood, token_mean_
 from dare.train.objectives import clipped_self_normalized_weights, group_advantages
 
 RECIPE = "rl"
+SCORE = "draw_token"  # what token_logps returns: (B, D, G) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:

@@ -65,6 +65,7 @@ from dare.train.estimators import per_round, trajectory_logps
 from dare.train.objectives import clipped_token_objective, group_advantages
 
 RECIPE = "rl"
+SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:
@@ -80,9 +81,8 @@ def check_config(cfg) -> None:
 
 def kept(rewards: torch.Tensor, cfg) -> torch.Tensor:
     """(P, 1) bool: groups whose accuracy, the mean reward, lies in [filter_low, filter_high] (the loop's
-    `batch.kept_groups`: a step that keeps none makes no update, as the reference then trains on nothing). With the
-    reference's binary rewards this is the share correct; with partial credit (Sudoku's cell accuracy)
-    the share of rewards > 0 would be about 1 for every group and drop them all."""
+    `batch.kept_groups`: a step that keeps none makes no update, as the reference then trains on nothing). With binary
+    rewards this is the share correct; with partial credit (Sudoku) the share > 0 would be about 1 and drop all."""
     accuracy = rewards.float().mean(dim=1, keepdim=True)
     return (accuracy >= cfg.algo.filter_low) & (accuracy <= cfg.algo.filter_high)
 

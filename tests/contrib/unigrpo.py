@@ -17,6 +17,7 @@ from dare.train.estimators import masked_logps
 from dare.train.objectives import group_advantages
 
 RECIPE = "rl"
+SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
 
 
 @dataclass

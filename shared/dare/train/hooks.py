@@ -41,7 +41,10 @@ Three rules hold for every hook:
                                                                       the default `Draw()` draws nothing: the rollout fixes
                                                                       the inputs (then one draw serves the mu updates, and
                                                                       the old and reference log-probs are computed once)
-                 token_logps(model, batch, noise, cfg)                (B, G) per-token log-probs of the completions
+                 token_logps(model, batch, noise, cfg)                the baseline's likelihood terms, in the shape its
+                                                                      `SCORE` declares (`SCORES`: per token (B, G), per
+                                                                      sequence (B,), per draw (B, D), per draw and token
+                                                                      (B, D, G)); checked on every call
                  loss(logps, old_logps, ref_logps, batch, noise, cfg) (loss, metrics)
                  uses_reference(cfg)                     optional     False: no reference model is kept
                  uses_old_logps(cfg)                     optional     True: False skips the old log-probs
@@ -77,6 +80,7 @@ Losses and metrics are normalized by the step's totals carried in the batch (`nu
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable
@@ -164,6 +168,38 @@ class RLHooks:
         return self.sample_noise is not _no_noise
 
 
+SCORES = {
+    "token": "(B, G): one log-prob per completion position (d1, wd1, cj_grpo, coupled_grpo, tracerl, ...)",
+    "sequence": "(B,): one score per completion, its ELBO (espo, gdpo)",
+    "draw": "(B, D): one term per completion and noise draw or Monte-Carlo pair (bgpo, ebpo, gdsd)",
+    "draw_token": "(B, D, G): per completion, draw (a time, a state, a path) and completion position (spg, mdpo, ...)",
+}
+"""What an RL baseline's `token_logps` returns, by the name its `SCORE` gives (B completions of G positions; the
+loss reads the same shape from `old_logps` and `ref_logps`). `bind` refuses a baseline without a known `SCORE`, and
+the bound `token_logps` checks each result's shape against it (metadata only: no device sync)."""
+
+
+def check_score(kind: str, logps, batch) -> None:
+    """ValueError when `logps` (what `token_logps` returned for `batch`) is not of the shape `kind` declares."""
+    B, G = batch.sequences.shape[0], batch.sequences.shape[1] - batch.prompt_length
+    shape = tuple(logps.shape)
+    fits = {"token": shape == (B, G), "sequence": shape == (B,), "draw": len(shape) == 2 and shape[0] == B,
+            "draw_token": len(shape) == 3 and shape[0] == B and shape[2] == G}[kind]
+    if not fits:
+        raise ValueError(f"token_logps returned shape {shape} for {B} completions of {G} positions, but the baseline "
+                         f"declares SCORE = {kind!r}: {SCORES[kind]}")
+
+
+def _declared(token_logps: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    @functools.wraps(token_logps)
+    def checked(model, batch, noise, cfg):
+        logps = token_logps(model, batch, noise, cfg)
+        check_score(kind, logps, batch)
+        return logps
+
+    return checked
+
+
 HOOKS: dict[str, type] = {"sft": SFTHooks, "preference": PreferenceHooks, "rl": RLHooks}
 """The recipes, by the name a baseline gives in `RECIPE`."""
 
@@ -199,7 +235,14 @@ def bind(module: ModuleType, where: str | None = None):
     if not_callable:
         raise ValueError(f"{where}: {', '.join(not_callable)} must be functions (see dare.train.hooks)")
     fields = [f.name for f in dataclasses.fields(HOOKS[recipe])]
-    return HOOKS[recipe](**{name: getattr(module, name) for name in fields if hasattr(module, name)})
+    hooks = {name: getattr(module, name) for name in fields if hasattr(module, name)}
+    if recipe == "rl":
+        kind = getattr(module, "SCORE", None)
+        if kind not in SCORES:
+            raise ValueError(f"{where}: SCORE = {kind!r}; declare what token_logps returns, one of "
+                             + "; ".join(f"{k!r} {v.split(':')[0]}" for k, v in SCORES.items()) + " (see dare.train.hooks)")
+        hooks["token_logps"] = _declared(module.token_logps, kind)
+    return HOOKS[recipe](**hooks)
 
 
 def missing_value_hooks(hooks: RLHooks) -> list[str]:
