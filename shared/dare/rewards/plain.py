@@ -152,14 +152,15 @@ def _decode(data, pos, remote, depth):
         items.append(item)
     if tag == b"d":
         return dict(zip(items[::2], items[1::2])), pos
-    kind = {b"l": list, b"t": tuple, b"S": set, b"Z": frozenset}.get(tag)
+    kind = next((k for k, t in _SEQUENCES.items() if t == tag), None)
     if kind is None:
         raise ValueError(f"an unknown tag {tag!r}")
     return kind(items), pos
 
 
-def send(fd, message):
-    data = encode(message)
+def send(fd, message, keep=None):
+    """`message` encoded (`keep`: as `encode`'s) and framed by its length, written whole."""
+    data = encode(message, keep)
     if len(data) > MAX_MESSAGE:
         raise ValueError(f"a message of {len(data)} bytes (at most {MAX_MESSAGE})")
     data = len(data).to_bytes(4, "big") + data
@@ -209,12 +210,9 @@ def serve(code, requests, replies):
         try:
             _, target, args, kwargs = request
             function = space[target] if type(target) is str else kept[target]
-            reply = encode(("ok", function(*args, **kwargs)), kept)
+            send(replies, ("ok", function(*args, **kwargs)), kept)
         except BaseException as error:
-            reply = encode(_failure(error))
-        data = len(reply).to_bytes(4, "big") + reply
-        while data:
-            data = data[os.write(replies, data):]
+            send(replies, _failure(error))
 
 
 def zygote(channel):
@@ -249,12 +247,7 @@ def _judge_process(wall_s, cpu_s, spec, requests, replies, verdict):
     import resource
     import signal
 
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:  # the OOM killer takes a judge before the trainer
-            f.write("1000")
-    except OSError:
-        pass
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (its oom_score_adj of 1000 comes from the zygote)
     signal.alarm(wall_s + 1)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -688,9 +688,10 @@ class _Zygote:
 
     @classmethod
     def _start(cls) -> None:
+        if cls.sock is not None:  # a dead zygote's, or (after a fork) the parent's: this process's copy
+            cls.sock.close()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        with open(os.path.join(os.path.dirname(__file__), "plain.py")) as f:
-            source = f.read() + f"\nzygote({theirs.fileno()})\n"
+        source = _plain_source() + f"\nzygote({theirs.fileno()})\n"
         cls.proc = subprocess.Popen([_python(), "-I", "-S", "-c", source], stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                     env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/",
@@ -728,8 +729,10 @@ def run_judged(code: str, tests: Tests, limits: Limits = Limits()) -> Outcome:
         _Zygote.send(int(limits.wall_s).to_bytes(4, "big") + int(limits.cpu_s).to_bytes(4, "big"),
                      [spec_r, requests_w, replies_r, verdict_w])
         close(spec_r, requests_w, replies_r, verdict_w)
+        spec = plain.encode((tests.setup, tests.then, list(tests.force)))
         try:
-            os.write(spec_w, plain.encode((tests.setup, tests.then, list(tests.force))))
+            while spec:
+                spec = spec[os.write(spec_w, spec):]
         except BrokenPipeError:
             pass
         close(spec_w)
