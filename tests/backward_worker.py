@@ -13,11 +13,11 @@ from baselines.tracerl import algorithm as tracerl
 from dare.config import ModelConfig, TrainConfig
 from dare.models import facts, load_pretrained
 from dare.rollout import left_pad
-from dare.rollout.core import response_mask
+from dare.rollout.core import RolloutOutput, response_mask
 from dare.train.batches import take, updates
 from dare.train.noise import Draw
 from dare.train.estimators import Compute
-from dare.train.rl import RLBatch
+from dare.train.rl import RLBatch, Totals
 from dare.train.dist import setup_dist
 from dare.train.trainer import Trainer
 
@@ -30,12 +30,13 @@ f = facts(model)
 prompt_ids, prompt_mask = left_pad(spec["prompts"], f.pad_token_id)
 responses = torch.tensor(spec["responses"])
 n = responses.shape[0]
-batch = RLBatch(sequences=torch.cat([prompt_ids, responses], 1),
-                attention_mask=torch.cat([prompt_mask, torch.ones_like(responses)], 1), prompt_length=prompt_ids.shape[1],
-                response_mask=response_mask(responses, f.stop_ids), step_map=torch.tensor(spec["steps"]),
-                rewards=torch.tensor(spec["rewards"]), advantages=torch.tensor(spec["advantages"]),
-                group_size=spec["group_size"], num_tokens=0.0, num_sequences=n,
-                compute=Compute(pack=False, chunk=spec["chunk"]), eos_token_id=f.eos_token_id)
+rollout = RolloutOutput(sequences=torch.cat([prompt_ids, responses], 1),
+                        attention_mask=torch.cat([prompt_mask, torch.ones_like(responses)], 1),
+                        prompt_length=prompt_ids.shape[1], response_mask=response_mask(responses, f.stop_ids),
+                        step_map=torch.tensor(spec["steps"]), nfe=0)
+batch = RLBatch(rollout=rollout, facts=f, rewards=torch.tensor(spec["rewards"]),
+                advantages=torch.tensor(spec["advantages"]), group_size=spec["group_size"], totals=Totals(num_sequences=n),
+                compute=Compute(pack=False, chunk=spec["chunk"]))
 old_logps = torch.tensor(spec["old_logps"])
 mine = dist.shard(n)
 batch, old_logps = take(batch, mine, n), old_logps[mine]
@@ -45,7 +46,7 @@ from conftest import run_config  # noqa: E402 (tests/ is on the path: the test l
 cfg = run_config("tracerl", **cfg)
 batch = tracerl.prepare(batch, cfg)
 z = Draw()  # TraceRL draws nothing (no sample_noise)
-batch = replace(batch, num_units=dist.sum({"u": tracerl.loss_units(batch, z, cfg)})["u"])
+batch = replace(batch, totals=replace(batch.totals, num_units=dist.sum({"u": tracerl.loss_units(batch, z, cfg)})["u"]))
 trainer = Trainer(model, ModelConfig(family=f.family), TrainConfig(lr=1.0, max_grad_norm=0.0), dist, total_steps=1)
 # plain SGD at lr 1 (weights - gradient): Adam's first step, lr g / (|g| + eps), would turn float rounding in
 # gradients near eps into differences of up to lr

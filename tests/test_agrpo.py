@@ -18,7 +18,7 @@ from dare.rollout import generate, left_pad
 from dare.train.optim import lr_factor
 from dare.train.estimators import Compute, masked_logps
 from dare.train.noise import Draw
-from dare.train.rl import RLBatch
+from dare.train.rl import RLBatch, Totals
 from test_trajectory_rl import PROMPTS, tiny_llada
 
 DECODING = DecodingConfig(sampler="truncated", gen_length=8, block_length=4, steps=4, temperature=0.7,
@@ -35,12 +35,9 @@ def rollout_batch(model, decoding=DECODING, seed=3):
     ids, mask = left_pad(PROMPTS, f.pad_token_id)
     out = generate(model, ids, mask, decoding, torch.Generator().manual_seed(seed))
     B = out.sequences.shape[0]
-    batch = RLBatch(sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
-                    response_mask=out.response_mask, step_map=out.step_map, decoding=decoding, rewards=torch.zeros(B),
-                    advantages=torch.tensor([1.0, -1.0, 0.5]), trajectory=out.trajectory.transpose(0, 1),
-                    rollout_logps=out.logps, num_tokens=float(out.response_mask.sum()), num_sequences=B,
-                    compute=Compute(pack=False), mask_token_id=f.mask_token_id, eos_token_id=f.eos_token_id,
-                    rollout_entropies=out.entropies, supports=out.supports)
+    batch = RLBatch(rollout=out, facts=f, rewards=torch.zeros(B), advantages=torch.tensor([1.0, -1.0, 0.5]),
+                    totals=Totals(num_tokens=float(out.response_mask.sum()), num_sequences=B),
+                    compute=Compute(pack=False))
     return out, batch
 
 
@@ -62,7 +59,7 @@ def test_the_trainer_scores_the_distribution_the_sampler_drew_from():
     assert (at.sum(dim=1) == 1).all()  # each token scored once, by the step that committed it
     scored = (logps * at).sum(dim=1)
     assert torch.allclose(scored, out.logps, atol=1e-5)
-    untruncated = agrpo.token_logps(model, dataclasses.replace(batch, supports=None), every_step(batch, 4), cfg)
+    untruncated = agrpo.token_logps(model, dataclasses.replace(batch, rollout=dataclasses.replace(out, supports=None)), every_step(batch, 4), cfg)
     assert ((untruncated * at).sum(dim=1) - out.logps).abs().max() > 1e-2
     # at the sampler's policy every ratio is 1: the policy loss is -sum_i A_i * (tokens per step) / N
     loss, metrics = agrpo.loss(logps, None, None, batch, every_step(batch, 4), cfg)
@@ -113,7 +110,7 @@ def test_the_replayed_states_are_the_step_map_rebuild():
     out, batch = rollout_batch(model)
     mask_id = facts(model).mask_token_id
     for s in range(4):
-        before = out.trajectory[s - 1] if s else torch.full_like(batch.responses, mask_id)
+        before = out.trajectory[:, s - 1] if s else torch.full_like(batch.responses, mask_id)
         assert torch.equal(before, torch.where(batch.step_map >= s, mask_id, batch.responses))
 
 
@@ -125,8 +122,8 @@ def hand_batch():
     step_map = torch.tensor([[0, 1, 0, 1], [0, 1, 0, 1]])
     return SimpleNamespace(sequences=torch.cat([torch.ones(2, 1, dtype=torch.long), responses], dim=1),
                            responses=responses, prompt_length=1, step_map=step_map, eos_token_id=9,
-                           rollout_entropies=torch.tensor([[0.5, 0.25, 1.5, 0.25], [1.0, 0.0, 1.0, 0.0]]),
-                           rollout_logps=torch.tensor([[-1.0, -2.0, -0.5, -0.1], [-0.3, -1.0, -2.0, -1.0]]),
+                           rollout=SimpleNamespace(entropies=torch.tensor([[0.5, 0.25, 1.5, 0.25], [1.0, 0.0, 1.0, 0.0]]),
+                                                   logps=torch.tensor([[-1.0, -2.0, -0.5, -0.1], [-0.3, -1.0, -2.0, -1.0]])),
                            advantages=torch.tensor([1.0, -0.5]), num_sequences=2)
 
 
@@ -145,7 +142,7 @@ def test_step_draws_are_stratified_and_importance_weights_unbiased():
     B, G, S, M = 1, 8, 4, 100
     step_map = torch.arange(G).div(2, rounding_mode="floor")[None]  # steps 0 0 1 1 2 2 3 3
     batch = SimpleNamespace(step_map=step_map, responses=torch.ones(B, G, dtype=torch.long), eos_token_id=9,
-                            rollout_entropies=torch.tensor([[0.1, 0.1, 2.0, 1.0, 0.5, 0.0, 0.2, 0.2]]))
+                            rollout=SimpleNamespace(entropies=torch.tensor([[0.1, 0.1, 2.0, 1.0, 0.5, 0.0, 0.2, 0.2]])))
     batch.decoding = decoding = dataclasses.replace(DECODING, gen_length=G, steps=S)
     draw = agrpo.sample_noise(batch, torch.Generator().manual_seed(0),
                               agrpo_config(decoding, mc_samples=M, importance_sampling="uniform"))
@@ -165,7 +162,7 @@ def test_loss_hand_computed():
     batch = hand_batch()
     steps, weights = torch.tensor([[0, 1], [0, 0]]), torch.tensor([[0.5, 2.0], [1.0, 1.0]])
     delta = torch.tensor([[0.5, -0.1, 0.0, 0.3], [0.1, 9.0, -0.4, 9.0]])  # row 1's EOS tokens are never drawn
-    logps = (batch.rollout_logps + delta)[:, None, :].expand(-1, 2, -1)
+    logps = (batch.rollout.logps + delta)[:, None, :].expand(-1, 2, -1)
     ref = logps - 0.2
     batch.decoding = decoding = dataclasses.replace(DECODING, gen_length=4, steps=2)
     cfg = agrpo_config(decoding, mc_samples=2, epsilon=0.2, beta=0.5)

@@ -17,7 +17,7 @@ from dare.models.tokenizer import char_tokenizer
 from dare.rollout import generate, left_pad
 from dare.train import noise
 from dare.train.estimators import Compute, completion_logps, diffusion_logps
-from dare.train.rl import RLBatch
+from dare.train.rl import RLBatch, Totals
 
 # prompts of 3, 6 and 1 tokens: with block 4 their tails start 3, 2 and 1 positions into a block
 PROMPTS = [[5, 9, 7], [5, 11, 6, 8, 9, 10], [6]]
@@ -35,11 +35,9 @@ def rollout(model, decoding, seed=0):
 
 def rl_batch(model, out, adv=None) -> RLBatch:
     B = out.sequences.shape[0]
-    return RLBatch(sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
-                   response_mask=out.response_mask, step_map=out.step_map, rewards=torch.zeros(B),
-                   advantages=torch.zeros(B) if adv is None else adv, trajectory=out.trajectory,
-                   block_size=facts(model).block_size, rollout_logps=out.logps,
-                   num_tokens=float(out.response_mask.sum()), num_sequences=B, compute=Compute(pack=False))
+    return RLBatch(rollout=out, facts=facts(model), rewards=torch.zeros(B),
+                   advantages=torch.zeros(B) if adv is None else adv,
+                   totals=Totals(num_tokens=float(out.response_mask.sum()), num_sequences=B), compute=Compute(pack=False))
 
 
 @pytest.mark.parametrize("family", ["sdar", "llada2"])
@@ -97,7 +95,7 @@ def test_trace_rounds_replay_the_sampler_states_and_commit_every_token_once():
     batch = rl_batch(model, out)
     rounds = tracerl.prepare(batch, run_config("tracerl")).extras["rounds"][:, batch.prompt_length:]
     block = noise.blocks(batch.attention_mask, bs)[:, batch.prompt_length:]
-    mask_id, states = facts(model).mask_token_id, out.trajectory  # (steps, B, G)
+    mask_id, states = facts(model).mask_token_id, out.trajectory  # (B, steps, G)
     scored = torch.zeros_like(rounds)
     for r in range(int(rounds.max()) + 1):
         x = torch.where(rounds >= r, mask_id, out.responses)
@@ -105,7 +103,7 @@ def test_trace_rounds_replay_the_sampler_states_and_commit_every_token_once():
         for b in range(len(PROMPTS)):
             for k in torch.nonzero(rounds[b] == r).flatten().tolist():
                 step = int(out.step_map[b, k])
-                before = states[step - 1, b] if step > 0 else torch.full_like(out.responses[b], mask_id)
+                before = states[b, step - 1] if step > 0 else torch.full_like(out.responses[b], mask_id)
                 same = block[b] == block[b, k]
                 assert torch.equal(x[b][same], before[same]), (r, b, k)
     assert (scored == 1).all()

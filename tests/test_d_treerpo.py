@@ -16,7 +16,7 @@ from dare.rollout import generate, left_pad
 from dare.rollout.tree import branch, level_bounds
 from dare.train import noise
 from dare.train.estimators import Compute
-from dare.train.rl import RLBatch
+from dare.train.rl import RLBatch, Totals
 from dare.utils import UserError
 from test_trajectory_rl import PROMPTS, tiny_llada
 
@@ -43,7 +43,7 @@ def test_siblings_share_their_parent_state_exactly_and_differ_after():
     model = tiny_llada()
     out = tree_rollout(model, (2, 3))
     assert out.steps_done == 8 and out.sequences.shape[0] == 3 * 6
-    traj = out.trajectory  # (8, rows, G)
+    traj = out.trajectory.transpose(0, 1)  # (8, rows, G)
     for node in range(3 * 2):
         rows = list(range(node * 3, node * 3 + 3))
         early = out.step_map[rows] < 4
@@ -100,6 +100,9 @@ def test_tree_advantages_by_hand():
 
 def prepared(batch, cfg):
     """The batch as the loop hands it to the hooks: the rollout's decoding, then `prepare`'s extras."""
+    if isinstance(batch, RLBatch):  # the decoding is the rollout's
+        return tree_rpo.prepare(dataclasses.replace(batch, rollout=dataclasses.replace(batch.rollout,
+                                                                                       decoding=cfg.rl.decoding)), cfg)
     return tree_rpo.prepare(dataclasses.replace(batch, decoding=cfg.rl.decoding), cfg)
 
 
@@ -192,17 +195,15 @@ def test_each_transition_is_scored_in_its_parents_canvas():
     widths = (2, 2)
     out = tree_rollout(model, widths, seed=2)
     B, f = out.sequences.shape[0], facts(model)
-    batch = RLBatch(sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
-                    response_mask=out.response_mask, step_map=out.step_map, rewards=torch.arange(B, dtype=torch.float32) % 2,
-                    advantages=torch.zeros(B), group_size=4, trajectory=out.trajectory.transpose(0, 1),
-                    num_tokens=float(out.response_mask.sum()), num_sequences=B, compute=Compute(pack=False),
-                    mask_token_id=f.mask_token_id, eos_token_id=f.eos_token_id)
+    batch = RLBatch(rollout=out, facts=f, rewards=torch.arange(B, dtype=torch.float32) % 2,
+                    advantages=torch.zeros(B), group_size=4, compute=Compute(pack=False),
+                    totals=Totals(num_tokens=float(out.response_mask.sum()), num_sequences=B))
     cfg = config(widths)
     batch, z = prepared(batch, cfg), None
     logps = tree_rpo.token_logps(model, batch, z, cfg)
     P, bounds, level = out.prompt_length, level_bounds(8, 2), batch.extras["levels"][:, out.prompt_length:]
     for lv in range(2):
-        canvas = (out.trajectory[bounds[lv - 1] - 1] if lv else torch.full_like(out.responses, f.mask_token_id))
+        canvas = (out.trajectory[:, bounds[lv - 1] - 1] if lv else torch.full_like(out.responses, f.mask_token_id))
         assert torch.equal(canvas, torch.where(level >= lv, f.mask_token_id, out.responses))
         x = torch.cat([out.sequences[:, :P], canvas], dim=1)
         direct = torch.log_softmax(token_logits(model, x, out.attention_mask).float(), dim=-1)[:, P:]

@@ -3,6 +3,7 @@
 following each row's own blocks, the default config and fixed sampler unchanged, and two-step RL runs with the
 option on the tiny SDAR and LLaDA2."""
 
+import dataclasses
 import json
 import math
 
@@ -18,7 +19,7 @@ from dare.rollout import generate, left_pad
 from dare.rollout.dynamic import block_reward, marker_id
 from dare.train import noise
 from dare.train.estimators import Compute
-from dare.train.rl import RLBatch
+from dare.train.rl import RLBatch, Totals
 
 # The reference, run unchanged: `YanJiangJerry/Block-R1` at fd7a1b8 (`git archive` into /srv/scratch/b1, outside the
 # repository), `rl/trainers/dynamic_generate.py: dynamic_generate(model, prompt, tokenizer, steps=fk.STEPS,
@@ -172,7 +173,7 @@ def test_the_replay_of_dynamic_windows_is_exact(M, T):
                                                     block=dynamic(dynamic_max_block=M)),
                    torch.Generator().manual_seed(0), marker_id=never)
     assert out.segments.max() >= 2 and (mask.sum(dim=1) % f.block_size).all()  # windows across block boundaries
-    batch = RLBatch(**{**batch_of(model, out).__dict__, "commit_logps": out.commit_logps})
+    batch = batch_of(model, out)  # with the rollout's commit_logps
     trainer = SimpleNamespace(autocast=contextlib.nullcontext, dist=Dist())
     sums = replay_agreement(model, trainer, batch, rows=3)
     assert sums["replay/n"] == float((out.response_mask.bool() & (out.step_map >= 0)).sum()) > 30
@@ -193,10 +194,8 @@ def test_block_reward_by_hand():
 
 def batch_of(model, out) -> RLBatch:
     B = out.sequences.shape[0]
-    return RLBatch(sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
-                   response_mask=out.response_mask, step_map=out.step_map, rewards=torch.zeros(B),
-                   advantages=torch.zeros(B), block_size=facts(model).block_size, segments=out.segments,
-                   num_tokens=float(out.response_mask.sum()), num_sequences=B, compute=Compute(pack=False))
+    return RLBatch(rollout=out, facts=facts(model), rewards=torch.zeros(B), advantages=torch.zeros(B),
+                   totals=Totals(num_tokens=float(out.response_mask.sum()), num_sequences=B), compute=Compute(pack=False))
 
 
 def test_block_draws_follow_each_rows_blocks():
@@ -222,7 +221,7 @@ def test_block_draws_follow_each_rows_blocks():
             k = int(seg[r][m].min())  # the drawn block: the first with a masked token
             assert not m[seg[r] < k].any(), (r, j)
             assert m[(seg[r] > k) & scored[r]].all(), (r, j)
-    fixed = RLBatch(**{**batch.__dict__, "segments": None})
+    fixed = dataclasses.replace(batch, rollout=dataclasses.replace(batch.rollout, segments=None))
     assert torch.equal(noise.rollout_segments(fixed), noise.blocks(batch.attention_mask, fk.BLOCK)[:, P:])
     n = int(seg.max()) + 1
     strat = noise.block_stratified(batch.response_mask, seg, P, 2, torch.Generator().manual_seed(0))

@@ -146,7 +146,7 @@ def test_block_sampler_decodes_the_whole_last_block():
     ids, mask = left_pad([[5, 6, 7]], facts(model).pad_token_id)
     out = generate(model, ids, mask, DecodingConfig(gen_length=16, steps=4, record_trajectory=True))
     assert out.responses.shape == (1, 16)
-    assert out.trajectory.shape[0] == 1 + 4 * 4
+    assert out.trajectory.shape[1] == 1 + 4 * 4
     assert out.nfe == (1 + 1) + 4 * (4 + 1)
 
 
@@ -715,8 +715,8 @@ def test_mdpo_sampler_records_the_original_predictions_and_confidences(rcr):
     out = generate(model, ids, mask, DecodingConfig(sampler="maskgit", gen_length=8, block_length=4, steps=4,
                                                     maskgit={"rcr": rcr}, record_trajectory=True))
     predictions, confidences = MDPO_STEPS[rcr]
-    assert out.predictions.transpose(0, 1).tolist() == predictions
-    assert torch.allclose(out.confidences.transpose(0, 1), torch.tensor(confidences), atol=2e-6)
+    assert out.predictions.tolist() == predictions
+    assert torch.allclose(out.confidences, torch.tensor(confidences), atol=2e-6)
 
 
 # ------------------------------------------------------------------------------------------------

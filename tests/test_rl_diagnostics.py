@@ -20,7 +20,7 @@ from dare.train import diagnostics as diag
 from dare.train.estimators import Compute
 from dare.train.fit import fit
 from dare.train.diagnostics import replay_agreement
-from dare.train.rl import RLBatch
+from dare.train.rl import RLBatch, Totals
 from dare.train.dist import Dist
 from dare.train.trainer import Trainer
 from dare.utils import UserError
@@ -42,10 +42,8 @@ def _agreement(model, tokenizer, decoding) -> float:
     ids, mask = left_pad(encode_chat(tokenizer, [r["prompt"] for r in rows]), facts(model).pad_token_id)
     out = generate(model, ids, mask, decoding, torch.Generator().manual_seed(0))
     B = out.sequences.shape[0]
-    batch = RLBatch(sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
-                    response_mask=out.response_mask, step_map=out.step_map, rewards=torch.zeros(B),
-                    advantages=torch.zeros(B), rollout_logps=out.logps, num_tokens=float(out.response_mask.sum()),
-                    num_sequences=B, commit_logps=out.commit_logps)
+    batch = RLBatch(rollout=out, facts=facts(model), rewards=torch.zeros(B), advantages=torch.zeros(B),
+                    totals=Totals(num_tokens=float(out.response_mask.sum()), num_sequences=B))
     trainer = Trainer(model, ModelConfig(), TrainConfig(), Dist(), 1)
     sums = replay_agreement(model, trainer, batch, B)
     assert sums["replay/n"] >= B  # every row committed tokens, and they were all compared

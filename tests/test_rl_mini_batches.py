@@ -10,7 +10,8 @@ import torch
 
 from conftest import RL
 from dare.train.batches import updates
-from dare.train.rl import RLBatch, mini_batches
+from dare.rollout import RolloutOutput
+from dare.train.rl import RLBatch, Totals, mini_batches
 from dare.train.dist import Dist
 
 
@@ -39,10 +40,10 @@ class SGD:
 def two_groups() -> RLBatch:
     """Groups (rows 0, 1) and (rows 2, 3); loss tokens 3, 2 | 1, 3; advantages 1, -1 | 0.5, -0.5."""
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)
-    return RLBatch(sequences=torch.zeros(4, 4, dtype=torch.long), attention_mask=torch.ones(4, 4), prompt_length=1,
-                   response_mask=mask, step_map=torch.zeros(4, 3, dtype=torch.long), rewards=torch.zeros(4),
-                   advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]), group_size=2, num_tokens=9.0, num_sequences=4,
-                   num_active=4)
+    rollout = RolloutOutput(sequences=torch.zeros(4, 4, dtype=torch.long), attention_mask=torch.ones(4, 4),
+                            prompt_length=1, response_mask=mask, step_map=torch.zeros(4, 3, dtype=torch.long), nfe=0)
+    return RLBatch(rollout=rollout, rewards=torch.zeros(4), advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
+                   group_size=2, totals=Totals(num_tokens=9.0, num_sequences=4, num_active=4))
 
 
 def step(k: int, micro: int):

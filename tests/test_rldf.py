@@ -4,7 +4,6 @@ micro-batches."""
 
 import math
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +11,9 @@ import torch
 from baselines.rldf import algorithm as rldf
 from conftest import run_config
 from dare.train import noise
-from dare.train.rl import RLBatch
+from dare.rollout import RolloutOutput
+from dare.train.batches import take
+from dare.train.rl import RLBatch, Totals
 
 # Drift (ant-research/Drift@7abd99b79f20175aff3f5082501eb5b43333bad9), run unchanged outside this repository:
 # trainer/masking_strategy.py build_masking_schedule("sequential_masking", k=4, seed=123, token_probs=exp(commit
@@ -97,13 +98,14 @@ def _case(name, seed=None):
     cfg = run_config("rldf", beta=c["beta"], low_prob_threshold=c["low_prob_threshold"],
                      step_temperature=c["step_temperature"], keep_groups=1.0)
     cfg.rl.group_size, cfg.rl.num_iterations = 4, c["mu"]
-    batch = RLBatch(sequences=ids, attention_mask=torch.ones_like(ids), prompt_length=P, response_mask=response,
-                    step_map=step_map, commit_logps=commit_logps, rewards=rewards, group_size=4, num_sequences=B,
+    rollout = RolloutOutput(sequences=ids, attention_mask=torch.ones_like(ids), prompt_length=P, response_mask=response,
+                            step_map=step_map, commit_logps=commit_logps, nfe=0)
+    batch = RLBatch(rollout=rollout, rewards=rewards, group_size=4, totals=Totals(num_sequences=B),
                     advantages=rldf.advantages(rewards.view(2, 4), cfg).view(-1))
     batch = rldf.prepare(batch, cfg)
     draw = _reference_draw(batch, REF_STEPS[name]) if seed is None else rldf.sample_noise(
         batch, torch.Generator().manual_seed(seed), cfg)
-    batch = replace(batch, num_units=rldf.loss_units(batch, draw, cfg))
+    batch = replace(batch, totals=replace(batch.totals, num_units=rldf.loss_units(batch, draw, cfg)))
     W = W.clone().requires_grad_(True)
     E = E.clone().requires_grad_(True)
     logps = _logps(W, E, E2, ids, draw.masked)
@@ -231,12 +233,11 @@ def test_dropped_groups_add_nothing_and_the_loss_averages_over_the_kept_rows():
     whole, _ = rldf.loss(logps, old, ref, batch, draw, cfg)
     half = replace(cfg, algo=replace(cfg.algo, keep_groups=0.5))
     b2 = rldf.prepare(replace(batch, extras={}), half)
-    b2 = replace(b2, num_units=rldf.loss_units(b2, draw, half))
+    b2 = replace(b2, totals=replace(b2.totals, num_units=rldf.loss_units(b2, draw, half)))
     assert b2.num_units == 4 and b2.extras["kept"].tolist() == [1.0] * 4 + [0.0] * 4  # both groups vary: the first
     part, _ = rldf.loss(logps, old, ref, b2, draw, half)
     rows = slice(0, 4)
-    only = SimpleNamespace(**{**vars(batch), "response_mask": batch.response_mask[rows], "step_map": batch.step_map[rows],
-                              "advantages": batch.advantages[rows], "extras": {"kept": torch.ones(4)}, "num_units": 4.0})
+    only = replace(take(batch, rows, B), extras={"kept": torch.ones(4)}, totals=replace(batch.totals, num_units=4.0))
     alone, _ = rldf.loss(logps[rows], old[rows], ref[rows], only,
                          noise.Draw(masked=draw.masked[rows], steps=draw.steps[rows]), cfg)
     assert part.item() == pytest.approx(alone.item(), rel=1e-6) and part.item() != pytest.approx(whole.item())
@@ -247,8 +248,7 @@ def test_the_loss_adds_up_over_micro_batches():
     whole, _ = rldf.loss(logps, old, ref, batch, draw, cfg)
     parts = 0.0
     for rows in (slice(0, 3), slice(3, 8)):
-        mb = SimpleNamespace(**{**vars(batch), "response_mask": batch.response_mask[rows], "step_map": batch.step_map[rows],
-                                "advantages": batch.advantages[rows], "extras": {"kept": batch.extras["kept"][rows]}})
+        mb = take(batch, rows, B)
         part, _ = rldf.loss(logps[rows], old[rows], ref[rows], mb,
                             noise.Draw(masked=draw.masked[rows], steps=draw.steps[rows]), cfg)
         parts = parts + part

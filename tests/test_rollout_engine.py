@@ -69,9 +69,9 @@ def test_every_sampler_finishes_replays_and_is_seeded(family, kw, models):
     assert (out.step_map >= 0).all()
     assert torch.equal(replay(out), out.responses)  # the trajectory replays to the final output
     if out.sampler == "block":  # the last block is decoded whole: its last steps may only touch positions past G
-        assert out.trajectory.shape[0] >= int(out.step_map.max()) + 1
+        assert out.trajectory.shape[1] >= int(out.step_map.max()) + 1
     else:
-        assert out.trajectory.shape[0] == int(out.step_map.max()) + 1
+        assert out.trajectory.shape[1] == int(out.step_map.max()) + 1
     sampled = params(**{**kw, "temperature": 0.8})
     a, b = run(model, PROMPTS, sampled, seed=3), run(model, PROMPTS, sampled, seed=3)
     assert torch.equal(a.sequences, b.sequences) and a.nfe == b.nfe  # seeded determinism
@@ -94,7 +94,7 @@ def test_masked_sampler_commits_only_inside_the_current_block(kw, models):
     out = run(models["llada"], PROMPTS, params(**kw))
     block_of_step = {}
     prev = torch.full_like(out.responses, facts(models["llada"]).mask_token_id)
-    for t, state in enumerate(out.trajectory):
+    for t, state in enumerate(out.trajectory.unbind(1)):
         changed = (state != prev).nonzero()[:, 1]
         blocks = set((changed // 8).tolist())
         assert len(blocks) <= 1, (t, blocks)
@@ -109,7 +109,7 @@ def test_masked_sampler_commits_only_inside_the_current_block(kw, models):
 def test_threshold_decoding_commits_at_least_one_token_per_step(family, kw, models):
     out = run(models[family], PROMPTS, params(**kw))
     mask_id = facts(models[family]).mask_token_id
-    remaining = [int((s == mask_id).sum()) for s in out.trajectory]
+    remaining = [int((s == mask_id).sum()) for s in out.trajectory.unbind(1)]
     for before, after in zip([len(PROMPTS) * 16] + remaining, remaining):
         assert after < before  # every step commits something
     assert remaining[-1] == 0

@@ -24,10 +24,10 @@ from dare.config import ScratchModelConfig
 from dare.models import facts, new_model
 from dare.models.tokenizer import char_tokenizer
 from dare.rollout import left_pad
-from dare.rollout.core import response_mask
+from dare.rollout.core import RolloutOutput, response_mask
 from dare.train.batches import take
 from dare.train.estimators import Compute
-from dare.train.rl import RLBatch
+from dare.train.rl import RLBatch, Totals
 
 ADVANTAGES = [0.9, -0.4, 1.3, -0.8]
 STEPS = [[3, 0, 1, 1, 2, 5, 4, 4, 6, 7, 7, 6], [0, 2, 1, 5, 3, 3, 4, 6, 7, 8, 9, 9], list(range(11, -1, -1)),
@@ -127,19 +127,20 @@ def injected(family: str, padded: bool = False):
     responses = torch.tensor([ids("46=46=46") + [E] * 4, ids("683") + [E] + ids("12") + [E, E] + ids("7") + [E] * 3,
                               ids("18=18=18=181"), [E] * 12])
     prompt_ids, prompt_mask = left_pad(prompts, f.pad_token_id)
-    batch = RLBatch(sequences=torch.cat([prompt_ids, responses], 1),
-                    attention_mask=torch.cat([prompt_mask, torch.ones_like(responses)], 1),
-                    prompt_length=prompt_ids.shape[1], response_mask=response_mask(responses, f.stop_ids),
-                    step_map=torch.tensor(STEPS), rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]),
-                    advantages=torch.tensor(ADVANTAGES), group_size=2, num_tokens=0.0, num_sequences=4,
-                    compute=Compute(pack=False), eos_token_id=E)
+    rollout = RolloutOutput(sequences=torch.cat([prompt_ids, responses], 1),
+                            attention_mask=torch.cat([prompt_mask, torch.ones_like(responses)], 1),
+                            prompt_length=prompt_ids.shape[1], response_mask=response_mask(responses, f.stop_ids),
+                            step_map=torch.tensor(STEPS), nfe=0)
+    batch = RLBatch(rollout=rollout, facts=f, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]),
+                    advantages=torch.tensor(ADVANTAGES), group_size=2, totals=Totals(num_sequences=4),
+                    compute=Compute(pack=False))
     offsets = torch.stack([torch.linspace(-0.35, 0.35, 12) * (1 if b % 2 == 0 else -1) for b in range(4)])
     return model, batch, -3.0 + offsets
 
 
 def _loss(model, batch, old, cfg):
     batch = tracerl.prepare(batch, cfg)
-    batch = replace(batch, num_units=tracerl.loss_units(batch, None, cfg))
+    batch = replace(batch, totals=replace(batch.totals, num_units=tracerl.loss_units(batch, None, cfg)))
     return tracerl.loss(tracerl.token_logps(model, batch, None, cfg), old, None, batch, None, cfg), batch
 
 
@@ -156,7 +157,7 @@ def _gradients(model) -> dict:
 def _run(family: str, padded: bool = False, attend_padding: bool = False, model_out: list | None = None, **algo):
     model, batch, old = injected(family, padded)
     if attend_padding:  # as rl_llada.py's forward, which takes no attention mask
-        batch = replace(batch, attention_mask=torch.ones_like(batch.attention_mask))
+        batch = replace(batch, rollout=replace(batch.rollout, attention_mask=torch.ones_like(batch.attention_mask)))
     (loss, _), batch = _loss(model, batch, old, run_config("tracerl", **{"shrink": 2, "beta": 0.5, "epsilon": 0.2,
                                                                           **algo}))
     loss.backward()
@@ -253,7 +254,7 @@ def test_micro_batches_of_trace_rows_by_hand():
     assert size[1][on[1]].tolist() == [5.0, 5.0, 5.0, 5.0, 5.0, 1.0] and size[2].tolist() == [1.0] * 2 + [5.0] * 10
     assert [tracerl.loss_units(take(full, rows, 4), None, cfg) for rows in (slice(0, 2), slice(2, 4))] == [2.0, 2.0]
     with pytest.raises(ValueError, match="masked models"):
-        tracerl.prepare(replace(batch, block_size=4), cfg)
+        tracerl.prepare(replace(batch, facts=replace(batch.facts, block_size=4)), cfg)
     with pytest.raises(Exception, match="must be >= 0"):
         run_config("tracerl", micro_batch_rows=-1).algo.validate()
 

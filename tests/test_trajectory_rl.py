@@ -18,7 +18,7 @@ from dare.models.tokenizer import char_tokenizer
 from dare.rollout import generate, left_pad
 from dare.train import noise
 from dare.train.estimators import Compute
-from dare.train.rl import RLBatch
+from dare.train.rl import RLBatch, Totals
 from test_reference_samplers import never_mask
 
 PROMPTS = [[5, 9, 7], [5, 11, 6, 8, 9, 10], [6]]
@@ -36,10 +36,8 @@ def rollout_batch(model, decoding, seed=0):
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
     out = generate(model, ids, mask, decoding, torch.Generator().manual_seed(seed))
     B = out.sequences.shape[0]
-    batch = RLBatch(sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
-                    response_mask=out.response_mask, step_map=out.step_map, decoding=decoding, rewards=torch.zeros(B),
-                    advantages=torch.zeros(B), trajectory=out.trajectory, num_tokens=float(out.response_mask.sum()),
-                    num_sequences=B, compute=Compute(pack=False))
+    batch = RLBatch(rollout=out, facts=facts(model), rewards=torch.zeros(B), advantages=torch.zeros(B),
+                    totals=Totals(num_tokens=float(out.response_mask.sum()), num_sequences=B), compute=Compute(pack=False))
     return out, batch
 
 
@@ -54,7 +52,7 @@ def test_cj_grpo_scores_each_token_in_the_state_the_sampler_committed_it_from(se
     out, batch = rollout_batch(model, DecodingConfig(temperature=1.0, record_trajectory=True, **settings), seed=4)
     batch = cj.prepare(batch, run_config("cj_grpo"))
     rounds = batch.extras["rounds"]
-    P, mask_id, states = batch.prompt_length, facts(model).mask_token_id, out.trajectory
+    P, mask_id, states = batch.prompt_length, facts(model).mask_token_id, out.trajectory.transpose(0, 1)  # (S, B, G)
     assert torch.equal(rounds[:, P:], out.step_map)  # every step commits: the round is the step
     with torch.no_grad():
         trainer = cj.token_logps(model, batch, None, run_config("cj_grpo"))
@@ -215,9 +213,6 @@ def mdpo_batch(rcr: bool):
     decoding = DecodingConfig(sampler="maskgit", gen_length=8, block_length=4, steps=4, temperature=1.0,
                               maskgit={"rcr": rcr}, record_trajectory=True)
     out, batch = rollout_batch(model, decoding, seed=2)
-    from dataclasses import replace
-    batch = replace(batch, mask_token_id=facts(model).mask_token_id, predictions=out.predictions.transpose(0, 1),
-                    confidences=out.confidences.transpose(0, 1), trajectory=out.trajectory.transpose(0, 1))
     return model, out, batch
 
 
@@ -234,12 +229,13 @@ def test_mdpo_trains_each_step_on_the_sampler_state_and_its_prediction(rcr):
     mask_id = facts(model).mask_token_id
     for b in range(3):
         for k, s in enumerate(steps[b].tolist()):
-            before = out.trajectory[s - 1, b] if s else torch.full_like(out.responses[b], mask_id)
-            assert torch.equal(inputs[b, k], before) and torch.equal(targets[b, k], out.predictions[s, b])
+            before = out.trajectory[b, s - 1] if s else torch.full_like(out.responses[b], mask_id)
+            assert torch.equal(inputs[b, k], before) and torch.equal(targets[b, k], out.predictions[b, s])
             assert torch.equal(masked[b, k], before == mask_id)
     with torch.no_grad():
         cfg = run_config("mdpo")  # the paper's rollout temperature, 0.4: the log-probs divide by 0.4 + eps
-        batch = dataclasses.replace(batch, decoding=cfg.rl.decoding, extras={"steps": steps})
+        batch = dataclasses.replace(batch, rollout=dataclasses.replace(batch.rollout, decoding=cfg.rl.decoding),
+                                    extras={"steps": steps})
         logps = mdpo.token_logps(model, batch, None, cfg)
         for b, prompt in enumerate(PROMPTS):
             for k in range(2):

@@ -59,7 +59,7 @@ def uses_reference(cfg) -> bool:
 
 
 def uses_old_logps(cfg) -> bool:
-    return False  # the ratio's denominator is the sampler's own log-prob (batch.rollout_logps)
+    return False  # the ratio's denominator is the sampler's own log-prob (batch.rollout.logps)
 
 
 def rollout_options(cfg) -> dict:
@@ -77,7 +77,7 @@ def step_probs(batch, steps: int) -> torch.Tensor:
     1e-8 + the summed entropies of the tokens step s drew."""
     last = last_steps(batch)[:, None]
     mass = torch.full((len(last), steps), 1e-8, device=last.device)
-    mass = mass.scatter_add(1, batch.step_map.clamp(0, steps - 1), batch.rollout_entropies.float())
+    mass = mass.scatter_add(1, batch.step_map.clamp(0, steps - 1), batch.rollout.entropies.float())
     mass = torch.where(torch.arange(steps, device=last.device)[None] <= last, mass, 0.0)
     return mass / mass.sum(dim=1, keepdim=True)
 
@@ -123,7 +123,7 @@ def loss(logps, old_logps, ref_logps, batch, draw: noise.Draw, cfg):
     steps, weights = draw.steps, draw.weight
     eps, beta, M = cfg.algo.epsilon, cfg.algo.beta, steps.shape[1]
     at = batch.step_map[:, None, :] == steps[..., None]  # (B, M, G) the tokens of each drawn step
-    ratio = torch.exp(torch.where(at, logps - batch.rollout_logps[:, None, :], 0.0))
+    ratio = torch.exp(torch.where(at, logps - batch.rollout.logps[:, None, :], 0.0))
     adv = batch.advantages[:, None, None]
     policy, clipped = clipped_token_objective(ratio, adv, eps, eps)
     per_token = -policy

@@ -28,6 +28,8 @@ mask (up to and including the first EOS), the number of forward passes (NFE), th
 committed each generated position and, with `record_trajectory`, the response after every step.
 """
 
+from dataclasses import replace
+
 import torch
 
 from dare.rollout import block, dream, dynamic, llada, maskgit, tree, truncated
@@ -74,10 +76,12 @@ def generate(model, prompt_ids, prompt_mask, decoding, generator=None, marker_id
                         f"decodes with the {name} sampler")
     generator = on_device(generator, next(model.parameters()).device)
     if decoding.tree:
-        return tree.generate(model, prompt_ids, prompt_mask, decoding, generator)
-    if name == "block" and decoding.block.dynamic:
-        return dynamic.generate(model, prompt_ids, prompt_mask, decoding, generator, marker_id)
-    return SAMPLERS[name](model, prompt_ids, prompt_mask, decoding, generator)
+        out = tree.generate(model, prompt_ids, prompt_mask, decoding, generator)
+    elif name == "block" and decoding.block.dynamic:
+        out = dynamic.generate(model, prompt_ids, prompt_mask, decoding, generator, marker_id)
+    else:
+        out = SAMPLERS[name](model, prompt_ids, prompt_mask, decoding, generator)
+    return replace(out, decoding=decoding)
 
 
 def replay(out: RolloutOutput) -> torch.Tensor:
@@ -86,8 +90,8 @@ def replay(out: RolloutOutput) -> torch.Tensor:
     if out.trajectory is None:
         raise ValueError("no trajectory: decode with record_trajectory=true")
     steps = out.step_map.clamp(min=0)
-    states = out.trajectory  # (T, B, G)
-    rebuilt = torch.gather(states.permute(1, 2, 0), 2, steps[..., None]).squeeze(-1)
+    states = out.trajectory  # (B, T, G)
+    rebuilt = torch.gather(states.transpose(1, 2), 2, steps[..., None]).squeeze(-1)
     return torch.where(out.step_map >= 0, rebuilt, out.responses)
 
 

@@ -238,7 +238,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
                          response_mask=response_mask(responses, f.stop_ids),
                          step_map=step_canvas.gather(1, gen_cols), nfe=nfe, sampler="block",
                          logps=logp_canvas.gather(1, gen_cols), commit_logps=model_logp_canvas.gather(1, gen_cols),
-                         trajectory=torch.stack(trajectory) if trajectory else None)
+                         trajectory=torch.stack(trajectory, dim=1) if trajectory else None)
 
 
 def _all_finished(responses: torch.Tensor, mask_id: int, stop_ids) -> bool:

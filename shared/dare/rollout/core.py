@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from dare.config import DecodingConfig
 
 
 @dataclass
@@ -24,12 +28,13 @@ class RolloutOutput:
     """Forward passes of the model (a CFG step counts once)."""
     sampler: str = "masked"
     trajectory: torch.Tensor | None = None
-    """(steps, B, G): the response after every step, when `record_trajectory` is set."""
+    """(B, steps, G): the response after every step, when `record_trajectory` is set (row-major, as every
+    field: `dare.train.batches.take` slices a rollout's rows)."""
     predictions: torch.Tensor | None = None
-    """(steps, B, G): the sampler's full prediction x0-hat after every step (masked positions filled
+    """(B, steps, G): the sampler's full prediction x0-hat after every step (masked positions filled
     with their predictions), when `record_trajectory` is set and the sampler keeps it (maskgit)."""
     confidences: torch.Tensor | None = None
-    """(steps, B, G) float32: the confidence of each position at every step, beside `predictions`."""
+    """(B, steps, G) float32: the confidence of each position at every step, beside `predictions`."""
     entropies: torch.Tensor | None = None
     """(B, G) float32: the entropy of the distribution each token was drawn from (truncated sampler)."""
     supports: torch.Tensor | None = None
@@ -49,6 +54,8 @@ class RolloutOutput:
     `decoding.block.dynamic`: each row's own layout; None where the blocks are the model's fixed ones)."""
     block_reward: torch.Tensor | None = None
     """(B,) float32: b1's block-entropy reward of each row (dynamic blocks; `dare.rollout.dynamic`)."""
+    decoding: DecodingConfig | None = None
+    """The settings it was decoded with (`dare.rollout.generate` records them)."""
 
     @property
     def responses(self) -> torch.Tensor:

@@ -121,4 +121,4 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
                          response_mask=response_mask(responses, f.stop_ids), step_map=step_map,
                          nfe=nfe, sampler="dream",
-                         trajectory=torch.stack(trajectory) if trajectory else None)
+                         trajectory=torch.stack(trajectory, dim=1) if trajectory else None)

@@ -150,7 +150,7 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         commit_logps = (start.commit_logps.clone() if start.commit_logps is not None
                         else torch.zeros((x.shape[0], G), dtype=torch.float32, device=x.device))
         (B, P), device = (x.shape[0], start.prompt_length), x.device
-        trajectory = list(start.trajectory.unbind(0)) if start.trajectory is not None else []
+        trajectory = list(start.trajectory.unbind(1)) if start.trajectory is not None else []
         nfe, made = start.nfe, start.steps_done
     first, until = made, math.inf if until is None else until
     step = torch.tensor(made, device=device)  # the steps that had work (the step map's numbers)
@@ -258,5 +258,5 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
                          response_mask=response_mask(responses, f.stop_ids), step_map=step_map, nfe=nfe - unused,
-                         sampler="masked", trajectory=torch.stack(trajectory) if trajectory else None,
+                         sampler="masked", trajectory=torch.stack(trajectory, dim=1) if trajectory else None,
                          commit_logps=commit_logps, steps_done=steps_done)

@@ -100,6 +100,6 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
                          response_mask=response_mask(responses, f.stop_ids), step_map=step_map, nfe=nfe,
-                         sampler="maskgit", trajectory=torch.stack(trajectory) if trajectory else None,
-                         predictions=torch.stack(predictions) if predictions else None,
-                         confidences=torch.stack(confidences) if confidences else None)
+                         sampler="maskgit", trajectory=torch.stack(trajectory, dim=1) if trajectory else None,
+                         predictions=torch.stack(predictions, dim=1) if predictions else None,
+                         confidences=torch.stack(confidences, dim=1) if confidences else None)

@@ -37,11 +37,8 @@ def branch(model, partial: RolloutOutput, k: int, decoding, generator=None, unti
     (default: the end)."""
     rows = partial.sequences.shape[0]
     per_row = {f.name: getattr(partial, f.name).repeat_interleave(k, dim=0) for f in fields(partial)
-               if isinstance(getattr(partial, f.name), torch.Tensor) and getattr(partial, f.name).shape[0] == rows
-               and f.name != "trajectory"}
-    traj = partial.trajectory.repeat_interleave(k, dim=1) if partial.trajectory is not None else None
-    return llada.generate(model, None, None, decoding, generator, start=replace(partial, **per_row, trajectory=traj),
-                          until=until)
+               if isinstance(getattr(partial, f.name), torch.Tensor) and getattr(partial, f.name).shape[0] == rows}
+    return llada.generate(model, None, None, decoding, generator, start=replace(partial, **per_row), until=until)
 
 
 def level_bounds(steps: int, levels: int) -> list[int]:

@@ -85,6 +85,23 @@ def first_update_sums(logps: torch.Tensor, old: torch.Tensor | None, batch) -> d
     return out
 
 
+def merge_first_update(first: dict, sums: dict) -> None:
+    """Adds a micro-batch's `first_update_sums` to the step's: sums add up, maxima (`*max_abs`, `*max_dev`) take
+    the larger."""
+    for k, v in sums.items():
+        first[k] = max(first.get(k, 0.0), v) if k.endswith(MAXIMA) else first.get(k, 0.0) + v
+
+
+def reduce_first_update(dist, first: dict) -> dict:
+    """The step's first-update checks over all processes: sums summed, maxima the largest (two collectives)."""
+    maxima = {k: first.pop(k) for k in list(first) if k.endswith(MAXIMA)}
+    return {**dist.sum(first), **dist.max(maxima)}
+
+
+MAXIMA = ("max_abs", "max_dev")
+"""The suffixes of the checks that are maxima, not sums."""
+
+
 def diversity_sums(responses: torch.Tensor, response_mask: torch.Tensor, group_size: int, stop_ids) -> dict:
     """Per-process sums over the rows (groups of `group_size` consecutive rows): identical groups, distinct
     completions (a completion is its tokens up to and including the first stop token), rows with a stop

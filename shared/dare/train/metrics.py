@@ -159,9 +159,9 @@ def dynamic_stats(dist, out, rows: int) -> dict:
     return {"rollout/block_reward": s["reward"] / rows, "rollout/blocks": s["blocks"] / rows}
 
 
-def step_metrics(dist, batch, out, mu: int, sums: dict, lr: float, times: dict) -> dict:
+def step_metrics(dist, batch, mu: int, sums: dict, lr: float, times: dict) -> dict:
     """The logged metrics of an RL step (`batch`: its `rl.RLBatch`), summed over processes (collective)."""
-    G = batch.group_size
+    G, out = batch.group_size, batch.rollout
     grouped = batch.rewards.view(-1, G)
     stats = dist.sum({"reward_sum": float(batch.rewards.sum()), "reward_sq": float((batch.rewards ** 2).sum()),
                       "zero_std": float((grouped.std(dim=1) == 0).sum()) if G > 1 else 0.0,

@@ -62,8 +62,9 @@ from typing import Callable
 import torch
 
 from dare.data import TASKS, load_split
-from dare.models import encode_chat, facts
-from dare.rollout import decode_responses, generate, left_pad
+from dare.config import DecodingConfig
+from dare.models import ModelFacts, encode_chat, facts
+from dare.rollout import RolloutOutput, decode_responses, generate, left_pad
 from dare.rollout.dynamic import marker_id
 from dare.train.batches import backward_by_parts, micro_slices, take, updates
 from dare.train.checkpoint import save_final
@@ -80,48 +81,34 @@ from dare.train.hooks import RLHooks, missing_value_hooks
 from dare.train.noise import Draw
 from dare.utils import UserError, make_generator
 
+@dataclass(frozen=True)
+class Totals:
+    """A step's (or a mini-batch's) totals over all processes: the normalizers that make losses and metrics add up
+    over micro-batches and processes."""
+    num_tokens: float = 0.0
+    """Loss tokens (response_mask): the token-level normalizer."""
+    num_sequences: int = 0
+    """Completions."""
+    num_active: int = 0
+    """Completions with a nonzero advantage (JustGRPO's normalizer)."""
+    num_units: float = 0.0
+    """The algorithm's own loss units (`loss_units`: TraceRL's trace rows on masked models)."""
+
+
 @dataclass(kw_only=True)
 class RLBatch:
-    """One step's rollout as the hooks see it (row-major: dim 0 is the completion, B = prompts x group size),
-    built by keyword in `run`; `prepare` adds what an algorithm derives from it (`extras`, `kept_groups`)."""
+    """One step's rollout as the hooks see it (row-major: dim 0 is the completion, B = prompts x group size): the
+    rollout and the model's facts as they are, and what the step adds; `prepare` adds what an algorithm derives
+    (`extras`, `kept_groups`). The rollout's, the facts' and the totals' fields read through the batch
+    (`batch.response_mask` is `batch.rollout.response_mask`, `batch.mask_token_id` is `batch.facts.mask_token_id`,
+    `batch.num_tokens` is `batch.totals.num_tokens`)."""
 
-    # --- the rollout (`dare.rollout.RolloutOutput`, row-major)
-    sequences: torch.Tensor
-    """(B, P + G) left-padded prompts and their sampled completions."""
-    attention_mask: torch.Tensor
-    """(B, P + G) 0 on prompt padding."""
-    prompt_length: int
-    response_mask: torch.Tensor
-    """(B, G) bool: completion tokens up to and including the first EOS (the loss mask)."""
-    step_map: torch.Tensor
-    """(B, G) the decoding step that committed each completion token."""
-    decoding: object = None
-    """The `DecodingConfig` the rollout used (the run's `rl.decoding` with the algorithm's rollout options)."""
-    trajectory: torch.Tensor | None = None
-    """(B, steps, G) the completion after every decoding step, when the algorithm asks for it."""
-    rollout_logps: torch.Tensor | None = None
-    """(B, G) each token's log-probability under the distribution the sampler drew it from (block sampler)."""
-    rollout_entropies: torch.Tensor | None = None
-    """(B, G) the entropy of that distribution (the truncated sampler; AGRPO's importance sampling)."""
-    supports: torch.Tensor | None = None
-    """(B, G, V) bool: the top-k/top-p support each token was drawn from (the truncated sampler)."""
-    commit_logps: torch.Tensor | None = None
-    """(B, G) each committed token's log-prob under the untempered distribution at its commit step."""
-    predictions: torch.Tensor | None = None
-    """(B, S, G) the sampler's full prediction x0-hat after each of its S steps (maskgit)."""
-    confidences: torch.Tensor | None = None
-    """(B, S, G) the sampler's confidences at each step, beside them."""
-    # --- the model's facts (`dare.models.facts`)
-    block_size: int | None = None
-    """The model's block (block-causal models), counted from each row's first prompt token as the sampler counts
-    it (`dare.train.noise.blocks`); None for bidirectional models."""
-    segments: torch.Tensor | None = None
-    """(B, G) long: each completion position's block as the rollout decoded it (dynamic blocks,
-    `decoding.block.dynamic`: each row's own layout, 0 = the first); None: the model's fixed blocks.
-    `dare.train.noise.rollout_segments` returns it, so the block estimators' draws follow each row's layout."""
-    mask_token_id: int | None = None
-    eos_token_id: int | None = None
-    # --- rewards and advantages
+    rollout: RolloutOutput
+    """What the sampler returned (`dare.rollout.RolloutOutput`: sequences, masks, step map, the decoding settings,
+    and the trajectory, predictions, log-probs or supports an algorithm asks for)."""
+    facts: ModelFacts | None = None
+    """The model's facts (`dare.models.facts`): mask and EOS ids, and `block_size`, the block of block-causal
+    models counted from each row's first prompt token as the sampler counts it (`dare.train.noise.blocks`)."""
     rewards: torch.Tensor | None = None
     """(B,)"""
     advantages: torch.Tensor | None = None
@@ -129,19 +116,11 @@ class RLBatch:
     group_size: int = 1
     score: Callable[[torch.Tensor], torch.Tensor] | None = None
     """The task's rewards (B,) of any (B, G) completions of these prompts (MDPO scores intermediate states)."""
-    # --- the step's totals over all processes, its compute options and its place in the run
-    num_tokens: float = 0.0
-    """Loss tokens (response_mask) in the whole step: the token-level normalizer."""
-    num_sequences: int = 0
-    """Completions in the whole step."""
-    num_active: int = 0
-    """Completions with a nonzero advantage in the whole step (JustGRPO's normalizer)."""
-    num_units: float = 0.0
-    """The algorithm's own loss units in the whole step (`loss_units`: TraceRL's trace rows on masked models)."""
+    totals: Totals = Totals()
+    """The step's totals over all processes (a mini-batch's own in `mini_batches`)."""
     compute: Compute = Compute()
     progress: float = 0.0
     """The share of the run's steps done before this one (step / train.steps), for schedules inside a loss."""
-    # --- what the algorithm derives (`prepare`) and the value model's values
     extras: dict = field(default_factory=dict)
     """What `prepare` derives from the rollout (row-major tensors are sliced with the batch)."""
     kept_groups: torch.Tensor | None = None
@@ -149,9 +128,20 @@ class RLBatch:
     old_values: torch.Tensor | None = None
     """(B, G) the value model's values before this step's update; None without one."""
 
-    @property
-    def responses(self) -> torch.Tensor:
-        return self.sequences[:, self.prompt_length:]
+    def __getattr__(self, name: str):
+        part = _READ_THROUGH.get(name)
+        if part is None or part not in self.__dict__:
+            raise AttributeError(f"RLBatch has no field {name!r}")
+        owner = self.__dict__[part]
+        return None if owner is None else getattr(owner, name)
+
+
+_READ_THROUGH = {**{name: "rollout" for name in (
+    "sequences", "attention_mask", "prompt_length", "response_mask", "responses", "step_map", "decoding", "trajectory",
+    "predictions", "confidences", "supports", "commit_logps", "segments")},
+    **{name: "facts" for name in ("block_size", "mask_token_id", "eos_token_id")},
+    **{name: "totals" for name in ("num_tokens", "num_sequences", "num_active", "num_units")}}
+"""The fields an `RLBatch` reads through from its rollout, its model's facts and its totals."""
 
 
 def per_micro(fn, batch: RLBatch, noise, size: int) -> list:
@@ -160,190 +150,48 @@ def per_micro(fn, batch: RLBatch, noise, size: int) -> list:
     return [fn(take(batch, rows, n), take(noise, rows, n)) for rows in micro_slices(n, size)]
 
 
+@dataclass
+class RLRun:
+    """What an RL run builds once (`setup`) and every step uses."""
+    cfg: object
+    hooks: RLHooks
+    dist: object
+    task: object
+    rows: list
+    """The training split's rows; `prompts`, their chat-encoded prompts."""
+    prompts: list
+    val_rows: list | None
+    tokenizer: object
+    facts: ModelFacts
+    rollout_cfg: DecodingConfig
+    """`rl.decoding` with the algorithm's rollout options (block models: the canvas ends at `gen_length`)."""
+    marker: int | None
+    """The token that ends a dynamic block (None: fixed blocks)."""
+    trainer: Trainer
+    critic: Trainer | None
+    counter: diag.ForwardCounter
+    peaks: PhasePeaks
+    model_name: str
+    init: object
+
+
 def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
-    if not cfg.model.path:
-        raise UserError("RL starts from a trained checkpoint: set model.path=<folder>")
-    dist = setup_dist(cfg.train.sequence_parallel)
-    n_prompts, G, mu = cfg.rl.prompts_per_step, cfg.rl.group_size, cfg.rl.num_iterations
-    if n_prompts % dist.world:
-        raise UserError(f"rl.prompts_per_step={n_prompts} must be divisible by the {dist.world} processes")
-    if (n_prompts // dist.world) % cfg.rl.mini_batches:
-        raise UserError(f"rl.mini_batches={cfg.rl.mini_batches} must divide the {n_prompts // dist.world} prompts each "
-                        f"of the {dist.world} processes rolls out per step (whole groups per mini-batch)")
-    task = TASKS[cfg.data.task]
-    critic_spec = hooks.value_model(cfg)  # checked before any model is built
-    if critic_spec is not None and missing_value_hooks(hooks):
-        raise UserError(f"the algorithm asks for a value model but does not define {missing_value_hooks(hooks)}")
-    rows = load_split(cfg.data.task, cfg.data.split)
-    val_rows = validation_rows(cfg, task, dist.world) if cfg.rl.eval_every or cfg.rl.eval_every_forwards else None
-    model, tokenizer, model_name, init = build_model(cfg.model, task, cfg.run.seed)
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    f = facts(model)
-    prompts = encode_chat(tokenizer, [r["prompt"] for r in rows])
-    rollout_cfg = replace(cfg.rl.decoding, **hooks.rollout_options(cfg))
-    if f.block_size is not None:  # the sampler's canvas ends where the trainer's batch does
-        rollout_cfg = replace(rollout_cfg, whole_last_block=False)
-    marker = marker_id(tokenizer, rollout_cfg)  # the token that ends a dynamic block (None: fixed blocks)
-    compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
-    micro = cfg.train.micro_batch_size
-
-    use_ref = hooks.uses_reference(cfg)
-    optimizer_steps = cfg.train.steps * mu * cfg.rl.mini_batches  # per batch: mu draws x the mini-batches
-    trainer = Trainer(model, cfg.model, cfg.train, dist, optimizer_steps, reference=use_ref, seed=cfg.run.seed)
-    uses_old = hooks.uses_old_logps(cfg)  # objectives without a ratio skip them
-    policy = trainer.model
-    critic = build_critic(cfg, task, dist, critic_spec, optimizer_steps) if critic_spec is not None else None
-
-    counter = diag.ForwardCounter([trainer.base, trainer.ref, critic.base if critic else None])
+    r = setup(cfg, hooks)
+    G = cfg.rl.group_size
     guard = diag.CollapseGuard(cfg.rl.collapse_metric, cfg.rl.collapse_window, cfg.rl.collapse_below,
                                cfg.rl.collapse_drop)
     no_diversity = 0
-    peaks = PhasePeaks(dist.device)
-    with Loop(cfg, run_dir, label, trainer, len(rows), companions={"value": critic} if critic else None) as loop:
+    with Loop(cfg, run_dir, label, r.trainer, len(r.rows), companions={"value": r.critic} if r.critic else None) as loop:
         for step in loop.steps():
-            rollout_gen = make_generator(cfg.run.seed, f"rollout/{step}/{dist.rank}")
-            noise_gen = make_generator(cfg.run.seed, f"noise/{step}/{dist.rank}")
-            # --- rollout: G completions per prompt, sampled by the current policy
-            peaks.take()  # a step rolled back leaves nothing behind
-            peaks.start()
+            r.peaks.take()  # a step rolled back leaves nothing behind
+            r.counter.take()  # what ran between steps (checkpoints, a rollback) is not this step's
             tic = time.perf_counter()
-            mine = loop.sampler.next(n_prompts)[dist.shard(n_prompts)]
-            row_of = [i for i in mine for _ in range(G)]  # each prompt G times, grouped
-            ids, mask = left_pad([prompts[i] for i in row_of], f.pad_token_id)
-            policy.eval()
-            counter.take()  # what ran between steps (checkpoints, a rollback) is not this step's
-            with trainer.autocast(), counter.phase("rollout"), gathered(policy, cfg.rl.gather_rollout):
-                out = generate(policy, ids.to(dist.device), mask.to(dist.device), rollout_cfg, rollout_gen, marker)
-            texts = decode_responses(tokenizer, out.responses, f.stop_ids)
-            rewards = torch.tensor(task.rewards(texts, [rows[i] for i in row_of], style=cfg.data.reward),
-                                   dtype=torch.float32, device=out.sequences.device)
-            if out.block_reward is not None and rollout_cfg.block.dynamic_reward:  # b1's block-entropy reward
-                rewards = rewards + rollout_cfg.block.dynamic_reward * out.block_reward.to(rewards.device)
-            advantages = hooks.advantages(rewards.view(-1, G), cfg).reshape(-1)
-            totals = dist.sum({"tokens": float(out.response_mask.sum()), "rows": float(len(row_of)),
-                               "active": float((advantages != 0).sum())})
-            rows_of = [rows[i] for i in row_of]
-
-            def score(completions: torch.Tensor) -> torch.Tensor:  # any completions of these prompts
-                return torch.tensor(task.rewards(decode_responses(tokenizer, completions, f.stop_ids), rows_of,
-                                                 style=cfg.data.reward), dtype=torch.float32, device=completions.device)
-
-            batch = RLBatch(
-                sequences=out.sequences, attention_mask=out.attention_mask, prompt_length=out.prompt_length,
-                response_mask=out.response_mask, step_map=out.step_map, decoding=rollout_cfg, segments=out.segments,
-                trajectory=None if out.trajectory is None else out.trajectory.transpose(0, 1),
-                rollout_logps=out.logps, rollout_entropies=out.entropies, supports=out.supports,
-                commit_logps=out.commit_logps,
-                predictions=None if out.predictions is None else out.predictions.transpose(0, 1),
-                confidences=None if out.confidences is None else out.confidences.transpose(0, 1),
-                block_size=f.block_size, mask_token_id=f.mask_token_id, eos_token_id=f.eos_token_id,
-                rewards=rewards, advantages=advantages, group_size=G, score=score,
-                num_tokens=totals["tokens"], num_sequences=int(totals["rows"]), num_active=int(totals["active"]),
-                compute=compute, progress=step / cfg.train.steps)
-            batch = hooks.prepare(batch, cfg)
-            t_rollout = time.perf_counter() - tic
-            peaks.end("rollout")
-
-            # --- diagnostics on the policy that sampled (before any update); they leave every generator as it was
-            with counter.phase("diag"):
-                checks = dist.sum(diag.diversity_sums(out.responses, out.response_mask, G, f.stop_ids))
-                checks.update(dist.sum(diag.nonfinite_sums(rewards, out.commit_logps)))
-                if cfg.rl.agreement_rows and out.commit_logps is not None and loop.due(step + 1):
-                    checks.update(replay_agreement(policy, trainer, batch, cfg.rl.agreement_rows))
-                if cfg.rl.diag_every and (step + 1) % cfg.rl.diag_every == 0:
-                    checks.update(estimator_noise(policy, trainer, hooks, batch, cfg, step))
-
-            keep = batch.kept_groups if batch.kept_groups is not None else rewards.new_ones(len(mine), 1, dtype=bool)
-            kept = dist.sum({"groups": float(keep.sum())})["groups"]
-            sums, t_value, t_logp, t_update = {"rollout/kept_groups": kept / n_prompts}, 0.0, 0.0, 0.0
-            if kept:  # a step whose groups the algorithm all drops trains on nothing: no optimizer step
-                draws = mu if hooks.draws_noise else 1  # an empty draw is made (and scored) once
-                unique = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(draws)]
-                if not all(isinstance(z, Draw) for z in unique):
-                    raise TypeError(f"sample_noise returned {type(unique[0]).__name__}, not a dare.train.noise.Draw "
-                                    "(what an algorithm derives from the rollout goes in batch.extras: prepare)")
-                noises = unique * (mu // draws)  # one per update, of the policy and of a value model
-                batch = replace(batch, num_units=dist.sum({"u": float(hooks.loss_units(batch, unique[0], cfg))})["u"])
-
-                # --- the value model: its values before the update (the algorithm's token advantages), its mu updates
-                tic = time.perf_counter()
-                value_sums = {}
-                if critic is not None:
-                    critic.model.eval()
-                    with torch.no_grad(), critic.autocast():
-                        old_values = torch.cat(per_micro(lambda b, z: hooks.token_values(critic.model, b, z, cfg),
-                                                         batch, noises[0], micro))
-                    batch = hooks.prepare(replace(batch, old_values=old_values), cfg)  # again, with the values
-                n = batch.sequences.shape[0]
-                minis = mini_batches(batch, cfg.rl.mini_batches, dist,
-                                     lambda mb, rows: float(hooks.loss_units(mb, take(unique[0], rows, n), cfg)))
-                if critic is not None:
-                    def value_loss(mb, z, it, rows):
-                        loss, metrics = hooks.value_loss(hooks.token_values(critic.model, mb, z, cfg), mb, z, cfg)
-                        return loss, {f"value/{k}": v for k, v in metrics.items()}
-
-                    value_sums = updates(critic, minis, noises, micro, value_loss, "value/loss", "value/grad_norm")
-                t_value = time.perf_counter() - tic
-
-                # --- old and reference log-probs, on the same noise draws the updates will use
-                peaks.start()
-                tic = time.perf_counter()
-                with torch.no_grad():
-                    old = ref = None
-                    if (mu > 1 or cfg.rl.recompute_old_logps) and uses_old:
-                        with trainer.autocast():
-                            old = [torch.cat(per_micro(lambda b, z: hooks.token_logps(policy, b, z, cfg), batch, z,
-                                                       micro)) for z in unique] * (mu // draws)
-                    if use_ref:
-                        with trainer.reference() as ref_model:
-                            ref = [torch.cat(per_micro(lambda b, z: hooks.token_logps(ref_model, b, z, cfg), batch, z,
-                                                       micro)) for z in unique] * (mu // draws)
-                t_logp = time.perf_counter() - tic
-                peaks.end("logp")
-
-                # --- mu policy updates on this batch, each accumulated over the micro-batches
-                peaks.start()
-                tic = time.perf_counter()
-                first: dict[str, float] = {}  # the first update against the sampler and the old log-probs
-
-                def policy_loss(mb, z, it, rows):
-                    o, r = old[it][rows] if old else None, ref[it][rows] if ref else None
-                    parts = hooks.draw_parts(z, cfg)
-                    if parts is not None:  # memory-bounded: one draw's graph alive at a time
-                        loss, metrics, logps = replayed_loss(trainer, hooks, policy, mb, z, parts, o, r, cfg)
-                    else:
-                        logps = hooks.token_logps(policy, mb, z, cfg)
-                        loss, metrics = hooks.loss(logps, o if o is not None else logps.detach(), r, mb, z, cfg)
-                    if it == 0:
-                        for k, v in diag.first_update_sums(logps, o, mb).items():
-                            first[k] = max(first.get(k, 0.0), v) if k.endswith("max_abs") or k.endswith("max_dev") \
-                                else first.get(k, 0.0) + v
-                    return loss, metrics
-
-                sums.update(updates(trainer, minis, noises, micro, policy_loss))
-                maxima = {k: first.pop(k) for k in list(first) if k.endswith(("max_abs", "max_dev"))}
-                checks.update({**dist.sum(first), **dist.max(maxima)})
-                sums.update(value_sums)
-                t_update = time.perf_counter() - tic
-                peaks.end("update")
-            times = {"time/rollout_s": t_rollout, "time/logp_s": t_logp, "time/update_s": t_update,
-                     **({"time/value_s": t_value} if critic is not None else {})}
-            used = dist.sum({**counter.take(), "rollout_tokens": float(out.responses.numel()),
-                             "update_tokens": float((out.response_mask & keep.repeat_interleave(G, 0)).sum()) * mu
-                             if kept else 0.0})
-            spent = compute_metrics(loop, used, out.nfe)
-            val = {}
-            if val_rows is not None and validation_due(cfg.rl, step + 1, loop.total, spent["compute/total_forwards"]
-                                                       - used["rollout/forwards"] - used["train/forwards"],
-                                                       spent["compute/total_forwards"]):
-                greedy = replace(cfg.rl.decoding, temperature=0.0, tree=())
-                with counter.phase("eval"):
-                    val = validate(policy, trainer, tokenizer, task, val_rows, greedy,
-                                   make_generator(cfg.run.seed, f"val/{step}/{dist.rank}"), cfg.rl.gather_rollout)
-                spent["compute/eval_forwards"] += dist.sum(counter.take())["eval/forwards"]
-            metrics = {**step_metrics(dist, batch, out, mu, sums, trainer.lr, times), **peaks.take(), **val,
-                       **step_diagnostics(checks), **spent}
+            batch = roll_out(r, loop.sampler.next(cfg.rl.prompts_per_step), step)
+            times = {"time/rollout_s": time.perf_counter() - tic}
+            checks = diagnose(r, batch, step, loop.due(step + 1))
+            sums, first, phase_times = learn(r, batch, step)
+            checks.update(first)
+            metrics, validated = account(r, loop, batch, sums, checks, {**times, **phase_times}, step)
 
             # --- guards: a non-finite update or a collapse rolls back (or stops); a run without diversity warns
             problem = diag.nonfinite(sums) or guard.check(metrics)
@@ -353,15 +201,226 @@ def run(cfg, hooks: RLHooks, run_dir, label: str = "rl") -> dict:
                 guard.reset()
                 continue
             no_diversity = no_diversity + 1 if metrics.get("rollout/identical_groups") == 1.0 and G > 1 else 0
-            if cfg.rl.warn_no_diversity and no_diversity and no_diversity % cfg.rl.warn_no_diversity == 0 and dist.main:
+            if cfg.rl.warn_no_diversity and no_diversity and no_diversity % cfg.rl.warn_no_diversity == 0 \
+                    and r.dist.main:
                 print(f"[{label}] warning: no sampling diversity for {no_diversity} steps: all {G} completions of every "
-                      f"group are identical (rollout temperature {rollout_cfg.temperature}); their advantages are 0 and "
-                      "nothing is learned", file=sys.stderr, flush=True)
-            loop.end_step(step + 1, tokenizer, lambda: metrics, bool(val) or "diag/logp_std" in metrics)
-    counter.close()
-    if critic is not None:  # the trained value model, loadable as a checkpoint (its head: `value_head.weight`)
-        save_final(critic, tokenizer, run_dir, {"value_model": True, "model_name": model_name}, name="value")
-    return loop.outcome(tokenizer, model_name, init)
+                      f"group are identical (rollout temperature {r.rollout_cfg.temperature}); their advantages are 0 "
+                      "and nothing is learned", file=sys.stderr, flush=True)
+            loop.end_step(step + 1, r.tokenizer, lambda: metrics, validated or "diag/logp_std" in metrics)
+    r.counter.close()
+    if r.critic is not None:  # the trained value model, loadable as a checkpoint (its head: `value_head.weight`)
+        save_final(r.critic, r.tokenizer, run_dir, {"value_model": True, "model_name": r.model_name}, name="value")
+    return loop.outcome(r.tokenizer, r.model_name, r.init)
+
+
+def setup(cfg, hooks: RLHooks) -> RLRun:
+    """The run's checks (before any model is built), data, models, trainers and counters."""
+    if not cfg.model.path:
+        raise UserError("RL starts from a trained checkpoint: set model.path=<folder>")
+    dist = setup_dist(cfg.train.sequence_parallel)
+    n_prompts, mu = cfg.rl.prompts_per_step, cfg.rl.num_iterations
+    if n_prompts % dist.world:
+        raise UserError(f"rl.prompts_per_step={n_prompts} must be divisible by the {dist.world} processes")
+    if (n_prompts // dist.world) % cfg.rl.mini_batches:
+        raise UserError(f"rl.mini_batches={cfg.rl.mini_batches} must divide the {n_prompts // dist.world} prompts each "
+                        f"of the {dist.world} processes rolls out per step (whole groups per mini-batch)")
+    task = TASKS[cfg.data.task]
+    critic_spec = hooks.value_model(cfg)
+    if critic_spec is not None and missing_value_hooks(hooks):
+        raise UserError(f"the algorithm asks for a value model but does not define {missing_value_hooks(hooks)}")
+    rows = load_split(cfg.data.task, cfg.data.split)
+    val_rows = validation_rows(cfg, task, dist.world) if cfg.rl.eval_every or cfg.rl.eval_every_forwards else None
+    model, tokenizer, model_name, init = build_model(cfg.model, task, cfg.run.seed)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    f = facts(model)
+    rollout_cfg = replace(cfg.rl.decoding, **hooks.rollout_options(cfg))
+    if f.block_size is not None:  # the sampler's canvas ends where the trainer's batch does
+        rollout_cfg = replace(rollout_cfg, whole_last_block=False)
+    optimizer_steps = cfg.train.steps * mu * cfg.rl.mini_batches  # per batch: mu draws x the mini-batches
+    trainer = Trainer(model, cfg.model, cfg.train, dist, optimizer_steps, reference=hooks.uses_reference(cfg),
+                      seed=cfg.run.seed)
+    critic = build_critic(cfg, task, dist, critic_spec, optimizer_steps) if critic_spec is not None else None
+    return RLRun(cfg=cfg, hooks=hooks, dist=dist, task=task, rows=rows, val_rows=val_rows, tokenizer=tokenizer,
+                 prompts=encode_chat(tokenizer, [row["prompt"] for row in rows]), facts=f, rollout_cfg=rollout_cfg,
+                 marker=marker_id(tokenizer, rollout_cfg), trainer=trainer, critic=critic,
+                 counter=diag.ForwardCounter([trainer.base, trainer.ref, critic.base if critic else None]),
+                 peaks=PhasePeaks(dist.device), model_name=model_name, init=init)
+
+
+def roll_out(r: RLRun, order: list, step: int) -> RLBatch:
+    """This rank's prompts of the step (whole groups), G completions each sampled by the current policy, their
+    rewards and advantages, the step's totals, and what the algorithm derives from them (`prepare`)."""
+    cfg, dist, f, G = r.cfg, r.dist, r.facts, r.cfg.rl.group_size
+    r.peaks.start()
+    mine = order[dist.shard(cfg.rl.prompts_per_step)]  # whole groups
+    row_of = [i for i in mine for _ in range(G)]  # each prompt G times, grouped
+    ids, mask = left_pad([r.prompts[i] for i in row_of], f.pad_token_id)
+    policy = r.trainer.model
+    policy.eval()
+    with r.trainer.autocast(), r.counter.phase("rollout"), gathered(policy, cfg.rl.gather_rollout):
+        out = generate(policy, ids.to(dist.device), mask.to(dist.device), r.rollout_cfg,
+                       make_generator(cfg.run.seed, f"rollout/{step}/{dist.rank}"), r.marker)
+    rows_of = [r.rows[i] for i in row_of]
+
+    def score(completions: torch.Tensor) -> torch.Tensor:  # the task's rewards of any completions of these prompts
+        return torch.tensor(r.task.rewards(decode_responses(r.tokenizer, completions, f.stop_ids), rows_of,
+                                           style=cfg.data.reward), dtype=torch.float32, device=completions.device)
+
+    rewards = score(out.responses)
+    if out.block_reward is not None and out.decoding.block.dynamic_reward:  # b1's block-entropy reward
+        rewards = rewards + out.decoding.block.dynamic_reward * out.block_reward.to(rewards.device)
+    advantages = r.hooks.advantages(rewards.view(-1, G), cfg).reshape(-1)
+    t = dist.sum({"tokens": float(out.response_mask.sum()), "rows": float(len(row_of)),
+                  "active": float((advantages != 0).sum())})
+    batch = RLBatch(rollout=out, facts=f, rewards=rewards, advantages=advantages, group_size=G, score=score,
+                    totals=Totals(num_tokens=t["tokens"], num_sequences=int(t["rows"]), num_active=int(t["active"])),
+                    compute=Compute(cfg.train.packing, cfg.train.logit_chunk), progress=step / cfg.train.steps)
+    batch = r.hooks.prepare(batch, cfg)
+    r.peaks.end("rollout")
+    return batch
+
+
+def diagnose(r: RLRun, batch: RLBatch, step: int, saving: bool) -> dict:
+    """Sums over processes of the step's checks on the policy that sampled (before any update): diversity,
+    non-finite values, the rollout/trainer agreement (on a step that saves) and the estimators' noise
+    (`rl.diag_every`). They leave every generator as it was."""
+    cfg, dist, G = r.cfg, r.dist, r.cfg.rl.group_size
+    with r.counter.phase("diag"):
+        checks = dist.sum(diag.diversity_sums(batch.responses, batch.response_mask, G, r.facts.stop_ids))
+        checks.update(dist.sum(diag.nonfinite_sums(batch.rewards, batch.commit_logps)))
+        if cfg.rl.agreement_rows and batch.commit_logps is not None and saving:
+            checks.update(replay_agreement(r.trainer.model, r.trainer, batch, cfg.rl.agreement_rows))
+        if cfg.rl.diag_every and (step + 1) % cfg.rl.diag_every == 0:
+            checks.update(estimator_noise(r.trainer.model, r.trainer, r.hooks, batch, cfg, step))
+    return checks
+
+
+def learn(r: RLRun, batch: RLBatch, step: int) -> tuple[dict, dict, dict]:
+    """The step's updates on the groups the algorithm keeps: mu noise draws; the value model's phase; the old and
+    reference log-probs on those draws; mu policy updates. Returns (the updates' metrics summed over processes,
+    the first update's checks, the phases' times). A step whose groups the algorithm all drops trains on nothing:
+    no forward and no optimizer step (Adam's moments would otherwise move the weights on a zero gradient)."""
+    cfg, hooks, dist, mu = r.cfg, r.hooks, r.dist, r.cfg.rl.num_iterations
+    keep = kept_groups(batch)
+    kept = dist.sum({"groups": float(keep.sum())})["groups"]
+    sums = {"rollout/kept_groups": kept / cfg.rl.prompts_per_step}
+    times = {"time/logp_s": 0.0, "time/update_s": 0.0, **({"time/value_s": 0.0} if r.critic is not None else {})}
+    if not kept:
+        return sums, {}, times
+    draws = mu if hooks.draws_noise else 1  # an empty draw is made (and scored) once
+    noise_gen = make_generator(cfg.run.seed, f"noise/{step}/{dist.rank}")
+    unique = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(draws)]
+    if not all(isinstance(z, Draw) for z in unique):
+        raise TypeError(f"sample_noise returned {type(unique[0]).__name__}, not a dare.train.noise.Draw "
+                        "(what an algorithm derives from the rollout goes in batch.extras: prepare)")
+    noises = unique * (mu // draws)  # one per update, of the policy and of a value model
+    units = dist.sum({"u": float(hooks.loss_units(batch, unique[0], cfg))})["u"]
+    batch = replace(batch, totals=replace(batch.totals, num_units=units))
+
+    tic = time.perf_counter()
+    batch, minis, value_sums = value_phase(r, batch, unique, noises)
+    if r.critic is not None:
+        times["time/value_s"] = time.perf_counter() - tic
+
+    r.peaks.start()
+    tic = time.perf_counter()
+    old, ref = scored(r, batch, unique, mu // draws)
+    times["time/logp_s"] = time.perf_counter() - tic
+    r.peaks.end("logp")
+
+    r.peaks.start()
+    tic = time.perf_counter()
+    first: dict[str, float] = {}  # the first update against the sampler and the old log-probs
+
+    def policy_loss(mb, z, it, rows):
+        o, rf = old[it][rows] if old else None, ref[it][rows] if ref else None
+        parts = hooks.draw_parts(z, cfg)
+        if parts is not None:  # memory-bounded: one draw's graph alive at a time
+            loss, metrics, logps = replayed_loss(r.trainer, hooks, r.trainer.model, mb, z, parts, o, rf, cfg)
+        else:
+            logps = hooks.token_logps(r.trainer.model, mb, z, cfg)
+            loss, metrics = hooks.loss(logps, o if o is not None else logps.detach(), rf, mb, z, cfg)
+        if it == 0:
+            diag.merge_first_update(first, diag.first_update_sums(logps, o, mb))
+        return loss, metrics
+
+    sums.update(updates(r.trainer, minis, noises, cfg.train.micro_batch_size, policy_loss))
+    sums.update(value_sums)
+    times["time/update_s"] = time.perf_counter() - tic
+    r.peaks.end("update")
+    return sums, diag.reduce_first_update(dist, first), times
+
+
+def kept_groups(batch: RLBatch) -> torch.Tensor:
+    """(P, 1) bool: the groups the algorithm trains on (`prepare`'s `kept_groups`; all of them by default)."""
+    if batch.kept_groups is not None:
+        return batch.kept_groups
+    return batch.rewards.new_ones(batch.rewards.shape[0] // batch.group_size, 1, dtype=torch.bool)
+
+
+def value_phase(r: RLRun, batch: RLBatch, unique: list, noises: list) -> tuple[RLBatch, list, dict]:
+    """With a value model: its values before the update on the first draw (`token_values`, into
+    `batch.old_values`; then `prepare` once more, deriving the algorithm's token advantages from them) and its mu
+    updates (`value_loss`). Returns the batch, its mini-batches and the value updates' metrics."""
+    cfg, hooks, critic, micro = r.cfg, r.hooks, r.critic, r.cfg.train.micro_batch_size
+    if critic is not None:
+        critic.model.eval()
+        with torch.no_grad(), critic.autocast():
+            old_values = torch.cat(per_micro(lambda b, z: hooks.token_values(critic.model, b, z, cfg),
+                                             batch, noises[0], micro))
+        batch = hooks.prepare(replace(batch, old_values=old_values), cfg)  # again, with the values
+    n = batch.sequences.shape[0]
+    minis = mini_batches(batch, cfg.rl.mini_batches, r.dist,
+                         lambda mb, rows: float(hooks.loss_units(mb, take(unique[0], rows, n), cfg)))
+    if critic is None:
+        return batch, minis, {}
+
+    def value_loss(mb, z, it, rows):
+        loss, metrics = hooks.value_loss(hooks.token_values(critic.model, mb, z, cfg), mb, z, cfg)
+        return loss, {f"value/{k}": v for k, v in metrics.items()}
+
+    return batch, minis, updates(critic, minis, noises, micro, value_loss, "value/loss", "value/grad_norm")
+
+
+def scored(r: RLRun, batch: RLBatch, unique: list, repeat: int) -> tuple[list | None, list | None]:
+    """The old (before the update) and reference log-probs on each noise draw, `repeat` times over (one per
+    update); None where the objective needs none. With one update per batch (mu = 1) the old log-probs equal the
+    current ones by construction and are not computed."""
+    cfg, hooks, trainer, micro = r.cfg, r.hooks, r.trainer, r.cfg.train.micro_batch_size
+    old = ref = None
+    with torch.no_grad():
+        if (cfg.rl.num_iterations > 1 or cfg.rl.recompute_old_logps) and hooks.uses_old_logps(cfg):
+            with trainer.autocast():
+                old = [torch.cat(per_micro(lambda b, z: hooks.token_logps(trainer.model, b, z, cfg), batch, z,
+                                           micro)) for z in unique] * repeat
+        if hooks.uses_reference(cfg):
+            with trainer.reference() as ref_model:
+                ref = [torch.cat(per_micro(lambda b, z: hooks.token_logps(ref_model, b, z, cfg), batch, z,
+                                           micro)) for z in unique] * repeat
+    return old, ref
+
+
+def account(r: RLRun, loop, batch: RLBatch, sums: dict, checks: dict, times: dict, step: int) -> tuple[dict, bool]:
+    """The step's metrics: the updates', the compute spent (forwards, tokens), the phases' peaks and times,
+    the diagnostics, and the validation when it is due (`validation_due`); and whether it validated."""
+    cfg, dist, mu = r.cfg, r.dist, r.cfg.rl.num_iterations
+    keep = kept_groups(batch).repeat_interleave(cfg.rl.group_size, 0)
+    used = dist.sum({**r.counter.take(), "rollout_tokens": float(batch.responses.numel()),
+                     "update_tokens": float((batch.response_mask & keep).sum()) * mu
+                     if sums["rollout/kept_groups"] else 0.0})
+    spent = compute_metrics(loop, used, batch.rollout.nfe)
+    val = {}
+    after = spent["compute/total_forwards"]
+    if r.val_rows is not None and validation_due(cfg.rl, step + 1, loop.total,
+                                                 after - used["rollout/forwards"] - used["train/forwards"], after):
+        greedy = replace(cfg.rl.decoding, temperature=0.0, tree=())
+        with r.counter.phase("eval"):
+            val = validate(r.trainer.model, r.trainer, r.tokenizer, r.task, r.val_rows, greedy,
+                           make_generator(cfg.run.seed, f"val/{step}/{dist.rank}"), cfg.rl.gather_rollout)
+        spent["compute/eval_forwards"] += dist.sum(r.counter.take())["eval/forwards"]
+    return {**step_metrics(dist, batch, mu, sums, r.trainer.lr, times), **r.peaks.take(), **val,
+            **step_diagnostics(checks), **spent}, bool(val)
 
 
 def replayed_loss(trainer, hooks: RLHooks, policy, batch, draw, parts: list, old, ref, cfg):
@@ -388,8 +447,8 @@ def mini_batches(batch: RLBatch, k: int, dist, units) -> list[tuple[slice, RLBat
         mini = take(batch, rows, n)
         t = dist.sum({"tokens": float(mini.response_mask.sum()), "rows": float(size),
                       "active": float((mini.advantages != 0).sum()), "units": units(mini, rows)})
-        out.append((rows, replace(mini, num_tokens=t["tokens"], num_sequences=int(t["rows"]),
-                                  num_active=int(t["active"]), num_units=t["units"])))
+        out.append((rows, replace(mini, totals=Totals(num_tokens=t["tokens"], num_sequences=int(t["rows"]),
+                                                     num_active=int(t["active"]), num_units=t["units"]))))
     return out
 
 
