@@ -30,7 +30,7 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import masked_logps
-from dare.train.objectives import clipped_token_objective, group_advantages
+from dare.train.objectives import clipped_token_objective, group_advantages, k3
 
 RECIPE = "rl"
 SCORE = "draw_token"  # what token_logps returns: (B, D, G) (dare.train.hooks.SCORES)
@@ -130,7 +130,7 @@ def loss(logps, old_logps, ref_logps, batch, draw: noise.Draw, cfg):
     kl = torch.zeros_like(logps)
     if ref_logps is not None:
         delta = torch.where(at, ref_logps - logps, 0.0)
-        kl = ratio * (torch.exp(delta) - delta - 1)
+        kl = ratio * k3(delta)
     weight = at * weights[..., None] / (M * max(batch.num_sequences, 1))
     loss = ((per_token + beta * kl) * weight).sum()
     # token shares over the step: each draw scores gen_length / steps tokens

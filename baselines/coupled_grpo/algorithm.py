@@ -35,7 +35,7 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import completion_logps
-from dare.train.objectives import clipped_token_objective, group_advantages
+from dare.train.objectives import clipped_token_objective, group_advantages, k3
 
 RECIPE = "rl"
 SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
@@ -90,11 +90,7 @@ def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     adv = batch.advantages[:, None]
     ratio = torch.exp(logps - old_logps)
     policy, clipped = clipped_token_objective(ratio, adv, eps, eps)
-    if ref_logps is not None:
-        delta = ref_logps - logps
-        kl = torch.exp(delta) - delta - 1
-    else:
-        kl = torch.zeros_like(logps)
+    kl = k3(ref_logps - logps) if ref_logps is not None else torch.zeros_like(logps)
     n = max(batch.num_tokens, 1.0)  # loss tokens of the whole step
     loss = (-(policy - beta * kl) * mask).sum() / n
     return loss, {"loss/policy": (-(policy * mask).sum() / n).item(), "loss/kl": ((kl * mask).sum() / n).item(),

@@ -38,7 +38,7 @@ import torch
 from dare.rollout.tree import level_bounds
 from dare.train import noise
 from dare.train.estimators import trajectory_logps
-from dare.train.objectives import clipped_token_objective
+from dare.train.objectives import clipped_token_objective, k3
 
 RECIPE = "rl"
 SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
@@ -143,7 +143,7 @@ def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     kl = torch.zeros((), device=logps.device)
     if ref_logps is not None:
         delta = torch.where(on, ref_logps - logps, 0.0)
-        kl = ((torch.exp(delta) - delta - 1) * pg_weight).sum()
+        kl = (k3(delta) * pg_weight).sum()
     distill = -(sd_weight * logps).sum()
     loss = policy + beta * kl + lam * distill
     return loss, {"loss/policy": policy.item(), "loss/kl": kl.item(), "loss/self_distill": distill.item(),

@@ -26,7 +26,7 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import elbo
-from dare.train.objectives import clipped_sequence_objective, group_advantages
+from dare.train.objectives import clipped_sequence_objective, group_advantages, k3
 
 RECIPE = "rl"
 SCORE = "sequence"  # what token_logps returns: (B,) (dare.train.hooks.SCORES)
@@ -61,11 +61,7 @@ def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     a, L = cfg.algo, batch.sequences.shape[1] - batch.prompt_length
     adv = batch.advantages
     policy, clipped = clipped_sequence_objective((logps - old_logps) / L, adv, a.epsilon, a.epsilon)
-    if ref_logps is not None:
-        delta = ref_logps - logps
-        kl = torch.exp(delta) - delta - 1
-    else:
-        kl = torch.zeros_like(logps)
+    kl = k3(ref_logps - logps) if ref_logps is not None else torch.zeros_like(logps)
     n = batch.num_sequences
     loss = (-policy + a.beta * kl).sum() / n
     return loss, {"loss/policy": -policy.sum().item() / n, "loss/kl": kl.sum().item() / n,

@@ -10,8 +10,65 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import PretrainedConfig
 
 from dare.models.core import Layout, RMSNorm, apply_rope, attend
+
+
+class QwenConfig(PretrainedConfig):
+    """The configuration Dream and SDAR share (their checkpoints' `config.json` fields, with Qwen2's defaults);
+    each family's class sets its own defaults (mask, pad, `use_cache`) and adds its own fields."""
+
+    keys_to_ignore_at_inference = ["past_key_values"]
+    rope_scaling = None  # a plain attribute here (transformers 5 turns it into `rope_parameters`)
+
+    def __init__(
+        self,
+        mask_token_id: int,
+        pad_token_id: int | None,
+        use_cache: bool,
+        vocab_size: int = 151936,
+        hidden_size: int = 4096,
+        intermediate_size: int = 22016,
+        num_hidden_layers: int = 32,
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = 32,
+        hidden_act: str = "silu",
+        max_position_embeddings: int = 32768,
+        initializer_range: float = 0.02,
+        rms_norm_eps: float = 1e-6,
+        tie_word_embeddings: bool = False,
+        rope_theta: float = 10000.0,
+        rope_scaling: dict | None = None,
+        use_sliding_window: bool = False,
+        sliding_window: int | None = 4096,
+        max_window_layers: int = 28,
+        attention_dropout: float = 0.0,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.max_position_embeddings = max_position_embeddings
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.use_sliding_window = use_sliding_window
+        self.sliding_window = sliding_window if use_sliding_window else None
+        self.max_window_layers = max_window_layers
+        self.num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
+        self.hidden_act = hidden_act
+        self.initializer_range = initializer_range
+        self.rms_norm_eps = rms_norm_eps
+        self.use_cache = use_cache
+        self.rope_theta = rope_theta
+        self.rope_scaling = rope_scaling
+        self.attention_dropout = attention_dropout
+        self.mask_token_id = mask_token_id
+        super().__init__(tie_word_embeddings=tie_word_embeddings, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+                         eos_token_id=eos_token_id, **kwargs)
+        self.pad_token_id = pad_token_id
 
 
 class QwenAttention(nn.Module):

@@ -26,65 +26,19 @@ Deliberate differences from the original code:
 from __future__ import annotations
 
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from dare.models.registry import ModelFacts
-from dare.models.blocks import QwenAttention, QwenDecoderLayer, SwiGLU
+from dare.models.blocks import QwenAttention, QwenConfig, QwenDecoderLayer, SwiGLU
 from dare.models.core import DLLMPreTrainedModel, RMSNorm, Rotary
 
 
-class DreamConfig(PretrainedConfig):
+class DreamConfig(QwenConfig):
     model_type = "Dream"
-    keys_to_ignore_at_inference = ["past_key_values"]
-    rope_scaling = None  # a plain attribute here (transformers 5 turns it into `rope_parameters`)
 
-    def __init__(
-        self,
-        vocab_size: int = 151936,
-        hidden_size: int = 4096,
-        intermediate_size: int = 22016,
-        num_hidden_layers: int = 32,
-        num_attention_heads: int = 32,
-        num_key_value_heads: int | None = 32,
-        hidden_act: str = "silu",
-        max_position_embeddings: int = 32768,
-        initializer_range: float = 0.02,
-        rms_norm_eps: float = 1e-6,
-        use_cache: bool = False,
-        tie_word_embeddings: bool = False,
-        rope_theta: float = 10000.0,
-        rope_scaling: dict | None = None,
-        use_sliding_window: bool = False,
-        sliding_window: int | None = 4096,
-        max_window_layers: int = 28,
-        attention_dropout: float = 0.0,
-        mask_token_id: int = 151666,
-        pad_token_id: int = 151643,
-        bos_token_id: int | None = None,
-        eos_token_id: int | None = None,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.max_position_embeddings = max_position_embeddings
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.use_sliding_window = use_sliding_window
-        self.sliding_window = sliding_window if use_sliding_window else None
-        self.max_window_layers = max_window_layers
-        self.num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
-        self.hidden_act = hidden_act
-        self.initializer_range = initializer_range
-        self.rms_norm_eps = rms_norm_eps
-        self.use_cache = use_cache
-        self.rope_theta = rope_theta
-        self.rope_scaling = rope_scaling
-        self.attention_dropout = attention_dropout
-        super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-                         **kwargs)
-        self.mask_token_id = mask_token_id
-        self.pad_token_id = pad_token_id
+    def __init__(self, mask_token_id: int = 151666, pad_token_id: int | None = 151643, use_cache: bool = False,
+                 **kwargs):
+        super().__init__(mask_token_id, pad_token_id, use_cache, **kwargs)
 
 
 class DreamBaseModel(nn.Module):

@@ -105,6 +105,12 @@ def clipped_token_objective(ratio: torch.Tensor, adv: torch.Tensor, eps_low: flo
     return torch.min(ratio * adv, clipped * adv), clipped
 
 
+def k3(delta: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimate of KL(pi || pi_ref) per token, exp(delta) - delta - 1 with delta = log pi_ref - log pi
+    (unbiased, >= 0). d1, coupled-GRPO, CJ-GRPO, GDPO, AGRPO, D-TreeRPO."""
+    return torch.exp(delta) - delta - 1
+
+
 def clipped_self_normalized_weights(log_ratio: torch.Tensor, max_ratio: float) -> torch.Tensor:
     """(..., G) -> (..., G) self-normalised importance weights of clipped ratios along the last dimension:
     w_i = min(r_i, max_ratio) / sum_j min(r_j, max_ratio), from log-ratios as a softmax of min(log r, log
