@@ -106,15 +106,14 @@ def uses_reference(cfg) -> bool:
 def prepare(batch, cfg):
     """The trace (nothing is drawn): extras "rounds", each position's trace round (B, P + G; -1 on the prompt,
     `noise.NEVER` where no step committed: masked in every round), "targets" (B, G) the tokens the loss scores
-    (`targets`), "kept" (B,) the rows of kept groups; and `kept_groups`. Once the value model's values are in
-    `batch.old_values` (the loop prepares again), also "token_advantages", "returns", "value_mask" (`value_targets`)."""
+    (`targets`), "kept" (B,) the rows of kept groups; and `kept_groups`. With a value model the loop adds
+    `value_targets` once its values are in `batch.old_values`."""
     rounds, groups = noise.rollout_rounds(batch, cfg.algo.shrink), kept(batch.rewards.view(-1, batch.group_size), cfg)
     on = targets(batch, rounds, cfg)
     extras = {"rounds": rounds, "targets": on, "kept": groups.expand(-1, batch.group_size).reshape(-1)}
     if cfg.algo.micro_batch_rows:
         extras["micro_rows"] = micro_batch_sizes(batch, rounds, on, cfg)
-    batch = replace(batch, kept_groups=groups, extras=extras)
-    return batch if batch.old_values is None else replace(batch, extras={**batch.extras, **value_targets(batch, cfg)})
+    return replace(batch, kept_groups=groups, extras=extras)
 
 
 def targets(batch, rounds: torch.Tensor, cfg) -> torch.Tensor:
@@ -190,7 +189,7 @@ def value_targets(batch, cfg):
     """{"token_advantages", "returns", "value_mask"}, all (B, G), from the values before the update
     (`batch.old_values`): step-level GAE over the trace steps (module docstring; train_sdar_value.py
     `compute_returns_and_advantages_from_fragments`), 0 outside the loss and on the rows of dropped groups;
-    the mask: the kept groups' targets. Once per step, on the whole batch (`prepare`)."""
+    the mask: the kept groups' targets. The value model's hook: once per step, on the whole batch, after `prepare`."""
     gamma, lam, values = cfg.algo.gamma, cfg.algo.lam, batch.old_values
     steps = trace_steps(batch)
     kept = batch.extras["kept"]

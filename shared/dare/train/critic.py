@@ -11,7 +11,7 @@ The RL loop (`dare.train.rl`) builds one when the algorithm's `value_model(cfg)`
 trains it with its own optimizer and learning rate, checkpoints it beside the policy
 (`checkpoints/step_N/value/`, restored on resume) and exports it to `<run>/value/` at the end; the
 algorithm's hooks say what it predicts (`token_values`; the values before the update are in
-`batch.old_values`, from which its `prepare`, run again, derives token advantages and returns) and how it is trained
+`batch.old_values`, from which `value_targets` derives token advantages and returns) and how it is trained
 (`value_loss`).
 """
 

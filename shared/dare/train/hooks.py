@@ -34,9 +34,7 @@ Three rules hold for every hook:
                                                                       deterministically, in `batch.extras` (trace rounds,
                                                                       step advantages, tree weights) and, when it trains on
                                                                       some groups only, `batch.kept_groups` ((P, 1) bool;
-                                                                      a step that keeps none makes no update); with a
-                                                                      value model, called once more when its values are
-                                                                      in `batch.old_values` (token advantages, returns)
+                                                                      a step that keeps none makes no update)
                  sample_noise(batch, generator, cfg)     optional     a `dare.train.noise.Draw`, once per inner iteration;
                                                                       the default `Draw()` draws nothing: the rollout fixes
                                                                       the inputs (then one draw serves the mu updates, and
@@ -62,14 +60,17 @@ Three rules hold for every hook:
                                                                       over processes into `batch.num_units`
                  value_model(cfg)                        optional     None; {"lr": ..., "path": ...} trains a value
                                                                       model beside the policy (`dare.train.critic`),
-                                                                      and then the two hooks below are required:
+                                                                      and then the three hooks below are required:
                  token_values(value_model, batch, noise, cfg)         (B, G) values of the completion tokens; the loop
                                                                       keeps those before the update in `batch.old_values`
-                                                                      (whole batch, after `prepare`) and prepares again
+                                                                      (whole batch, after `prepare`)
+                 value_targets(batch, cfg)                            what the algorithm derives from them, added to
+                                                                      `batch.extras` (token advantages, returns), once
+                                                                      per step on the whole batch
                  value_loss(values, batch, noise, cfg)                (loss, metrics) (a micro-batch's rows)
 
-Each hook has one meaning: `prepare` derives, `sample_noise` draws, `token_logps`/`token_values` score,
-`loss`/`value_loss` reduce. Hooks that an earlier contract had and that `prepare` now covers
+Each hook has one meaning: `prepare` (from the rollout) and `value_targets` (from the values) derive, once a step
+each; `sample_noise` draws, `token_logps`/`token_values` score, `loss`/`value_loss` reduce. Hooks that an earlier contract had and that `prepare` now covers
 (`random_noise`, `kept_groups`, `value_advantages`, `rewards_per_step`) are refused by `bind` with
 a line saying so.
 
@@ -126,7 +127,7 @@ def _no_value_model(cfg) -> None:
 
 def _needs_value_hooks(*args):
     raise ValueError("value_model(cfg) asks for a value model but the algorithm does not define "
-                     "token_values and value_loss (see dare.train.hooks)")
+                     "token_values, value_targets and value_loss (see dare.train.hooks)")
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class RLHooks:
     loss_units: Callable[..., Any] = _no_units
     value_model: Callable[[Any], dict | None] = _no_value_model
     token_values: Callable[..., Any] = _needs_value_hooks
+    value_targets: Callable[..., Any] = _needs_value_hooks
     value_loss: Callable[..., Any] = _needs_value_hooks
 
     @property
@@ -214,7 +216,7 @@ def optional(recipe: str) -> list[str]:
 
 RETIRED = {"random_noise": "leave sample_noise undefined when nothing is drawn",
            "kept_groups": "set batch.kept_groups in prepare(batch, cfg)",
-           "value_advantages": "derive token advantages from batch.old_values in the losses",
+           "value_advantages": "derive token advantages from batch.old_values in value_targets(batch, cfg)",
            "rewards_per_step": "score the sampler's predictions with batch.score in prepare(batch, cfg)"}
 """Hooks of an earlier contract, each with what replaces it."""
 
@@ -247,4 +249,5 @@ def bind(module: ModuleType, where: str | None = None):
 
 def missing_value_hooks(hooks: RLHooks) -> list[str]:
     """The value hooks an algorithm whose `value_model(cfg)` asks for a value model has not defined."""
-    return [name for name in ("token_values", "value_loss") if getattr(hooks, name) is _needs_value_hooks]
+    return [name for name in ("token_values", "value_targets", "value_loss")
+            if getattr(hooks, name) is _needs_value_hooks]

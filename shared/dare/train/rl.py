@@ -9,7 +9,7 @@
 
 With a value model (the algorithm's `value_model(cfg)` hook returns its settings; `dare.train.critic`),
 after the noise draws: the values before the update on the first draw (token_values, on the whole batch,
-into `batch.old_values`; then `prepare` once more, deriving the token advantages and returns from them),
+into `batch.old_values`; then `value_targets`, deriving the token advantages and returns from them),
 then mu value-model updates (value_loss), then the policy's as above: the order of TraceRL's
 `rl.py` (value step, then policy step, both on the advantages of the values before the update).
 
@@ -361,7 +361,7 @@ def kept_groups(batch: RLBatch) -> torch.Tensor:
 
 def value_phase(r: RLRun, batch: RLBatch, unique: list, noises: list) -> tuple[RLBatch, list, dict]:
     """With a value model: its values before the update on the first draw (`token_values`, into
-    `batch.old_values`; then `prepare` once more, deriving the algorithm's token advantages from them) and its mu
+    `batch.old_values`; then `value_targets`, what the algorithm derives from them, into `batch.extras`) and its mu
     updates (`value_loss`). Returns the batch, its mini-batches and the value updates' metrics."""
     cfg, hooks, critic, micro = r.cfg, r.hooks, r.critic, r.cfg.train.micro_batch_size
     if critic is not None:
@@ -369,7 +369,8 @@ def value_phase(r: RLRun, batch: RLBatch, unique: list, noises: list) -> tuple[R
         with torch.no_grad(), critic.autocast():
             old_values = torch.cat(per_micro(lambda b, z: hooks.token_values(critic.model, b, z, cfg),
                                              batch, noises[0], micro))
-        batch = hooks.prepare(replace(batch, old_values=old_values), cfg)  # again, with the values
+        batch = replace(batch, old_values=old_values)
+        batch = replace(batch, extras={**batch.extras, **hooks.value_targets(batch, cfg)})
     n = batch.sequences.shape[0]
     minis = mini_batches(batch, cfg.rl.mini_batches, r.dist,
                          lambda mb, rows: float(hooks.loss_units(mb, take(unique[0], rows, n), cfg)))
