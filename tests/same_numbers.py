@@ -1,6 +1,6 @@
-"""A refactor's check that nothing moved: runs nine RL baselines (four families, a value model, trajectories,
-tree rollouts, two mini-batches) for 3 steps on tiny models in the tree given and prints, per baseline, a digest of
-every logged number (wall-clock times and throughput left out) and of the final weights. Run it in the tree before
+"""A refactor's check that nothing moved: runs eleven RL baselines and VRPO (four families, a value model,
+trajectories, tree rollouts, two mini-batches, draws backpropagated one at a time) for 3 steps on tiny models in
+the tree given and prints, per baseline, a digest of every logged number (wall-clock times and throughput left out) and of the final weights. Run it in the tree before
 and after a change (a `git worktree` of the old commit) and diff the two outputs:
 
     git worktree add /tmp/before <commit>
@@ -16,9 +16,11 @@ from conftest import TINY, tiny_overrides
 from dare.app.runs import train
 from dare.data import TASKS
 TASKS["addition"].rewards = lambda texts, rows, style="default": [float(i % 2) for i in range(len(texts))]
-CASES = [("tracerl", "sdar", ["algo.value_model=true", "algo.value_lr=1e-3"]), ("d1", "llada", []),
-         ("mdpo", "llada", []), ("agrpo", "llada", []), ("d_treerpo", "llada", []), ("cj_grpo", "llada", []),
-         ("rldf", "dream", []), ("espo", "llada", ["rl.mini_batches=2"]), ("coupled_grpo", "dream", [])]
+D = "rl.diag_every=1"  # every diagnostic on every step
+CASES = [("tracerl", "sdar", [D, "algo.value_model=true", "algo.value_lr=1e-3"]), ("d1", "llada", [D]),
+         ("mdpo", "llada", [D]), ("agrpo", "llada", [D]), ("d_treerpo", "llada", [D]), ("cj_grpo", "llada", [D]),
+         ("rldf", "dream", [D]), ("espo", "llada", [D, "rl.mini_batches=2"]), ("coupled_grpo", "dream", [D]),
+         ("bgpo", "llada", [D]), ("ebpo", "sdar", [D]), ("vrpo", "llada", [])]
 only = sys.argv[2:]
 tmp = tempfile.mkdtemp(prefix="same-numbers-")  # the runs stay there to look at
 sft = {}
@@ -29,7 +31,7 @@ for name, fam, extra in CASES:
         sft[fam] = train("sft", None, [*TINY, f"model.family={fam}", "train.steps=2", "algo.response_length=4",
                                        f"run.out_dir={tmp}/sft-{fam}"]) / "final"
     out = train(name, None, [f"model.path={sft[fam]}", f"model.family={fam}", *tiny_overrides(name, fam),
-                             "train.steps=3", "rl.diag_every=1", *extra, f"run.out_dir={tmp}/{name}"])
+                             "train.steps=3", *extra, f"run.out_dir={tmp}/{name}"])
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     keep = [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/", "memory/", "eta", "wall")) and k not in ("compute/wall_s", "time_s")} for r in recs]
     h = hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]

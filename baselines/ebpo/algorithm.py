@@ -56,10 +56,7 @@ def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
 
 
 def draw_parts(draw: noise.Draw, cfg) -> list | None:
-    if not cfg.algo.memory_bounded:
-        return None
-    return [noise.Draw(draw.masked[:, k:k + 1], draw.t[:, k:k + 1], draw.weight[:, k:k + 1])
-            for k in range(draw.masked.shape[1])]
+    return noise.single_draws(draw) if cfg.algo.memory_bounded else None
 
 
 def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:

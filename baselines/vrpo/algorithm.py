@@ -21,6 +21,8 @@ the recipe's `replayed_loss`), so one draw's activations are alive instead of n_
 gradient; one more forward per draw).
 """
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
@@ -44,8 +46,7 @@ def draw_parts(draw: noise.Draw, cfg) -> list | None:
     if not cfg.algo.memory_bounded:
         return None
     n = draw.t.shape[-1]
-    return [noise.Draw(draw.masked[:, :, j:j + 1], draw.t[:, :, j:j + 1], draw.weight[:, :, j:j + 1] / n)
-            for j in range(n)]
+    return [replace(part, weight=part.weight / n) for part in noise.single_draws(draw, dim=2)]
 
 
 def logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:

@@ -35,6 +35,14 @@ class Draw:
     steps: torch.Tensor | None = None
 
 
+def single_draws(draw: Draw, dim: int = 1) -> list[Draw]:
+    """A multi-draw `Draw` cut into its Monte-Carlo draws along `dim` (each part keeps the dimension, of size 1):
+    the parts an algorithm's `draw_parts` returns to backpropagate its estimate one draw at a time (BGPO, EBPO;
+    VRPO along each side's draws, dim 2)."""
+    return [Draw(draw.masked.narrow(dim, k, 1), draw.t.narrow(dim, k, 1), draw.weight.narrow(dim, k, 1))
+            for k in range(draw.masked.shape[dim])]
+
+
 def _rand(shape, generator: torch.Generator, device) -> torch.Tensor:
     return torch.rand(shape, generator=generator).to(device)
 
