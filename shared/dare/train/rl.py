@@ -7,6 +7,10 @@
       -> old and reference log-probs on those draws   token_logps(model, batch, noise, cfg)
       -> mu policy updates                            loss(logps, old, ref, batch, noise, cfg)
 
+In the code: `setup` builds the run once (an `RLRun`); `run` then makes each step of four phases, `roll_out`
+(prompts to a prepared `RLBatch`), `diagnose`, `learn` (draws, `value_phase`, `scored`, the updates) and `account`
+(metrics, validation), and guards and logs it (docs/architecture.md, "One RL step, in order").
+
 With a value model (the algorithm's `value_model(cfg)` hook returns its settings; `dare.train.critic`),
 after the noise draws: the values before the update on the first draw (token_values, on the whole batch,
 into `batch.old_values`; then `value_targets`, deriving the token advantages and returns from them),
