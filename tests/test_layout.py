@@ -261,3 +261,17 @@ def test_baselines_draw_their_noise_from_the_shared_samplers():
         text = (REPO / "baselines" / name / "algorithm.py").read_text()
         assert "dare.train" in mods and "from dare.train import noise" in text, name
         assert "dare.train.estimators" in mods, name
+
+
+def test_the_rl_step_reads_top_to_bottom():
+    """Issue 61's shape, held: `rl.run` is the step's outline (at most 80 lines: the phases are functions of their
+    own), and `RLBatch` composes the rollout and the model's facts with at most 12 fields of its own."""
+    import dataclasses
+
+    from dare.train import rl
+
+    tree = ast.parse((REPO / "shared" / "dare" / "train" / "rl.py").read_text())
+    run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
+    assert run.end_lineno - run.lineno + 1 <= 80, f"rl.run is {run.end_lineno - run.lineno + 1} lines"
+    own = [f.name for f in dataclasses.fields(rl.RLBatch)]
+    assert len(own) <= 12 and {"rollout", "facts"} <= set(own), own
