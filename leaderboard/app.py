@@ -252,7 +252,7 @@ def overview() -> None:
                         "under the validation curve), with the classes at that budget. " if budget else
                         "No run of this column logged validation curves against forward passes: no equal-compute "
                         "score. ") + "stable: the class stays the same when any one of the method's seeds is left "
-        f"out. A (start) row is the model the methods trained from: not ranked. Last updated "
+        f"out (too few seeds: fewer than three, so the one left would be untestable). A (start) row is the model the methods trained from: not ranked. Last updated "
         f"{max(r.created_at for _, r in shown)[:10]}.")
     search = st.text_input("Search methods", key="overview_search", placeholder="a method's name")
     rows = [row for row in b.rows if search.strip().lower() in row["method"].lower()]

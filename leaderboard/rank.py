@@ -208,12 +208,13 @@ def rank_classes(seeds: dict[str, list[float]], alpha: float = ALPHA, higher: bo
 def stability(seeds: dict[str, list[float]], alpha: float = ALPHA, higher: bool = True,
               ranking: Ranking | None = None) -> dict[str, bool | None]:
     """For every method: does its rank class stay the same when any one of its seeds is left out (the classes
-    computed again, with the Holm correction, on the column with that seed dropped)? None for a method with one
-    seed (none can be left out)."""
+    computed again, with the Holm correction, on the column with that seed dropped)? None for a method with fewer
+    than three seeds: with one left out, one seed remains and no test can place it, so its class would stay by
+    default (untested, not stable)."""
     ranking = ranking or rank_classes(seeds, alpha, higher)
     out: dict[str, bool | None] = {}
     for label, values in seeds.items():
-        if len(values) < 2:
+        if len(values) < 3:
             out[label] = None
             continue
         out[label] = True
@@ -497,7 +498,7 @@ def board(items, column: str, model: str | None = None, metric: str | None = Non
                     "at budget": _pct(load.stats(at)[0], 2) if at else None,
                     "area": _pct(load.stats(area)[0], 2) if area else None,
                     "class at budget": compute_ranking.classes.get(c.label) if compute_ranking and at else None,
-                    "stable": "start" if c.start else {True: "yes", False: "no", None: "one seed"}[stable[c.label]],
+                    "stable": "start" if c.start else {True: "yes", False: "no", None: "too few seeds"}[stable[c.label]],
                     "paper": links.get(c.baseline, ("", ""))[0], "code": links.get(c.baseline, ("", ""))[1]})
         rows.append(row)
     rows.sort(key=lambda r: (r["class"] is None, r["class"] or 0, -(r["mean"] or 0) if higher else (r["mean"] or 0)))

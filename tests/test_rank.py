@@ -126,14 +126,16 @@ def test_rank_classes_count_only_what_survives_holms_correction(rank):
 def test_a_rank_class_that_leaving_one_seed_out_changes_is_unstable(rank):
     """b is separated from a with three seeds (class 2); left with two (0.84 or 0.86 left out, about 1.7 degrees
     of freedom) it is not, and its class changes, so it is not stable (with 0.88 left out it would be). c, far
-    below both, keeps class 3 whichever seed goes; a method with one seed cannot leave one out (None)."""
-    seeds = {"a": [0.90, 0.91, 0.92], "b": [0.84, 0.86, 0.88], "c": [0.100, 0.1001, 0.1002], "d": [0.5]}
+    below both, keeps class 3 whichever seed goes; a method with one seed cannot leave one out, and one with two
+    would be left with a single, untestable seed (None: too few seeds, not "stable")."""
+    seeds = {"a": [0.90, 0.91, 0.92], "b": [0.84, 0.86, 0.88], "c": [0.100, 0.1001, 0.1002], "d": [0.5],
+             "e": [0.3, 0.31]}
     r = rank.rank_classes(seeds)
-    assert r.classes == {"a": 1, "b": 2, "c": 3, "d": 1}
+    assert r.classes == {"a": 1, "b": 2, "c": 4, "d": 1, "e": 3}
     assert [rank.rank_classes({**seeds, "b": seeds["b"][:i] + seeds["b"][i + 1:]}).classes["b"]
             for i in range(3)] == [1, 1, 2]
     stable = rank.stability(seeds)
-    assert stable["b"] is False and stable["c"] is True and stable["d"] is None
+    assert stable["b"] is False and stable["c"] is True and stable["d"] is None and stable["e"] is None
 
 
 # ---------------------------------------------------------------------------------------------
