@@ -1,4 +1,4 @@
-"""A refactor's check that nothing moved: runs eleven RL baselines and VRPO (four families, a value model,
+"""A refactor's check that nothing moved: runs twelve RL baselines and VRPO (four families, a value model,
 trajectories, tree rollouts, two mini-batches, draws backpropagated one at a time) for 3 steps on tiny models in
 the tree given and prints, per baseline, a digest of every logged number (wall-clock times and throughput left out) and of the final weights. Run it in the tree before
 and after a change (a `git worktree` of the old commit) and diff the two outputs:
@@ -19,8 +19,8 @@ TASKS["addition"].rewards = lambda texts, rows, style="default": [float(i % 2) f
 D = "rl.diag_every=1"  # every diagnostic on every step
 CASES = [("tracerl", "sdar", [D, "algo.value_model=true", "algo.value_lr=1e-3"]), ("d1", "llada", [D]),
          ("mdpo", "llada", [D]), ("agrpo", "llada", [D]), ("d_treerpo", "llada", [D]), ("cj_grpo", "llada", [D]),
-         ("rldf", "dream", [D]), ("espo", "llada", [D, "rl.mini_batches=2"]), ("coupled_grpo", "dream", [D]),
-         ("bgpo", "llada", [D]), ("ebpo", "sdar", [D]), ("vrpo", "llada", [])]
+         ("rldf", "dream", [D]), ("espo", "llada", [D, "rl.mini_batches=2"]), ("gdpo", "llada", [D]),
+         ("coupled_grpo", "dream", [D]), ("bgpo", "llada", [D]), ("ebpo", "sdar", [D]), ("vrpo", "llada", [])]
 only = sys.argv[2:]
 tmp = tempfile.mkdtemp(prefix="same-numbers-")  # the runs stay there to look at
 sft = {}

@@ -179,12 +179,10 @@ def test_three_paths_and_coupled_grpos_estimate_on_the_same_draw(family):
     torch.testing.assert_close(seq, terms.sum(dim=2))
 
 
-def test_block_models_and_singleton_groups_are_refused():
+def test_block_models_are_refused():
     _, batch = _tiny_batch()
     with pytest.raises(ValueError, match="masked"):
         bridge.sample_noise(SimpleNamespace(**{**vars(batch), "block_size": 4}), torch.Generator(), run_config("bridgeratio_grpo"))
     cfg = run_config("bridgeratio_grpo")
-    with pytest.raises(ValueError, match="group_size"):
-        bridge.check_config(SimpleNamespace(**{**vars(cfg), "rl": SimpleNamespace(group_size=1)}))
     a = 0.5 / ((1 / 3) ** 0.5 + 1e-6)  # (r - 0.5) / (sample std + 1e-6)
     assert bridge.advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]), cfg)[0].tolist() == pytest.approx([a, -a, -a, a])

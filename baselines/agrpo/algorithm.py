@@ -38,8 +38,6 @@ SCORE = "draw_token"  # what token_logps returns: (B, D, G) (dare.train.hooks.SC
 
 def check_config(cfg) -> None:
     d = cfg.rl.decoding
-    if cfg.rl.group_size < 2:
-        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group-mean baseline needs at least 2 completions")
     if d.sampler != "truncated":
         raise ValueError(f"rl.decoding.sampler={d.sampler!r}: AGRPO scores the distribution each token was drawn from "
                          "(its top-k/top-p support and entropy), which the truncated sampler records: set "

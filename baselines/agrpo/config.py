@@ -1,11 +1,10 @@
 """AGRPO defaults: `probablyabot/agrpo` @98f1182, `train.yaml` (LLaDA-8B-Instruct, GSM8K) and
 `accelerate.yaml` (8 processes), unless noted."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from dare.config import (DataConfig, DecodingConfig, LoraConfig, ModelConfig, RLConfig, RunConfig, TrainConfig,
-                         TruncatedOptions, check)
+from dare.config import DecodingConfig, LoraConfig, ModelConfig, RLConfig, TrainConfig, TruncatedOptions, check, recipe
 
 
 @dataclass
@@ -30,23 +29,20 @@ class AGRPO:
         check(self.beta >= 0, "must be >= 0", "beta")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
+Config = recipe(
+    AGRPO,
     # LoRA r 64, alpha 64, no dropout (train.yaml; its targets also match LLaDA's output head `ff_out`: here
     # the family's declared targets, never the head). The paper starts from LLaDA-8B-Instruct: set model.path.
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(lora=LoraConfig(rank=64, alpha=64.0)))
-    data: DataConfig = field(default_factory=DataConfig)
+    model=ModelConfig(lora=LoraConfig(rank=64, alpha=64.0)),
     # lr 5e-6, cosine with warmup ratio 0.01, AdamW (0.9, 0.99), weight decay
     # 0.01, grad-norm clip 1.0; 5 epochs of GSM8K's 7,473 prompts at 16 per step = 2,335 steps.
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
+    train=TrainConfig(
         steps=2335, lr=5e-6, schedule="cosine", warmup_ratio=0.01, weight_decay=0.01, betas=(0.9, 0.99),
-        max_grad_norm=1.0))
+        max_grad_norm=1.0),
     # 8 processes x 8 completions x grad-acc 2 = 16 prompts x G = 8 per step, one update each (mu = 1).
     # Rollout: AGRPO's sampler, temperature 0.6, top-p 0.99, top-k 150, 384 tokens in blocks of 12,
     # 128 steps (3 tokens per step), random unmasking.
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=16, group_size=8, num_iterations=1,
         decoding=DecodingConfig(sampler="truncated", gen_length=384, block_length=12, steps=128, temperature=0.6,
                                 truncated=TruncatedOptions(top_p=0.99, top_k=150, remasking="random"))))
-    algo: AGRPO = field(default_factory=AGRPO)

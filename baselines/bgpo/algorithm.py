@@ -36,12 +36,6 @@ RECIPE = "rl"
 SCORE = "draw"  # what token_logps returns: (B, D) (dare.train.hooks.SCORES)
 
 
-def check_config(cfg) -> None:
-    if cfg.rl.group_size < 2:
-        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group-normalized advantage needs at least 2 "
-                         "completions")
-
-
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
     return group_advantages(rewards, baseline="mean", std="sample", eps=1e-6)
 

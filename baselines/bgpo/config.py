@@ -2,9 +2,9 @@
 and DARE's recipe `recipe/llada/run_bgpo_llada_8b_instruct.sh` (yjyddq/DARE@83ae8a3) where the paper is silent
 (LLaDA-8B-Instruct, math), unless noted."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import DecodingConfig, RLConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -18,18 +18,13 @@ class BGPO:
         check(self.n_t >= 1, "must be >= 1", "n_t")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The paper fully fine-tunes LLaDA-8B-Instruct (VeRL, 8 x H800): set model.path."""
-    data: DataConfig = field(default_factory=DataConfig)
+# The paper fully fine-tunes LLaDA-8B-Instruct (VeRL, 8 x H800): set model.path.
+Config = recipe(
+    BGPO,
     # lr 5e-7, weight decay 0.01 (DARE's recipe; AdamW (0.9, 0.999) and clip 1.0 are VeRL's defaults); math 700 steps
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=700, lr=5e-7, weight_decay=0.01, betas=(0.9, 0.999), max_grad_norm=1.0))
+    train=TrainConfig(steps=700, lr=5e-7, weight_decay=0.01, betas=(0.9, 0.999), max_grad_norm=1.0),
     # 16 prompts x G = 8, one update per batch (on-policy: mini-batch = batch 16); math rollouts of 512 tokens, block
     # 32, 256 steps; temperature 0.6 (DARE's recipe; the paper's is not stated).
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=16, group_size=8, num_iterations=1,
         decoding=DecodingConfig(gen_length=512, block_length=32, steps=256, temperature=0.6)))
-    algo: BGPO = field(default_factory=BGPO)

@@ -38,11 +38,6 @@ SCORE = "draw_token"  # what token_logps returns: (B, D, G) (dare.train.hooks.SC
 PATHS = 3  # the full mask, M, its complement
 
 
-def check_config(cfg) -> None:
-    if cfg.rl.group_size < 2:
-        raise ValueError(f"rl.group_size={cfg.rl.group_size}: GRPO's std-scaled advantage needs at least 2 completions")
-
-
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
     """verl's `compute_grpo_outcome_advantage`: (r - mean) / (sample std + 1e-6) within the group."""
     return group_advantages(rewards, baseline="mean", std="sample", eps=1e-6)

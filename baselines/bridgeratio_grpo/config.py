@@ -4,10 +4,10 @@ bridgeratio-grpo`, `bridge_ratio_correction=none`, `bridge_ratio_score_scale=tok
 `llada_dp_actor_bridgeratio_grpo.py`; verl's `ppo_trainer.yaml` for what the recipe leaves at its default),
 LLaDA-8B-Instruct on math, unless noted. There is no paper."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import DecodingConfig, RLConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -39,19 +39,14 @@ class BridgeRatioGRPO:
         check(self.clip_ratio_c > 1, "the dual clip needs c > 1", "clip_ratio_c")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The recipe starts from LLaDA-8B-Instruct (or Dream-7B-Instruct: recipe/dream/): set model.path."""
-    data: DataConfig = field(default_factory=DataConfig)
+# The recipe starts from LLaDA-8B-Instruct (or Dream-7B-Instruct: recipe/dream/): set model.path.
+Config = recipe(
+    BridgeRatioGRPO,
     # lr 5e-7 constant, weight decay 0.01 (the recipe), AdamW (0.9, 0.999) and grad-norm 1.0 (verl's defaults).
     # One epoch of the recipe's math data (MATH 7,500 + GSM8K 7,473 train prompts) at 16 prompts: 936 steps.
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=936, lr=5e-7, weight_decay=0.01, betas=(0.9, 0.999), max_grad_norm=1.0))
+    train=TrainConfig(steps=936, lr=5e-7, weight_decay=0.01, betas=(0.9, 0.999), max_grad_norm=1.0),
     # 16 prompts x G = 8, one update per batch (ppo_mini_batch_size = the batch, ppo_epochs 1); math rollouts of 512
     # tokens, block 32, 256 steps, temperature 0.6 (LLaDA; Dream's recipe: 0.2).
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=16, group_size=8, num_iterations=1,
         decoding=DecodingConfig(gen_length=512, block_length=32, steps=256, temperature=0.6)))
-    algo: BridgeRatioGRPO = field(default_factory=BridgeRatioGRPO)

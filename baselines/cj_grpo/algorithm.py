@@ -43,8 +43,6 @@ SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:
-    if cfg.rl.group_size < 2:
-        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group-mean baseline needs at least 2 completions")
     if cfg.rl.decoding.block.editing_threshold > 0:
         raise ValueError("rl.decoding.block.editing_threshold > 0: token editing rewrites committed tokens, so the "
                          "step map no longer gives the states the sampler saw; CJ-GRPO needs each token committed once")

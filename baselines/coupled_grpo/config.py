@@ -1,10 +1,10 @@
 """coupled-GRPO defaults: DiffuCoder `recipes/config_coupled_code.yaml` (DiffuCoder-7B-Instruct,
 AceCode-89K hard split), unless noted."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from dare.config import DataConfig, DecodingConfig, DreamOptions, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import DecodingConfig, DreamOptions, ModelConfig, RLConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -26,25 +26,22 @@ class CoupledGRPO:
         check(self.epsilon > 0, "must be > 0", "epsilon")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(family="dream"))
-    """DiffuCoder-7B-Instruct is a Dream-architecture model: set model.path."""
-    data: DataConfig = field(default_factory=DataConfig)
-    """The demo task by default (offline); the paper trains on AceCode-89K (not in the task registry;
-    reproductions/coupled_grpo/ uses MBPP's train split as the closest registered code task)."""
+# The demo task by default (offline); the paper trains on AceCode-89K (not in the task registry;
+# reproductions/coupled_grpo/ uses MBPP's train split as the closest registered code task).
+Config = recipe(
+    CoupledGRPO,
+    # DiffuCoder-7B-Instruct is a Dream-architecture model: set model.path.
+    model=ModelConfig(family="dream"),
     # lr 1e-6 cosine to 0.1x (min_lr_rate 0.1), AdamW (0.9, 0.99), weight decay 0.1, grad-norm 0.2;
     # gradient checkpointing; full fine-tuning in bf16. The reference is updated TR-DPO style
     # (`sync_ref_model: True`, `ref_model_sync_steps: 64`, TRL's default `ref_model_mixup_alpha` 0.6):
     # every 64 optimizer steps ref <- 0.4 ref + 0.6 policy.
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
+    train=TrainConfig(
         steps=1000, lr=1e-6, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2, schedule="cosine",
-        min_lr_ratio=0.1, gradient_checkpointing=True, reference_sync_every=64, reference_mix=0.6))
+        min_lr_ratio=0.1, gradient_checkpointing=True, reference_sync_every=64, reference_mix=0.6),
     # 8 GPUs x 5 per device x grad-acc 2 = 80 completions = 8 prompts x G = 10; mu = 2. Rollout: Dream's
     # diffusion_generate, alg entropy, 256 tokens in 256 steps, temperature 1.0, top_p 0.95.
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=8, group_size=10, num_iterations=2,
         decoding=DecodingConfig(sampler="dream", gen_length=256, block_length=256, steps=256, temperature=1.0,
                                 dream=DreamOptions(alg="entropy", top_p=0.95))))
-    algo: CoupledGRPO = field(default_factory=CoupledGRPO)

@@ -39,11 +39,6 @@ RECIPE = "rl"
 SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
 
 
-def check_config(cfg) -> None:
-    if cfg.rl.group_size < 2:
-        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group-mean baseline needs at least 2 completions")
-
-
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
     """(P, G) rewards -> (P, G) advantages: the group mean is the baseline, no std division."""
     return group_advantages(rewards, baseline="mean", std="none")

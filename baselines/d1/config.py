@@ -1,9 +1,9 @@
 """d1 / diffu-GRPO defaults: `d1:diffu-grpo/slurm_scripts/train.yaml` and the sbatch files
 (LLaDA-8B-Instruct, GSM8K), unless noted."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import DecodingConfig, RLConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -22,18 +22,13 @@ class D1:
         check(self.epsilon > 0, "must be > 0", "epsilon")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The paper starts from LLaDA-8B-Instruct (or its s1K-SFT merge): set model.path."""
-    data: DataConfig = field(default_factory=DataConfig)
+# The paper starts from LLaDA-8B-Instruct (or its s1K-SFT merge): set model.path.
+Config = recipe(
+    D1,
     # AdamW betas (0.9, 0.99), weight decay 0.1, grad-norm clip 0.2, lr 3e-6 constant (warmup ratio 1e-4).
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=1000, lr=3e-6, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2))
+    train=TrainConfig(steps=1000, lr=3e-6, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2),
     # 8 GPUs x 6 completions x grad-acc 2 = 96 completions = 16 prompts x G=6 per step; mu = 12 for
     # GSM8K/MATH (8 for Countdown/Sudoku). Rollout: 256 tokens, block 32, 128 steps, temperature 0.9.
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=16, group_size=6, num_iterations=12,
         decoding=DecodingConfig(gen_length=256, block_length=32, steps=128, temperature=0.9)))
-    algo: D1 = field(default_factory=D1)

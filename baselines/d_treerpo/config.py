@@ -2,10 +2,9 @@
 eight run scripts; LLaDA-8B-Instruct), `accelerate.yaml` (8 processes) and the trainer's `getattr`
 defaults for the self-distillation, unless noted."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dare.config import (DataConfig, DecodingConfig, LoraConfig, MaskedOptions, ModelConfig, RLConfig, RunConfig,
-                         TrainConfig, check)
+from dare.config import DecodingConfig, LoraConfig, MaskedOptions, ModelConfig, RLConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -31,22 +30,18 @@ class DTreeRPO:
         check(self.sd_tau_power >= 0, "must be >= 0", "sd_tau_power")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
+Config = recipe(
+    DTreeRPO,
     # LoRA r 128, alpha 64, dropout 0.05 (the run scripts; the 4-bit NF4 base is not supported here). The paper
     # starts from LLaDA-8B-Instruct: set model.path.
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(lora=LoraConfig(rank=128, alpha=64.0, dropout=0.05)))
-    data: DataConfig = field(default_factory=DataConfig)
+    model=ModelConfig(lora=LoraConfig(rank=128, alpha=64.0, dropout=0.05)),
     # lr 3e-5 constant with warmup ratio 1e-4, AdamW (0.9, 0.99), weight decay 0.1, grad-norm clip 0.2;
     # max_steps 30,000 optimizer steps, one tree search per 5 parents x mu 12 = 60 of them: 500 tree steps.
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=500, lr=3e-5, warmup_ratio=1e-4, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2))
+    train=TrainConfig(steps=500, lr=3e-5, warmup_ratio=1e-4, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2),
     # 8 processes x 4 tree rows = 32 prompts per tree search, 4 x 4 = 16 leaves each (num_tree_samples 4,
     # tree_branch_factor 4, tree_contraction_factor 2 levels), mu = 12. Rollout: LLaDA's sampler, 256 tokens,
     # block 32, 128 steps, low-confidence remasking, temperature 0.9 (the config's default).
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=32, group_size=16, num_iterations=12,
         decoding=DecodingConfig(sampler="masked", gen_length=256, block_length=32, steps=128, temperature=0.9,
                                 tree=(4, 4), masked=MaskedOptions(cache="none"))))
-    algo: DTreeRPO = field(default_factory=DTreeRPO)

@@ -26,15 +26,10 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import elbo
-from dare.train.objectives import clipped_sequence_objective, group_advantages
+from dare.train.objectives import clipped_elbo_loss, group_advantages
 
 RECIPE = "rl"
 SCORE = "sequence"  # what token_logps returns: (B,) (dare.train.hooks.SCORES)
-
-
-def check_config(cfg) -> None:
-    if cfg.rl.group_size < 2:
-        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the leave-one-out baseline needs at least 2 completions")
 
 
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
@@ -58,12 +53,6 @@ def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
 
 
 def loss(logps, old_logps, ref_logps, batch, draw, cfg):
-    a, L = cfg.algo, batch.sequences.shape[1] - batch.prompt_length
-    adv = batch.advantages
-    policy, clipped = clipped_sequence_objective((logps - old_logps) / L, adv, a.epsilon, a.epsilon)
-    kl = 0.5 * (logps - ref_logps) ** 2 / L if ref_logps is not None else torch.zeros_like(logps)
-    n = batch.num_sequences
-    loss = (-policy + a.beta * kl).sum() / n
-    return loss, {"loss/policy": -policy.sum().item() / n, "loss/kl": kl.sum().item() / n,
-                  "stats/elbo_per_token": logps.detach().sum().item() / L / n,
-                  "stats/clip_ratio": clipped.float().sum().item() / n}
+    L = batch.sequences.shape[1] - batch.prompt_length
+    kl = 0.5 * (logps - ref_logps) ** 2 / L if ref_logps is not None else torch.zeros_like(logps)  # k2 / L
+    return clipped_elbo_loss(logps, old_logps, kl, batch, cfg.algo.epsilon, cfg.algo.beta)

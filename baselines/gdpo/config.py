@@ -1,9 +1,9 @@
 """GDPO defaults: `KevinRojas1499/GDPO@1918683` `gdpo/slurm_scripts/train.yaml`, `countdown_base.sbatch` and
 `gdpo_config.py` (LLaDA-8B-Instruct), unless noted."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import DecodingConfig, RLConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -21,19 +21,14 @@ class GDPO:
         check(self.epsilon > 0, "must be > 0", "epsilon")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """GDPO trains LoRA r 128 / alpha 64 / dropout 0.05 on a 4-bit LLaDA-8B-Instruct: set model.path and model.lora."""
-    data: DataConfig = field(default_factory=DataConfig)
+# GDPO trains LoRA r 128 / alpha 64 / dropout 0.05 on a 4-bit LLaDA-8B-Instruct: set model.path and model.lora.
+Config = recipe(
+    GDPO,
     # AdamW (0.9, 0.99), weight decay 0.1, grad-norm clip 0.2, lr 3e-7 constant (warmup ratio 1e-4); 15,000 optimizer
     # steps = 1,250 rollout batches of mu = 12.
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=1250, lr=3e-7, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2))
+    train=TrainConfig(steps=1250, lr=3e-7, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2),
     # one process x 6 completions x grad-acc 2 = 12 completions = 2 prompts x G = 6 per step (its accelerate config
     # launches one process), mu = 12; rollouts of 256 tokens, block 32, 128 steps, temperature 0.9.
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=2, group_size=6, num_iterations=12,
         decoding=DecodingConfig(gen_length=256, block_length=32, steps=128, temperature=0.9)))
-    algo: GDPO = field(default_factory=GDPO)

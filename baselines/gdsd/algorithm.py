@@ -40,11 +40,6 @@ RECIPE = "rl"
 SCORE = "draw"  # what token_logps returns: (B, D) (dare.train.hooks.SCORES)
 
 
-def check_config(cfg) -> None:
-    if cfg.rl.group_size < 2:
-        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the leave-one-out baseline needs at least 2 completions")
-
-
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
     """(P, G) leave-one-out advantages (the reference's `leave_one_out = True`), std-scaled with scale_rewards."""
     return group_advantages(rewards, baseline="loo", std="sample" if cfg.algo.scale_rewards else "none")

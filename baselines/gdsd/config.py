@@ -3,10 +3,10 @@ launch script reads) with the GSM8K recipe's overrides (`scripts/run_gdsd_llada_
 8 GPUs), unless noted. The Sudoku and Countdown demo scripts run the base config alone (psi 1, num_mc 1,
 G = 6, 64 diffusion steps)."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import DecodingConfig, RLConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -39,23 +39,18 @@ class GDSD:
         check(self.variant in ("gdsd", "tlc"), "must be 'gdsd' or 'tlc'", "variant")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The reference trains LoRA r 128 / alpha 64 / dropout 0.05 on a bfloat16 LLaDA-8B-Instruct
-    (train_gdsd.yaml): set model.path and model.lora.*."""
-    data: DataConfig = field(default_factory=DataConfig)
+# The reference trains LoRA r 128 / alpha 64 / dropout 0.05 on a bfloat16 LLaDA-8B-Instruct
+# (train_gdsd.yaml): set model.path and model.lora.*.
+Config = recipe(
+    GDSD,
     # AdamW (0.9, 0.99), weight decay 0.01, grad-norm clip 0.2, lr 3e-6 constant with warmup ratio 0.001; one epoch
     # of GSM8K's 7,473 problems at 20 prompts per rollout: 374 rollout batches of mu = 8 optimizer steps. A frozen
     # reference: the yaml's `sync_ref_model` is a no-op under its PEFT (TRL's SyncRefModelCallback skips a None
     # ref_model; the reference is the adapter-disabled base).
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=374, lr=3e-6, weight_decay=0.01, betas=(0.9, 0.99), max_grad_norm=0.2, warmup_ratio=0.001))
+    train=TrainConfig(steps=374, lr=3e-6, weight_decay=0.01, betas=(0.9, 0.99), max_grad_norm=0.2, warmup_ratio=0.001),
     # 8 GPUs x 10 completions x grad-acc 4 = 320 completions = 20 prompts x G = 16 (num_generations = 2 x world
     # size) per rollout, mu = 8; rollouts of 256 tokens, LLaDA's block 32 (fixed in the trainer), 256 steps,
     # temperature 1.0 (train_gdsd.yaml's generation_temperature).
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=20, group_size=16, num_iterations=8,
         decoding=DecodingConfig(gen_length=256, block_length=32, steps=256, temperature=1.0)))
-    algo: GDSD = field(default_factory=GDSD)

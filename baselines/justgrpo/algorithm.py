@@ -43,9 +43,6 @@ SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
 
 def check_config(cfg) -> None:
     d = cfg.rl.decoding
-    if cfg.rl.group_size < 2:
-        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group-normalized advantage needs at least 2 "
-                         "completions")
     if d.sampler not in ("auto", "masked", "block") or d.masked.threshold or d.masked.factor or d.block.threshold:
         raise ValueError(f"rl.decoding: JustGRPO rolls out in AR order (its likelihood's order), one token per step "
                          f"with the masked or block sampler and no threshold/factor rule (got sampler={d.sampler}, "

@@ -38,8 +38,6 @@ SCORE = "draw_token"  # what token_logps returns: (B, D, G) (dare.train.hooks.SC
 
 
 def check_config(cfg) -> None:
-    if cfg.rl.group_size < 2:
-        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the per-step group normalization needs 2 completions")
     if cfg.rl.decoding.sampler != "maskgit":
         raise ValueError(f"rl.decoding.sampler={cfg.rl.decoding.sampler!r}: MDPO trains on the full predictions and "
                          "confidences of every step, which the maskgit sampler records: set rl.decoding.sampler=maskgit")

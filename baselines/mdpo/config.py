@@ -2,9 +2,9 @@
 OpenR1-Math), `recipes/LLaDA-Instruct/mdpo/config_demo.yaml` and `MDPOConfig` where the command is
 silent, unless noted."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import DecodingConfig, RLConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -22,20 +22,15 @@ class MDPO:
         check(self.beta >= 0, "must be >= 0", "beta")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The paper trains LLaDA-8B-Instruct, fully fine-tuned: set model.path."""
-    data: DataConfig = field(default_factory=DataConfig)
+# The paper trains LLaDA-8B-Instruct, fully fine-tuned: set model.path.
+Config = recipe(
+    MDPO,
     # lr 7e-7 constant (config_demo.yaml: lr_scheduler_type constant), AdamW (MDPOConfig/TRL defaults:
     # 0.9, 0.999, weight decay 0), grad-norm clip 1.0 (TrainingArguments' default).
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=1000, lr=7e-7, weight_decay=0.0, betas=(0.9, 0.999), max_grad_norm=1.0))
+    train=TrainConfig(steps=1000, lr=7e-7, weight_decay=0.0, betas=(0.9, 0.999), max_grad_norm=1.0),
     # N GPUs, one completion each, num_generations = N (8 here): a group per prompt; grad-acc 16 over
     # (completion, trained step) micro-batches with 8 trained steps each = 2 prompts per optimizer step; mu = 1.
     # Rollout: MDPO's sampler, temperature 0.4, 512 tokens in one block (pure diffusion), 128 steps, no RCR.
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=2, group_size=8, num_iterations=1,
         decoding=DecodingConfig(sampler="maskgit", gen_length=512, block_length=512, steps=128, temperature=0.4)))
-    algo: MDPO = field(default_factory=MDPO)

@@ -1,8 +1,8 @@
 """peft (LoRA SFT) defaults: d1's SFT stage (`d1:SFT/sft_train.py`; LLaDA-8B-Instruct on s1K)."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dare.config import DataConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig, check
+from dare.config import LoraConfig, ModelConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -22,17 +22,13 @@ class PEFT:
         check(self.response_length is None or self.response_length > 1, "must be > 1 or null", "response_length")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
+Config = recipe(
+    PEFT,
     # LoRA r 128, alpha 256, dropout 0.05 (d1 targets q, k, v only: model.lora.targets='.*\.(q_proj|k_proj|v_proj)';
     # the default here is the family's declared targets, which include the MLP)
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(
-        lora=LoraConfig(rank=128, alpha=256.0, dropout=0.05)))
-    data: DataConfig = field(default_factory=DataConfig)
+    model=ModelConfig(lora=LoraConfig(rank=128, alpha=256.0, dropout=0.05)),
     # lr 1e-5, weight decay 0.1, grad-norm 1.0; batch 1 per GPU x grad-acc 4 x 4 GPUs = 16; 20 epochs of s1K.
     # Schedule: d1 passes no lr_scheduler_type, so HF's default: linear decay to 0, no warmup.
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
+    train=TrainConfig(
         steps=1250, batch_size=16, lr=1e-5, weight_decay=0.1, max_grad_norm=1.0, schedule="linear",
         min_lr_ratio=0.0, warmup_steps=0))
-    algo: PEFT = field(default_factory=PEFT)

@@ -57,8 +57,6 @@ def weighted(cfg) -> bool:
 
 
 def check_config(cfg) -> None:
-    if cfg.rl.group_size < 2:
-        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group's std needs at least 2 completions")
     if weighted(cfg) and cfg.rl.decoding.sampler not in ("auto", "masked"):
         raise ValueError(f"rl.decoding.sampler={cfg.rl.decoding.sampler}: the weighted step sampler needs the "
                          "commit log-probs only the masked sampler records; set algo.step_temperature >= 1e4 "

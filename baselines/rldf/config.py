@@ -3,9 +3,9 @@ MATH), `configs/dream_math.yaml` and `configs/default.yaml` (Dream-7B-Instruct),
 `trainer/main_rl.py` and `accelerate_configs/dp_zero3.json`, unless noted. Where the LLaDA and Dream configs differ
 (KL coefficient, weight decay, loss normalisation) the default is the LLaDA one and the Dream value is named."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import DecodingConfig, RLConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -42,20 +42,15 @@ class RLDF:
         check(0 < self.keep_groups <= 1, "must be within (0, 1]", "keep_groups")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The reference fine-tunes every weight of LLaDA-8B-Instruct / Dream-7B-Instruct in bfloat16 (ZeRO-3)."""
-    data: DataConfig = field(default_factory=DataConfig)
+# The reference fine-tunes every weight of LLaDA-8B-Instruct / Dream-7B-Instruct in bfloat16 (ZeRO-3).
+Config = recipe(
+    RLDF,
     # AdamW lr 1e-6 constant, no warmup, betas (0.9, 0.999), eps 1e-8, weight decay 0 (LLaDA; Dream 0.01), gradient
     # clipping 1.0 (dp_zero3.json). Steps: 64 epochs of MATH_rldf's 6,106 prompts at 8 GPUs x 8 prompts = 95 batches
     # per epoch, 6,080 (the reference evaluates every 5 and keeps the best checkpoint).
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=6080, lr=1e-6, weight_decay=0.0, betas=(0.9, 0.999), max_grad_norm=1.0))
+    train=TrainConfig(steps=6080, lr=1e-6, weight_decay=0.0, betas=(0.9, 0.999), max_grad_norm=1.0),
     # 8 GPUs x 8 prompts (`rollout.batch_size`) x G = 4 (`num_generations`), mu = 1 (`num_iterations`). Rollout:
     # 256 tokens, block 32, 256 steps, temperature 1.0, low-confidence remasking with the dynamic threshold 0.9.
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=64, group_size=4, num_iterations=1,
         decoding=DecodingConfig(gen_length=256, block_length=32, steps=256, temperature=1.0)))
-    algo: RLDF = field(default_factory=RLDF)

@@ -1,8 +1,8 @@
 """SFT defaults: the LLaDA SFT recipe (LLaDA paper §2.3 and App. B.1; `LLaDA:GUIDELINES.md`)."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dare.config import DataConfig, ModelConfig, RunConfig, TrainConfig, check
+from dare.config import TrainConfig, check, recipe
 
 
 @dataclass
@@ -21,13 +21,9 @@ class SFT:
         check(self.response_length is None or self.response_length > 1, "must be > 1 or null", "response_length")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+Config = recipe(
+    SFT,
     # LLaDA-8B SFT: lr 2.5e-5 after a 50-step linear warmup, weight decay 0.1 (LLaDA App. B.1).
     # The paper then holds the lr and decays it linearly to 2.5e-6 over the final 10%; we hold it
     # (schedule `constant`); `train.schedule=linear train.min_lr_ratio=0.1` decays over the whole run.
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=2.5e-5, weight_decay=0.1, warmup_steps=50))
-    algo: SFT = field(default_factory=SFT)
+    train=TrainConfig(lr=2.5e-5, weight_decay=0.1, warmup_steps=50))

@@ -1,10 +1,10 @@
 """SPG defaults: `facebookresearch/SPG@a1c7120` `spg/slurm_scripts/train.yaml` and the GSM8K sbatch of the
 mixture (`spg_mix/gsm_base_spg_mix_beta1.5.sbatch`), LLaDA-8B-Instruct, unless noted."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import DecodingConfig, RLConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -35,20 +35,15 @@ class SPG:
         check(0 <= self.p_mask_prompt < 1, "must be within [0, 1)", "p_mask_prompt")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The paper starts from LLaDA-8B-Instruct (LoRA r 128 / alpha 64 / dropout 0.05 on a 4-bit base): set
-    model.path (and model.lora.* for the LoRA)."""
-    data: DataConfig = field(default_factory=DataConfig)
+# The paper starts from LLaDA-8B-Instruct (LoRA r 128 / alpha 64 / dropout 0.05 on a 4-bit base): set
+# model.path (and model.lora.* for the LoRA).
+Config = recipe(
+    SPG,
     # AdamW betas (0.9, 0.99), weight decay 0.1, grad-norm clip 0.2, lr 3e-6 constant; 6000 optimizer steps
     # on GSM8K (mu 4: 1500 rollout batches; MATH 4000 / Sudoku 2500 optimizer steps).
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=1500, lr=3e-6, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2))
+    train=TrainConfig(steps=1500, lr=3e-6, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2),
     # 8 GPUs x 6 completions x grad-acc 2 = 96 completions = 16 prompts x G = 6 per step, mu = 4 for every
     # task. Rollout: 256 tokens, block 32, 128 steps, temperature 0.9 (Sudoku 0.3).
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=16, group_size=6, num_iterations=4,
         decoding=DecodingConfig(gen_length=256, block_length=32, steps=128, temperature=0.9)))
-    algo: SPG = field(default_factory=SPG)

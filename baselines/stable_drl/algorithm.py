@@ -49,8 +49,6 @@ SCORE = "draw_token"  # what token_logps returns: (B, D, G) (dare.train.hooks.SC
 
 def check_config(cfg) -> None:
     G, micro = cfg.rl.group_size, cfg.train.micro_batch_size
-    if G < 2:
-        raise ValueError(f"rl.group_size={G}: the group-mean baseline needs at least 2 completions")
     if cfg.algo.snis and micro % G:
         raise ValueError(f"train.micro_batch_size={micro} is not a multiple of rl.group_size={G}: the "
                          "self-normalised weights need every completion of a group in the same micro-batch")

@@ -2,10 +2,10 @@
 `stable_drl_*` fields of `rl/trainers/diffu_grpo_config.py` and `reproduce/stable_drl/stable_drl_gsm8k.sh`
 (LLaDA-8B-Instruct, 4 GPUs), unless noted."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig, check
+from dare.config import DecodingConfig, RLConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -43,20 +43,15 @@ class StableDRL:
         check(0 <= self.p_mask_prompt < 1, "must be within [0, 1)", "p_mask_prompt")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The reference trains LoRA r 128 / alpha 64 / dropout 0.05 on a 4-bit LLaDA-8B-Instruct (`rl/train.yaml`):
-    set model.path (and model.lora.* for the LoRA)."""
-    data: DataConfig = field(default_factory=DataConfig)
+# The reference trains LoRA r 128 / alpha 64 / dropout 0.05 on a 4-bit LLaDA-8B-Instruct (`rl/train.yaml`):
+# set model.path (and model.lora.* for the LoRA).
+Config = recipe(
+    StableDRL,
     # AdamW (0.9, 0.99), weight decay 0.1, grad-norm clip 0.2, lr 3e-6 constant (warmup ratio 1e-4); max_steps
     # 5000 optimizer steps at mu = 12 (GSM8K): 417 rollout batches.
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=417, lr=3e-6, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2))
+    train=TrainConfig(steps=417, lr=3e-6, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2),
     # 4 GPUs x 12 completions x grad-acc 1 = 48 completions = 8 prompts x G = 6 per step, mu = 12 (GSM8K, MATH;
     # Sudoku 8). Rollout: 256 tokens, block 32, 128 steps, temperature 0.9 (the config's default).
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=8, group_size=6, num_iterations=12,
         decoding=DecodingConfig(gen_length=256, block_length=32, steps=128, temperature=0.9)))
-    algo: StableDRL = field(default_factory=StableDRL)

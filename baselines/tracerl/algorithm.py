@@ -75,8 +75,6 @@ def check_config(cfg) -> None:
     if cfg.rl.decoding.block.dynamic:
         raise ValueError("rl.decoding.block.dynamic: a dynamic block cut at its marker re-masks tokens the model had "
                          "seen, which the step map does not keep: TraceRL replays those states (docs/training.md, b1)")
-    if cfg.rl.group_size < 2:
-        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group z-score needs at least 2 completions")
 
 
 def kept(rewards: torch.Tensor, cfg) -> torch.Tensor:

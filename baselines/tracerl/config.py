@@ -3,8 +3,8 @@ unless noted."""
 
 from dataclasses import dataclass, field
 
-from dare.config import (ADDED, BlockOptions, DataConfig, DecodingConfig, MaskedOptions, ModelConfig, RLConfig,
-                         RunConfig, TrainConfig, check)
+from dare.config import (ADDED, BlockOptions, DecodingConfig, MaskedOptions, ModelConfig, RLConfig, TrainConfig,
+                         check, recipe)
 
 
 @dataclass
@@ -50,20 +50,16 @@ class TraceRL:
         check(self.micro_batch_rows >= 0, "must be >= 0 (0: every trace row weighs the same)", "micro_batch_rows")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(family="sdar"))
-    """The paper starts from SDAR-4B/8B-Chat (TraDo): set model.path."""
-    data: DataConfig = field(default_factory=DataConfig)
+Config = recipe(
+    TraceRL,
+    # The paper starts from SDAR-4B/8B-Chat (TraDo): set model.path.
+    model=ModelConfig(family="sdar"),
     # AdamW (0.9, 0.999), weight decay 0, grad-norm clip 1, lr 1e-6 (cosine with min_lr_scale 1.0:
     # constant), 80 steps.
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=80, lr=1e-6, weight_decay=0.0, betas=(0.9, 0.999), max_grad_norm=1.0))
+    train=TrainConfig(steps=80, lr=1e-6, weight_decay=0.0, betas=(0.9, 0.999), max_grad_norm=1.0),
     # 64 tasks x 16 responses per step; rollout: temperature 1.0, 2000 tokens, the model's block (4),
     # 4 denoising steps per block, dynamic low-confidence threshold 0.9.
-    rl: RLConfig = field(default_factory=lambda: RLConfig(
+    rl=RLConfig(
         prompts_per_step=64, group_size=16, num_iterations=1,
         decoding=DecodingConfig(gen_length=2000, steps=4, temperature=1.0,  # auto: masked or block, 0.9 either way
                                 masked=MaskedOptions(threshold=0.9), block=BlockOptions(threshold=0.9))))
-    algo: TraceRL = field(default_factory=TraceRL)

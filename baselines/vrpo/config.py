@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from dare.config import ADDED, DataConfig, ModelConfig, RunConfig, TrainConfig, check
+from dare.config import ADDED, DataConfig, TrainConfig, check, recipe
 
 
 @dataclass
@@ -26,15 +26,12 @@ class VRPO:
         check(0 < self.eps < 1, "must be within (0, 1)", "eps")
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The paper starts from LLaDA-8B-Instruct, which is also the frozen reference: set model.path."""
-    data: DataConfig = field(default_factory=lambda: DataConfig(task="ultrafeedback"))
+# The paper starts from LLaDA-8B-Instruct, which is also the frozen reference: set model.path.
+Config = recipe(
+    VRPO,
+    data=DataConfig(task="ultrafeedback"),
     # batch 64; AdamW weight decay 0.01, betas (0.9, 0.95); peak lr 5e-7 after 15 warmup steps, then
     # cosine (App. D). One epoch of 350K pairs = ~5,470 steps at batch 64.
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
+    train=TrainConfig(
         steps=5470, batch_size=64, lr=5e-7, weight_decay=0.01, betas=(0.9, 0.95), warmup_steps=15,
         schedule="cosine"))
-    algo: VRPO = field(default_factory=VRPO)

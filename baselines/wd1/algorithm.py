@@ -34,11 +34,6 @@ RECIPE = "rl"
 SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
 
 
-def check_config(cfg) -> None:
-    if cfg.rl.group_size < 2:
-        raise ValueError(f"rl.group_size={cfg.rl.group_size}: the group weights need at least 2 completions")
-
-
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
     return group_advantages(rewards, baseline="mean", std="none")
 

@@ -19,11 +19,13 @@ importing torch.
 from __future__ import annotations
 
 import contextvars
+import copy
 import dataclasses
 import difflib
 import hashlib
 import json
 import math
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -408,7 +410,8 @@ class RLConfig:
         check(self.eval_every_forwards >= 0, "must be >= 0 (0: no schedule of forward budgets)", "eval_every_forwards")
         check(self.eval_samples > 0, "must be positive", "eval_samples")
         check(self.prompts_per_step > 0, "must be positive", "prompts_per_step")
-        check(self.group_size > 0, "must be positive", "group_size")
+        check(self.group_size >= 2, "must be >= 2: every RL baseline's advantages are relative to its group",
+              "group_size")
         check(self.num_iterations > 0, "must be positive", "num_iterations")
         check(self.mini_batches > 0, "must be positive", "mini_batches")
 
@@ -445,6 +448,21 @@ class EvalRunConfig:
     run: RunConfig = field(default_factory=RunConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+def recipe(algo: type, *, model: ModelConfig | None = None, data: DataConfig | None = None,
+           train: TrainConfig | None = None, rl: RLConfig | None = None) -> type:
+    """A baseline's `Config` dataclass, declared by its paper's values: `Config = recipe(D1, train=TrainConfig(
+    lr=3e-6, ...), rl=RLConfig(group_size=6, ...))`. Its sections are run, model, data, train, rl (only when `rl`
+    is given: the recipes with rollouts) and algo, in that order; a section not given is its class's defaults,
+    and `algo` is the baseline's own dataclass with its defaults. Each `Config()` gets fresh copies."""
+    sections = {"run": RunConfig(), "model": model or ModelConfig(), "data": data or DataConfig(),
+                "train": train or TrainConfig(), **({"rl": rl} if rl is not None else {}), "algo": algo()}
+    cls = dataclasses.make_dataclass("Config", [
+        (name, type(value), field(default_factory=lambda value=value: copy.deepcopy(value)))
+        for name, value in sections.items()])
+    cls.__module__ = sys._getframe(1).f_globals.get("__name__", cls.__module__)  # where the baseline declared it
+    return cls
 
 
 # ---------------------------------------------------------------------------------------------

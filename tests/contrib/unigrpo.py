@@ -6,11 +6,11 @@ The objective needs to know which positions were masked: `loss` reads them from 
 receives (`draw.masked`), which is the point of this test algorithm (issue 28, item 1).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from dare.config import DataConfig, DecodingConfig, ModelConfig, RLConfig, RunConfig, TrainConfig
+from dare.config import DecodingConfig, RLConfig, recipe
 from dare.models import facts
 from dare.train import noise
 from dare.train.estimators import masked_logps
@@ -27,16 +27,9 @@ class UniGRPO:
     t_min: float = 0.1
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    rl: RLConfig = field(default_factory=lambda: RLConfig(decoding=DecodingConfig(temperature=0.9)))
-    algo: UniGRPO = field(default_factory=UniGRPO)
-
-
+Config = recipe(
+    UniGRPO,
+    rl=RLConfig(decoding=DecodingConfig(temperature=0.9)))
 def advantages(rewards, cfg):
     return group_advantages(rewards, baseline="mean", std="none")
 

@@ -46,6 +46,20 @@ def clipped_sequence_objective(log_ratio: torch.Tensor, adv: torch.Tensor, eps_l
     return torch.exp(clipped) * adv, clipped != log_ratio
 
 
+def clipped_elbo_loss(logps: torch.Tensor, old_logps: torch.Tensor, kl: torch.Tensor, batch, epsilon: float,
+                      beta: float) -> tuple[torch.Tensor, dict]:
+    """ESPO's and GDPO's loss from (B,) sequence ELBOs: PPO's clip (epsilon both sides) on the per-token log-ratio
+    (logps - old_logps) / L, one ratio per completion, plus beta x the (B,) KL the baseline computes; summed over
+    the completions and divided by the step's `batch.num_sequences`."""
+    L = batch.sequences.shape[1] - batch.prompt_length
+    policy, clipped = clipped_sequence_objective((logps - old_logps) / L, batch.advantages, epsilon, epsilon)
+    n = batch.num_sequences
+    loss = (-policy + beta * kl).sum() / n
+    return loss, {"loss/policy": -policy.sum().item() / n, "loss/kl": kl.sum().item() / n,
+                  "stats/elbo_per_token": logps.detach().sum().item() / L / n,
+                  "stats/clip_ratio": clipped.float().sum().item() / n}
+
+
 def bridge_log_ratio(scores: torch.Tensor, old_scores: torch.Tensor, correction: str = "none",
                      detach_correction: bool = True, eps: float = 1e-8) -> tuple[torch.Tensor, torch.Tensor]:
     """The BridgeRatio estimate of a sequence's log policy ratio log p_theta(y) / p_old(y) from K denoising paths
