@@ -12,6 +12,7 @@ import torch
 
 from baselines.cj_grpo import algorithm as cj
 from conftest import run_config
+from dare.app import baselines
 from dare.config import DecodingConfig, ScratchModelConfig
 from dare.models import facts, new_model
 from dare.models.tokenizer import char_tokenizer
@@ -178,11 +179,15 @@ def test_cj_grpo_loss_hand_computed_and_ratio_one_at_the_old_policy():
     assert at_old.item() == pytest.approx(-(1.0 - 0.5) / 2, abs=1e-7)  # ratio 1: -mean_i A_i (weights sum to 1)
 
 
-def test_cj_grpo_refuses_token_editing():
-    cfg = run_config("cj_grpo")
-    cfg.rl.decoding.block.editing_threshold = 0.5
-    with pytest.raises(ValueError, match="editing_threshold"):
-        cj.check_config(cfg)
+@pytest.mark.parametrize("name", ["cj_grpo", "tracerl"])
+@pytest.mark.parametrize("option", ["editing_threshold", "dynamic"])
+def test_trajectory_replays_refuse_token_editing_and_dynamic_blocks(name, option):
+    """Both replay the step map, which needs each token committed once (`estimators.check_replayable`)."""
+    cfg = run_config(name)
+    setattr(cfg.rl.decoding.block, option, 0.5 if option == "editing_threshold" else True)
+    with pytest.raises(ValueError, match=f"rl.decoding.block.{option}"):
+        baselines.load(name).algorithm.check_config(cfg)
+    baselines.load(name).algorithm.check_config(run_config(name))
 
 
 # ------------------------------------------------------------------------------------------------

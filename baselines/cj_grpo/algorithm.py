@@ -35,7 +35,7 @@ from dataclasses import replace
 import torch
 
 from dare.train import noise
-from dare.train.estimators import trajectory_logps
+from dare.train.estimators import check_replayable, trajectory_logps
 from dare.train.objectives import clipped_token_objective, group_advantages, k3
 
 RECIPE = "rl"
@@ -43,13 +43,7 @@ SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:
-    if cfg.rl.decoding.block.editing_threshold > 0:
-        raise ValueError("rl.decoding.block.editing_threshold > 0: token editing rewrites committed tokens, so the "
-                         "step map no longer gives the states the sampler saw; CJ-GRPO needs each token committed once")
-    if cfg.rl.decoding.block.dynamic:
-        raise ValueError("rl.decoding.block.dynamic: a dynamic block cut at its marker re-masks tokens the sampler had "
-                         "committed and shown to the model, so the step map no longer gives the states it decoded from; "
-                         "CJ-GRPO replays them (docs/training.md, b1)")
+    check_replayable(cfg.rl.decoding, "CJ-GRPO")
 
 
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:

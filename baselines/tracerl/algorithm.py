@@ -61,7 +61,7 @@ from dare.models import facts
 from dare.rollout.core import sharded
 from dare.train import noise
 from dare.train.critic import diffusion_values
-from dare.train.estimators import per_round, trajectory_logps
+from dare.train.estimators import check_replayable, per_round, trajectory_logps
 from dare.train.objectives import clipped_token_objective, group_advantages
 
 RECIPE = "rl"
@@ -69,12 +69,7 @@ SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
 
 
 def check_config(cfg) -> None:
-    if cfg.rl.decoding.block.editing_threshold > 0:
-        raise ValueError("rl.decoding.block.editing_threshold > 0: token editing rewrites committed tokens, so the "
-                         "step map no longer gives the states the sampler saw; TraceRL needs each token committed once")
-    if cfg.rl.decoding.block.dynamic:
-        raise ValueError("rl.decoding.block.dynamic: a dynamic block cut at its marker re-masks tokens the model had "
-                         "seen, which the step map does not keep: TraceRL replays those states (docs/training.md, b1)")
+    check_replayable(cfg.rl.decoding, "TraceRL")
 
 
 def kept(rewards: torch.Tensor, cfg) -> torch.Tensor:

@@ -329,6 +329,18 @@ def per_round(score, batch, rounds: torch.Tensor, n_rounds: int | None = None, t
     return out
 
 
+def check_replayable(decoding, who: str) -> None:
+    """Raise ValueError when `decoding` (a `DecodingConfig`) breaks what `trajectory_logps` assumes of the step map,
+    that each token is committed once: token editing rewrites committed tokens, and b1's dynamic blocks re-mask
+    tokens the model had seen. `who` names the baseline that replays the rollout (its `check_config`)."""
+    if decoding.block.editing_threshold > 0:
+        raise ValueError("rl.decoding.block.editing_threshold > 0: token editing rewrites committed tokens, so the "
+                         f"step map no longer gives the states the sampler saw; {who} needs each token committed once")
+    if decoding.block.dynamic:
+        raise ValueError("rl.decoding.block.dynamic: a dynamic block cut at its marker re-masks tokens the model had "
+                         f"seen, which the step map does not keep: {who} replays those states (docs/training.md, b1)")
+
+
 def trajectory_logps(model, batch, rounds: torch.Tensor, temperature: float = 1.0,
                      n_rounds: int | None = None, targets: torch.Tensor | None = None,
                      canvas: bool = False) -> torch.Tensor:
