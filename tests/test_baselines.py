@@ -42,12 +42,13 @@ def test_coupled_pair_scores_every_token_exactly_once_and_t_is_drawn_per_call():
                             sequences=torch.zeros(8, 40, dtype=torch.long))
     g = torch.Generator().manual_seed(0)
     draws = [cg.sample_noise(batch, g, run_config("coupled_grpo")) for _ in range(20)]
-    ts = torch.stack([d.t for d in draws])
+    assert all(d.t.shape == (8,) and (d.t == d.t[0]).all() and d.t_at is None for d in draws)  # one t per call
+    ts = torch.stack([d.t[0] for d in draws])
     assert ((ts >= 0.2) & (ts <= 0.8)).all() and ts.std() > 0.05  # a fresh t each call, in U(0.2, 0.8)
     for d in draws:
         m = d.masked
         assert not m[:, :10].any()  # the prompt is never masked
-        assert abs(m[:, 10:].float().mean().item() - d.t.item()) < 0.15
+        assert abs(m[:, 10:].float().mean().item() - d.t[0].item()) < 0.15
 
 
 def test_coupled_token_logps_is_eq13(tiny_model):
@@ -58,7 +59,7 @@ def test_coupled_token_logps_is_eq13(tiny_model):
     batch = SimpleNamespace(sequences=seqs, attention_mask=am, prompt_length=P, responses=seqs[:, P:],
                             compute=Compute(pack=True, chunk=3, min_padding=0.0))
     m = torch.tensor([[True, False, True, False], [False, False, True, True]])
-    t = torch.tensor(0.3)
+    t = torch.full((2,), 0.3)  # one ratio a row (`Draw.t` is `masked`'s shape without the positions)
     masked = torch.cat([torch.zeros(2, P, dtype=torch.bool), m], dim=1)
     got = cg.token_logps(tiny_model, batch, Draw(masked, t), run_config("coupled_grpo"))
 

@@ -167,7 +167,7 @@ def test_three_paths_and_coupled_grpos_estimate_on_the_same_draw(family):
     with torch.no_grad():
         terms = bridge.token_logps(model, batch, draw, cfg)
         pair = coupled.sample_noise(batch, torch.Generator().manual_seed(3), run_config("coupled_grpo"))
-        assert (pair.masked == first).all() and pair.t.item() == pytest.approx(t)
+        assert (pair.masked == first).all() and pair.t.tolist() == pytest.approx([t] * 4)  # one t, every row
         reference = coupled.token_logps(model, batch, pair, run_config("coupled_grpo"))
     assert terms.shape == (4, 3, 5) and (terms[:, 1:][~draw.masked[:, 1:, 4:]] == 0).all()
     torch.testing.assert_close(0.5 * terms.sum(dim=1), reference, atol=1e-5, rtol=1e-5)

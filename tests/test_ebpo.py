@@ -21,15 +21,17 @@ def test_block_stratified_draws():
     segment = (torch.arange(8) // 4).expand(2, 8)
     d = noise.block_stratified(response, segment, 3, 4, torch.Generator().manual_seed(0))
     assert not d.masked[:, :, :3].any() and not d.masked[0, :, 3 + 6:].any()  # prompt, after the response
+    assert d.t is None and d.t_at.shape == d.masked.shape  # one level per (draw, block) cell, at its positions
+    assert not d.t_at[:, :, :3].any() and not d.t_at[0, :, 3 + 6:].any()
     for b in range(2):
-        levels = d.t[b].flatten().sort().values
+        cells = [(j, 3 + torch.nonzero((segment[b] == k) & response[b])[:, 0]) for j in range(4) for k in range(2)]
+        assert all((d.t_at[b, j, cols] == d.t_at[b, j, cols[0]]).all() for j, cols in cells)  # one level a cell
+        levels = torch.stack([d.t_at[b, j, cols[0]] for j, cols in cells]).sort().values
         assert torch.allclose(levels[1:] - levels[:-1], torch.full((7,), 1 / 8), atol=1e-6)  # one stratified grid
-        for j in range(4):
-            for k in range(2):
-                cols = 3 + torch.nonzero((segment[b] == k) & response[b])[:, 0]
-                count = int(d.masked[b, j, cols].sum())
-                assert count == min(int(d.t[b, j, k] * len(cols)) + 1, len(cols))
-                assert (d.weight[b, j, cols][d.masked[b, j, cols]] == len(cols) / count).all()
+        for j, cols in cells:
+            count = int(d.masked[b, j, cols].sum())
+            assert count == min(int(d.t_at[b, j, cols[0]] * len(cols)) + 1, len(cols))
+            assert (d.weight[b, j, cols][d.masked[b, j, cols]] == len(cols) / count).all()
     assert (d.weight[~d.masked] == 0).all()
 
 

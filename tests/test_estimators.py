@@ -376,3 +376,21 @@ def test_bench_estimators_reports_every_estimator_on_one_fixed_batch(tmp_path, t
     assert rows["AR prefix (JustGRPO; exact AR order)"]["std"] == 0
     assert rows["ELBO, stratified counts, n=16 (BGPO)"]["std"] < rows["ELBO, stratified counts, n=1"]["std"]
     assert json.loads((tmp_path / "r.json").read_text())["exact_elbo"] == report["exact_elbo"]
+
+
+def test_a_draws_fields_have_one_shape_each():
+    """`Draw.check` (run by the RL step on every algorithm's first draw): t is `masked`'s shape without the
+    positions, t_at is `masked`'s shape, weight one of the two; a scalar or per-position t fails with the field."""
+    g = torch.Generator().manual_seed(0)
+    masked = torch.rand(3, 2, 5, generator=g) < 0.5
+    noise.Draw(masked, torch.rand(3, 2), torch.ones(3, 2)).check()
+    noise.Draw(masked, weight=torch.ones(3, 2, 5), t_at=torch.rand(3, 2, 5)).check()
+    for bad, field in [(noise.Draw(masked, torch.tensor(0.5)), "Draw.t has shape ()"),
+                       (noise.Draw(masked, torch.rand(3, 2, 5)), r"Draw.t has shape \(3, 2, 5\)"),
+                       (noise.Draw(masked, t_at=torch.rand(3, 2)), r"Draw.t_at has shape \(3, 2\)"),
+                       (noise.Draw(masked, weight=torch.ones(3)), r"Draw.weight has shape \(3,\)"),
+                       (noise.Draw(masked, torch.rand(3, 2), t_at=torch.rand(3, 2, 5)), "not both")]:
+        with pytest.raises(ValueError, match=field):
+            bad.check()
+    parts = noise.single_draws(noise.Draw(masked, weight=torch.ones(3, 2, 5), t_at=torch.rand(3, 2, 5)))
+    assert len(parts) == 2 and all(p.t is None and p.t_at.shape == (3, 1, 5) for p in parts)

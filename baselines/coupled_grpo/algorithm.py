@@ -52,25 +52,25 @@ def uses_reference(cfg) -> bool:
 def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
     """One ratio t for the batch and the mask M at ratio t over the completion (B, P + G); the
     pair's second mask is its complement within the completion. Block models: one t per (row,
-    block), as TraceRL's `coupled` mode draws it; then draw.t is (B, P + G), each position's t."""
+    block), as TraceRL's `coupled` mode draws it: draw.t_at (B, P + G), each position's t."""
     completion = noise.completion(batch.attention_mask, batch.prompt_length)
     span = cfg.algo.t_max - cfg.algo.t_min
     if batch.block_size is None:
         t = cfg.algo.t_min + span * torch.rand((), generator=generator)
         first, _ = noise.complementary(completion, t.expand(completion.shape[0]), generator)
-        return noise.Draw(first, t.to(batch.sequences.device))
+        return noise.Draw(first, t.expand(completion.shape[0]).to(batch.sequences.device))
     block = noise.blocks(batch.attention_mask, batch.block_size)
     t_block = cfg.algo.t_min + span * torch.rand(block.shape[0], int(block.max()) + 1, generator=generator)
     t = noise.per_block(t_block.to(block.device), block)
     u = torch.rand(completion.shape, generator=generator).to(completion.device)
-    return noise.Draw(completion & (u < t), t)
+    return noise.Draw(completion & (u < t), t_at=t)
 
 
 def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
     """Eq. 13 with lambda = 1: the coupled pair's importance-weighted log-probs averaged with the
     fully masked pass. (B, G)"""
     P = batch.prompt_length
-    t = draw.t[:, P:] if draw.t.dim() else draw.t  # per position (block models) or one for the batch
+    t = draw.t_at[:, P:] if draw.t_at is not None else draw.t[:, None]  # per position (block models) or per row
     completion = noise.completion(batch.attention_mask, P)
     first = completion_logps(model, batch, draw.masked)
     second = completion_logps(model, batch, completion & ~draw.masked)

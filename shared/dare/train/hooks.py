@@ -13,7 +13,8 @@ Three rules hold for every hook:
   rows by `dare.train.batches.take`), and every hook that computes on noised inputs receives the
   draw it was computed with: `token_logps`/`logps` build the noised input from it, and `loss`
   gets it too, so an objective can average over the masked positions or weight by t.
-  `dare.train.noise.Draw` (masked positions, ratio t, weight) is the usual shape of a draw.
+  `dare.train.noise.Draw` (masked positions, ratio t per draw or t_at per position, weight) is the usual shape
+  of a draw; each field has one shape (`Draw.check`).
 - A draw comes from the `generator` handed to `sample_noise`, never from the global RNG, so the
   policy, old and reference log-probs of an update see the same noise.
 

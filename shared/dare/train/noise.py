@@ -20,26 +20,47 @@ import torch
 class Draw:
     """One noise draw, as the hooks pass it around (row-major: dim 0 is the batch row). What every RL
     `sample_noise` returns; `Draw()` (nothing drawn) is the default of an algorithm whose inputs the
-    rollout fixes (trajectory replays: their data is in `batch.extras`, from `prepare`).
+    rollout fixes (trajectory replays: their data is in `batch.extras`, from `prepare`). Each field has one
+    shape, given by `masked`'s ((B, L) for one draw per row, (B, n, L) for n Monte Carlo draws per row):
 
-    masked: bool, True where the input is the mask token, over the batch's sequence layout
-            ((B, L) for one draw, (B, n, L) for n Monte Carlo draws per row);
-    t:      the masking ratio per row (B,) / per draw (B, n), or one scalar for the batch;
-    weight: the estimator's weight per row / draw (e.g. 1/t or L/l), when it has one;
+    masked: bool, True where the input is the mask token, over the batch's sequence layout;
+    t:      the masking ratio of each draw, `masked`'s shape without the positions: (B,) or (B, n);
+    t_at:   the ratio each position was masked at, `masked`'s shape, for draws whose ratio varies along the
+            sequence (one per block: coupled-GRPO on block models, EBPO's cells); `t` is then None;
+    weight: the estimator's weight, per draw (`t`'s shape, e.g. 1/t or L/l) or per position (`masked`'s
+            shape, EBPO's L_b / l_b), when it has one;
     steps:  (B, n) the decoding step each draw replays, for estimators that draw steps of the
-            sampler's trajectory instead of masks (AGRPO)."""
+            sampler's trajectory instead of masks (AGRPO, RLDF)."""
 
     masked: torch.Tensor | None = None
     t: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     steps: torch.Tensor | None = None
+    t_at: torch.Tensor | None = None
+
+    def check(self, who: str = "sample_noise") -> "Draw":
+        """This draw, after raising ValueError if a field's shape is not the one the class docstring gives it."""
+        if self.masked is None:
+            return self
+        rows = tuple(self.masked.shape[:-1])
+        shapes = {"t": [rows], "t_at": [tuple(self.masked.shape)], "weight": [rows, tuple(self.masked.shape)]}
+        for name, allowed in shapes.items():
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) not in allowed:
+                raise ValueError(f"{who}: Draw.{name} has shape {tuple(value.shape)}; with masked "
+                                 f"{tuple(self.masked.shape)} it must be {' or '.join(map(str, allowed))}")
+        if self.t is not None and self.t_at is not None:
+            raise ValueError(f"{who}: a Draw gives the ratio per draw (t) or per position (t_at), not both")
+        return self
 
 
 def single_draws(draw: Draw, dim: int = 1) -> list[Draw]:
     """A multi-draw `Draw` cut into its Monte-Carlo draws along `dim` (each part keeps the dimension, of size 1):
     the parts an algorithm's `draw_parts` returns to backpropagate its estimate one draw at a time (BGPO, EBPO;
     VRPO along each side's draws, dim 2)."""
-    return [Draw(draw.masked.narrow(dim, k, 1), draw.t.narrow(dim, k, 1), draw.weight.narrow(dim, k, 1))
+    def part(x, k):
+        return None if x is None else x.narrow(dim, k, 1)
+    return [Draw(part(draw.masked, k), part(draw.t, k), part(draw.weight, k), t_at=part(draw.t_at, k))
             for k in range(draw.masked.shape[dim])]
 
 
@@ -236,8 +257,8 @@ def block_stratified(response: torch.Tensor, segment: torch.Tensor, prompt_lengt
     row: every (draw, block) cell of a row gets a noise level t = (u + idx / #cells) mod 1 (one u ~ U(0, 1) per
     row: stratified over the row's cells), masks min(int(t L_b) + 1, L_b) of the block's L_b scored tokens
     (a uniform subset) and weighs them L_b / l_b. response (B, G) bool: the scored tokens; segment (B, G): each
-    completion position's block. -> masked (B, n, P + G), t (B, n, n_blocks) the cells' levels, weight
-    (B, n, P + G) per position (L_b / l_b on the block's masked tokens, 0 elsewhere)."""
+    completion position's block. -> masked (B, n, P + G), t_at (B, n, P + G) the level of each scored token's
+    cell (0 elsewhere), weight (B, n, P + G) per position (L_b / l_b on the block's masked tokens, 0 elsewhere)."""
     B, G = response.shape
     resp, seg = response.cpu(), segment.cpu()
     masked = torch.zeros((B, n, prompt_length + G), dtype=torch.bool)
@@ -257,7 +278,10 @@ def block_stratified(response: torch.Tensor, segment: torch.Tensor, prompt_lengt
                 pick = real[torch.randperm(len(real), generator=generator)[:count]] + prompt_length
                 masked[b, j, pick] = True
                 weight[b, j, pick] = len(real) / count
-    return Draw(masked.to(response.device), levels.to(response.device), weight.to(response.device))
+    cell = torch.where(resp, seg, 0)[:, None, :].expand(B, n, G)  # each completion position's block
+    at = torch.where(resp[:, None, :], levels.gather(2, cell), 0.0)
+    t_at = torch.cat([torch.zeros((B, n, prompt_length)), at], dim=2)
+    return Draw(masked.to(response.device), weight=weight.to(response.device), t_at=t_at.to(response.device))
 
 
 NEVER = 2**40

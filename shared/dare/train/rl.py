@@ -318,6 +318,7 @@ def learn(r: RLRun, batch: RLBatch, step: int) -> tuple[dict, dict, dict]:
     if not all(isinstance(z, Draw) for z in unique):
         raise TypeError(f"sample_noise returned {type(unique[0]).__name__}, not a dare.train.noise.Draw "
                         "(what an algorithm derives from the rollout goes in batch.extras: prepare)")
+    unique[0].check()
     noises = unique * (mu // draws)  # one per update, of the policy and of a value model
     units = dist.sum({"u": float(hooks.loss_units(batch, unique[0], cfg))})["u"]
     batch = replace(batch, totals=replace(batch.totals, num_units=units))
