@@ -345,6 +345,23 @@ def test_std_scaling_needs_two_completions():
     assert group_advantages(r, "mean", "population", eps=0).tolist() == [[1.0, -1.0, -1.0, 1.0]]
 
 
+@pytest.mark.parametrize("setting, per_step", [("per_update", 2), ("once", 1)])
+def test_the_number_of_noise_draws_comes_from_the_config(setting, per_step, sft_checkpoint, tmp_path, monkeypatch):
+    """rl.noise_draws: a fresh draw for each of the mu updates (d1's random masking, the default: its config hash
+    is the one before the option existed) or one draw for all (d1's fixed-masking ablation)."""
+    from baselines.d1 import algorithm as d1
+    from dare.config import config_hash
+
+    calls = []
+    real = d1.sample_noise
+    monkeypatch.setattr(d1, "sample_noise", lambda *a: calls.append(1) or real(*a))
+    train("d1", None, [f"model.path={sft_checkpoint('llada')}", *D1_TINY, "train.steps=2", "rl.num_iterations=2",
+                       f"rl.noise_draws={setting}", "rl.diag_every=0", f"run.out_dir={tmp_path}"])
+    assert len(calls) == 2 * per_step
+    hashes = {config_hash(resolve("d1", None, over)[1]) for over in ([], ["rl.noise_draws=per_update"])}
+    assert len(hashes) == 1 and config_hash(resolve("d1", None, ["rl.noise_draws=once"])[1]) not in hashes
+
+
 def test_an_algorithm_can_forbid_inner_iterations(monkeypatch):
     """`check_config` is the plug-in's hook for its own rules (here: mu must be 1)."""
     from baselines.d1 import algorithm as d1

@@ -351,6 +351,11 @@ class RLConfig:
     """Optimizer steps per update, each on its slice of the groups (verl's `ppo_mini_batch_size` = the rollout
     batch / mini_batches), each loss normalized by its mini-batch's totals, as verl's is; it must divide the
     prompts each process rolls out per step."""
+    noise_draws: Literal["per_update", "once"] = field(default="per_update", metadata=ADDED)
+    """How many noise draws a rollout batch's mu updates use: per_update, a fresh draw for each update (d1's
+    `random_masking=True`: the policy, old and reference log-probs of an update share its draw); once, one draw
+    for all mu updates (d1's ablation "fixed masking", which it finds less stable at mu = 12). An algorithm that
+    draws nothing (no `sample_noise`) has one empty draw either way."""
     recompute_old_logps: bool = False
     """Compute the old log-probs even when mu = 1 (the ratio is then 1 by construction); only the
     benchmark's naive pipeline sets it."""

@@ -3,7 +3,7 @@
     prompts -> rollout (G completions each, `dare.rollout`) -> rewards (the task's reward)
       -> advantages                                   advantages(rewards (P, G), cfg)
       -> what the algorithm derives from the rollout  prepare(batch, cfg)
-      -> mu noise draws                               sample_noise(batch, generator, cfg)
+      -> noise draws (mu, or one: rl.noise_draws)     sample_noise(batch, generator, cfg)
       -> old and reference log-probs on those draws   token_logps(model, batch, noise, cfg)
       -> mu policy updates                            loss(logps, old, ref, batch, noise, cfg)
 
@@ -32,7 +32,8 @@ log-probs, no optimizer step: Adam's moments would otherwise move the weights on
 step logs the share kept (`rollout/kept_groups`). An algorithm that rewards intermediate states (MDPO)
 scores the sampler's predictions after every step with `batch.score` (the task's reward of any completions
 of the batch's prompts) in its `prepare`. The same noise draw is used for the policy, old and reference
-log-probs of an update, so their ratio compares like with like; an algorithm that draws no noise (no
+log-probs of an update, so their ratio compares like with like; `rl.noise_draws` says whether each of the mu
+updates gets a fresh draw (per_update) or one draw serves them all (once). An algorithm that draws no noise (no
 `sample_noise`: trajectory replays, tree levels) gets one empty draw, scored once, for its mu updates.
 Validation decodes each prompt once (greedy, no tree). With one update per batch (mu = 1) the old log-probs equal the current ones by
 construction, so they are not recomputed: `old = logps.detach()` (ratio = 1).
@@ -312,7 +313,7 @@ def learn(r: RLRun, batch: RLBatch, step: int) -> tuple[dict, dict, dict]:
     times = {"time/logp_s": 0.0, "time/update_s": 0.0, **({"time/value_s": 0.0} if r.critic is not None else {})}
     if not kept:
         return sums, {}, times
-    draws = mu if hooks.draws_noise else 1  # an empty draw is made (and scored) once
+    draws = mu if cfg.rl.noise_draws == "per_update" and hooks.draws_noise else 1  # an empty draw is scored once
     noise_gen = make_generator(cfg.run.seed, f"noise/{step}/{dist.rank}")
     unique = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(draws)]
     if not all(isinstance(z, Draw) for z in unique):
