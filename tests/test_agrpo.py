@@ -22,7 +22,7 @@ from dare.train.rl import RLBatch, Totals
 from test_trajectory_rl import PROMPTS, tiny_llada
 
 DECODING = DecodingConfig(sampler="truncated", gen_length=8, block_length=4, steps=4, temperature=0.7,
-                          truncated={"top_k": 5, "top_p": 0.9, "remasking": "random"}, record_trajectory=True)
+                          truncated={"top_k": 5, "top_p": 0.9, "remasking": "random"}, record=("states", "supports"))
 
 
 def agrpo_config(decoding=DECODING, **algo):

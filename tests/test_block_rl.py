@@ -90,7 +90,7 @@ def test_trace_rounds_replay_the_sampler_states_and_commit_every_token_once():
     model = tiny("sdar")
     bs = facts(model).block_size
     decoding = DecodingConfig(gen_length=9, steps=4, temperature=1.0, block={"threshold": 0.2},
-                              whole_last_block=False, record_trajectory=True)
+                              whole_last_block=False, record=("states",))
     out = rollout(model, decoding, seed=5)
     batch = rl_batch(model, out)
     rounds = tracerl.prepare(batch, run_config("tracerl")).extras["rounds"][:, batch.prompt_length:]

@@ -21,7 +21,7 @@ from dare.utils import UserError
 from test_trajectory_rl import PROMPTS, tiny_llada
 
 DECODING = DecodingConfig(sampler="masked", gen_length=8, block_length=4, steps=8, temperature=1.0,
-                          masked={"cache": "none"}, record_trajectory=True)
+                          masked={"cache": "none"}, record=("states",))
 
 
 def config(widths, steps=8, **algo):

@@ -22,7 +22,8 @@ def test_every_option_has_one_section_per_sampler_that_reads_it():
     assert decoding.OWNERS["threshold"] == ("masked", "block")
     assert decoding.OWNERS["top_k"] == ("block", "dream", "maskgit", "truncated")
     assert decoding.OWNERS["rcr"] == ("maskgit",) and decoding.OWNERS["editing_threshold"] == ("block",)
-    assert set(decoding.FLAT) == set(decoding.COMMON) | set(decoding.OWNERS)  # the flat layout, every name kept
+    # the flat layout, every name kept (`record` is there as its one flag, `record_trajectory`)
+    assert set(decoding.FLAT) == set(decoding.COMMON) - {"record"} | {"record_trajectory"} | set(decoding.OWNERS)
     d = DecodingConfig(masked={"threshold": 0.9}, truncated={"top_k": 5})  # a mapping builds the section
     assert d.masked == decoding.MaskedOptions(threshold=0.9) and d.truncated.top_k == 5
     assert [f.name for f in dataclasses.fields(DecodingConfig)][-5:] == list(decoding.OPTIONS)
@@ -252,3 +253,49 @@ def test_further_horizon_unset_is_no_window_and_keeps_every_hash():
     assert decoding.hashed(zero, "llada")["further_horizon"] == 0
     assert decoding_record(unset, "masked")["extra"] == {"cache": "prefix"}
     assert decoding_record(zero, "masked")["extra"] == {"cache": "prefix", "further_horizon": 0}
+
+
+def test_record_says_what_it_asks_for_and_the_flat_form_keeps_one_flag():
+    """`record` names what the rollout keeps (states, predictions, supports), where `record_trajectory` meant the
+    trajectory, predictions or supports by sampler: a kind the sampler cannot record fails at load, the flat form
+    (config hash, result record) still holds the one flag, and an old flat `record_trajectory` reads back as
+    everything that sampler kept."""
+    from dare.config import to_dict
+
+    with pytest.raises(ConfigError, match="only the maskgit sampler records predictions"):
+        load(EvalRunConfig, overrides=["eval.decoding.record=[predictions]"])
+    with pytest.raises(ConfigError, match="only the truncated sampler records supports"):
+        load(EvalRunConfig, overrides=["eval.decoding.sampler=maskgit", "eval.decoding.record=[supports]"])
+    load(EvalRunConfig, overrides=["eval.decoding.sampler=maskgit", "eval.decoding.record=[states,predictions]"])
+    assert decoding.flat(DecodingConfig())["record_trajectory"] is False and "record" not in decoding.flat(DecodingConfig())
+    for record in [("states",), ("states", "predictions")]:
+        d = DecodingConfig(sampler="maskgit", record=record)
+        assert decoding.flat(d)["record_trajectory"] is True
+        assert to_dict(d, hashed_only=True) == to_dict(DecodingConfig(sampler="maskgit", record=("states",)),
+                                                       hashed_only=True)
+    for sampler, kept in [("maskgit", ("states", "predictions")), ("truncated", ("states", "supports")),
+                          ("masked", ("states",)), ("auto", ("states",))]:
+        assert decoding.from_flat({"sampler": sampler, "record_trajectory": True})["record"] == kept
+        assert "record" not in decoding.from_flat({"sampler": sampler, "record_trajectory": False})
+    saved = {"eval": {"decoding": {"sampler": "maskgit", "record_trajectory": True}}}  # a config.yaml saved before
+    assert load(EvalRunConfig, data=saved).eval.decoding.record == ("states", "predictions")
+    saved["eval"]["decoding"]["record_trajectory"] = False
+    assert load(EvalRunConfig, data=saved).eval.decoding.record == ()
+
+
+@pytest.mark.parametrize("record", [(), ("states",), ("predictions",), ("states", "predictions")])
+def test_the_maskgit_sampler_records_only_what_is_asked(record):
+    import torch
+
+    from dare.models import facts
+    from dare.rollout import generate, left_pad
+    from test_reference_samplers import PROMPTS, soft_llada
+
+    model = soft_llada(0)
+    ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
+    out = generate(model, ids, mask, DecodingConfig(sampler="maskgit", gen_length=8, block_length=4, steps=4,
+                                                    record=record), torch.Generator().manual_seed(0))
+    assert (out.trajectory is not None) == ("states" in record)
+    assert (out.predictions is not None) == (out.confidences is not None) == ("predictions" in record)
+    if record:
+        assert (out.trajectory if "states" in record else out.predictions).shape == (len(PROMPTS), 4, 8)

@@ -144,7 +144,7 @@ def test_block_sampler_decodes_the_whole_last_block():
     block 0 holds 1 mask, blocks 1-4 hold 4 each (the last one's 4th being the 20th position)."""
     model = sharp("sdar", 0)
     ids, mask = left_pad([[5, 6, 7]], facts(model).pad_token_id)
-    out = generate(model, ids, mask, DecodingConfig(gen_length=16, steps=4, record_trajectory=True))
+    out = generate(model, ids, mask, DecodingConfig(gen_length=16, steps=4, record=("states",)))
     assert out.responses.shape == (1, 16)
     assert out.trajectory.shape[1] == 1 + 4 * 4
     assert out.nfe == (1 + 1) + 4 * (4 + 1)
@@ -713,7 +713,7 @@ def test_mdpo_sampler_records_the_original_predictions_and_confidences(rcr):
     model = soft_llada(0)
     ids, mask = left_pad(PROMPTS, facts(model).pad_token_id)
     out = generate(model, ids, mask, DecodingConfig(sampler="maskgit", gen_length=8, block_length=4, steps=4,
-                                                    maskgit={"rcr": rcr}, record_trajectory=True))
+                                                    maskgit={"rcr": rcr}, record=("states", "predictions")))
     predictions, confidences = MDPO_STEPS[rcr]
     assert out.predictions.tolist() == predictions
     assert torch.allclose(out.confidences, torch.tensor(confidences), atol=2e-6)
@@ -795,7 +795,7 @@ def test_agrpo_sampler_records_the_support_it_drew_from():
     model = soft_llada(1)
     ids, mask = left_pad(AGRPO_PROMPTS, facts(model).pad_token_id)
     decoding = DecodingConfig(sampler="truncated", gen_length=8, block_length=4, steps=4, temperature=0.7,
-                              truncated={"top_k": 3, "remasking": "random"}, record_trajectory=True)
+                              truncated={"top_k": 3, "remasking": "random"}, record=("states", "supports"))
     out = generate(model, ids, mask, decoding, torch.Generator().manual_seed(0))
     assert (out.supports.sum(-1) == 3).all()
     assert out.supports.gather(-1, out.responses[..., None]).all()

@@ -109,7 +109,7 @@ def test_rules_that_run_until_clean_look_every_few_steps(family, settings, model
     block is clean change nothing (tokens, step map and nfe as when looking after every step)."""
     model = models[family]
     decoding = DecodingConfig(gen_length=16, block_length=8, steps=16 if family == "llada" else 8,
-                              record_trajectory=True, **settings)
+                              record=("states",), **settings)
     every = run(model, decoding)
     monkeypatch.setattr(rollout_core, "LOOK_EVERY", 1)
     looked_each = run(model, decoding)
@@ -141,7 +141,7 @@ CAPTURED = [  # (family, settings, backend): one inductor case, the others trace
 def test_the_captured_step_decodes_the_eager_tokens(family, settings, backend, monkeypatch, capfd):
     model = tiny(family)  # a fresh model: its compiled step is made here
     monkeypatch.setattr(rollout_core, "BACKEND", None if backend == "inductor" else backend)
-    common = dict(gen_length=16, block_length=8, steps=16 if family == "llada" else 4, record_trajectory=True,
+    common = dict(gen_length=16, block_length=8, steps=16 if family == "llada" else 4, record=("states",),
                   **settings)
     eager = run(model, DecodingConfig(**common, compile=False))
     captured = run(model, DecodingConfig(**common, compile=True))

@@ -305,7 +305,7 @@ def test_rollout_options_hook_records_trajectories(tmp_path, monkeypatch):
         seen.append(batch)
         return real(model, batch, noise, cfg)
 
-    monkeypatch.setattr(d1, "rollout_options", lambda cfg: {"record_trajectory": True}, raising=False)
+    monkeypatch.setattr(d1, "rollout_options", lambda cfg: {"record": ("states",)}, raising=False)
     monkeypatch.setattr(d1, "token_logps", spy)
     train("d1", None, [f"model.path={sft / 'final'}", *D1_TINY, "train.steps=1", "rl.num_iterations=2",
                        "train.micro_batch_size=5", f"run.out_dir={tmp_path / 'd1'}"])

@@ -50,7 +50,7 @@ def test_cj_grpo_scores_each_token_in_the_state_the_sampler_committed_it_from(se
     trajectory), its scored tokens are the ones step s committed, and its log-prob is the model's
     log-softmax there: what the sampler drew from at temperature 1 (one forward per state, per row)."""
     model = tiny_llada()
-    out, batch = rollout_batch(model, DecodingConfig(temperature=1.0, record_trajectory=True, **settings), seed=4)
+    out, batch = rollout_batch(model, DecodingConfig(temperature=1.0, record=("states",), **settings), seed=4)
     batch = cj.prepare(batch, run_config("cj_grpo"))
     rounds = batch.extras["rounds"]
     P, mask_id, states = batch.prompt_length, facts(model).mask_token_id, out.trajectory.transpose(0, 1)  # (S, B, G)
@@ -216,7 +216,7 @@ def test_mdpo_step_advantages_equal_the_reference_code():
 def mdpo_batch(rcr: bool):
     model = tiny_llada()
     decoding = DecodingConfig(sampler="maskgit", gen_length=8, block_length=4, steps=4, temperature=1.0,
-                              maskgit={"rcr": rcr}, record_trajectory=True)
+                              maskgit={"rcr": rcr}, record=("states", "predictions"))
     out, batch = rollout_batch(model, decoding, seed=2)
     return model, out, batch
 

@@ -61,7 +61,7 @@ def uses_old_logps(cfg) -> bool:
 
 
 def rollout_options(cfg) -> dict:
-    return {"record_trajectory": True}  # the truncated sampler then records each token's support
+    return {"record": ("states", "supports")}
 
 
 def last_steps(batch) -> torch.Tensor:

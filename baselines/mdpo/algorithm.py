@@ -46,7 +46,7 @@ def check_config(cfg) -> None:
 
 
 def rollout_options(cfg) -> dict:
-    return {"record_trajectory": True}
+    return {"record": ("states", "predictions")}
 
 
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:

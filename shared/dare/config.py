@@ -196,7 +196,7 @@ class DecodingConfig:
     evaluation, the `decoding` argument of `dare.rollout.generate`; defaults = d1's protocol on LLaDA.
 
     The fields here are the settings every sampler reads and the rollout's shape the RL loop sets
-    (`record_trajectory`, `tree`, `whole_last_block`); each sampler's options are its own section, named
+    (`record`, `tree`, `whole_last_block`); each sampler's options are its own section, named
     after it (`masked`, `block`, `dream`, `maskgit`, `truncated`: `rl.decoding.masked.threshold=0.9`), defined
     and checked by its module in `dare.decoding`. A sampler reads only its own section: the loader rejects an
     option set for a sampler that does not run. The config hash covers the flat form of the section (every
@@ -216,8 +216,11 @@ class DecodingConfig:
     steps: int = 128
     """Masked, maskgit, truncated, Dream: total steps over all blocks. Block: denoising steps per block."""
     temperature: float = 0.0
-    record_trajectory: bool = False
-    """Keep the response after every step (CJ-GRPO, MDPO, TraceRL need the trajectory)."""
+    record: tuple[Literal["states", "predictions", "supports"], ...] = ()
+    """What the rollout keeps besides its tokens, step map and log-probs (the RL loop sets it from the algorithm's
+    `rollout_options`): states, the response after every step (`trajectory`; MDPO, AGRPO); predictions, the
+    maskgit sampler's x0-hat and confidences at every step (MDPO); supports, the truncated sampler's top-k/top-p
+    support of each token (AGRPO). The flat form (`dare.decoding.flat`) keeps one flag, `record_trajectory`."""
     tree: tuple[int, ...] = ()
     """Tree rollouts (masked sampler, d-TreeRPO): the branching width of each level, e.g. (4, 4). The
     steps are split evenly over the levels; every node continues decoding its parent's canvas for its
@@ -259,6 +262,10 @@ class DecodingConfig:
         check(self.block_length > 0, "must be positive", "block_length")
         check(self.steps > 0, "must be positive", "steps")
         check(self.temperature >= 0, "must be >= 0", "temperature")
+        runs = decoding_options.resolve(self.sampler, family)
+        for kind, sampler in (("predictions", "maskgit"), ("supports", "truncated")):
+            check(kind not in self.record or runs == sampler, f"only the {sampler} sampler records {kind}",
+                  "record", "sampler")
         if self.tree:
             check(all(w >= 1 for w in self.tree) and len(self.tree) <= self.steps,
                   f"widths must be >= 1, at most steps ({self.steps}) levels", "tree")
@@ -610,6 +617,8 @@ def _all_keys(obj, prefix: str = "") -> list[str]:
 
 def _merge(obj, data: Mapping, prefix: str, source: str, origins: dict, problems: list[str]) -> None:
     """Set the fields of section `obj` from `data`, appending each bad key's message to `problems`."""
+    if isinstance(obj, DecodingConfig):  # a config saved before `record` holds its one flag
+        data = decoding_options.without_record_trajectory(data, _model_family.get())
     for key, value in data.items():
         try:
             _merge_one(obj, key, value, prefix, source, origins, problems)

@@ -3,7 +3,7 @@ validate without torch (the samplers themselves live in `dare.rollout`).
 
 A decoding section (`rl.decoding`, `eval.decoding`, the `decoding` of `dare.rollout.generate`: a
 `dare.config.DecodingConfig`) holds the settings every sampler reads (`sampler`, `gen_length`,
-`block_length`, `steps`, `temperature`), the rollout's shape that the RL loop sets (`record_trajectory`,
+`block_length`, `steps`, `temperature`), the rollout's shape that the RL loop sets (`record`,
 `tree`, `whole_last_block`), and one options section per sampler, named after it
 (`rl.decoding.masked.threshold`, `rl.decoding.block.editing_threshold`, `rl.decoding.maskgit.rcr`,
 `rl.decoding.truncated.top_k`, `eval.decoding.dream.alg`). Each module here defines its sampler's options
@@ -43,10 +43,12 @@ OPTIONS = {"masked": MaskedOptions, "block": BlockOptions, "dream": DreamOptions
 AUTO = ("masked", "block")
 """What sampler=auto runs: the block sampler on block-causal models, the masked sampler on the others."""
 
-COMMON = ("sampler", "gen_length", "block_length", "steps", "temperature", "record_trajectory", "tree",
-          "whole_last_block")
+COMMON = ("sampler", "gen_length", "block_length", "steps", "temperature", "record", "tree", "whole_last_block")
 """The decoding section's own fields besides the option sections: the settings every sampler reads, and the
-rollout's shape that the RL loop sets for the sampler (`record_trajectory`, `tree`, `whole_last_block`)."""
+rollout's shape that the RL loop sets for the sampler (`record`, `tree`, `whole_last_block`)."""
+RECORDED = {"maskgit": ("states", "predictions"), "truncated": ("states", "supports")}
+"""What the flat form's one flag `record_trajectory` (any `record`) kept, per sampler (else the states): what
+`from_flat` reads it back as."""
 
 RUNTIME = ("compile",)
 """Common settings of how the samplers run, never of what they decode (`compile`): outside the flat form, so
@@ -149,7 +151,9 @@ def flat(d, family: str | None = None, *, runs: str | None = None) -> dict[str, 
     runs = runs or resolve(d.sampler, family)
     out = {}
     for name, default in FLAT.items():
-        if name in COMMON:
+        if name == "record_trajectory":  # the one flag before `record` said what to keep
+            value = bool(d.record)
+        elif name in COMMON:
             value = getattr(d, name)
         elif runs is not None:
             value = getattr(getattr(d, runs), name) if runs in OWNERS[name] else default
@@ -175,6 +179,7 @@ def from_flat(values: Mapping[str, Any], family: str | None = None) -> dict[str,
     where that section accepts the value. An option no such sampler has was ignored by the sampler; it is
     kept, in its first owner's section, when it is not its default. The runtime settings (`RUNTIME`: a recorded
     run's saved config has them beside the flat decoding) stay as they are."""
+    values = without_record_trajectory(values, family)
     out: dict[str, Any] = {k: v for k, v in values.items() if k in COMMON or k in RUNTIME}
     runs = used(values.get("sampler", "auto"), family)
     for name, value in values.items():
@@ -187,6 +192,19 @@ def from_flat(values: Mapping[str, Any], family: str | None = None) -> dict[str,
             targets = [OWNERS[name][0]]
         for s in targets:
             out.setdefault(s, {})[name] = value
+    return out
+
+
+def without_record_trajectory(values: Mapping[str, Any], family: str | None = None) -> Mapping[str, Any]:
+    """A decoding mapping saved before `record` (flat, or a run's config.yaml in sections) with its one flag
+    `record_trajectory` read as `record`: true is what that sampler kept (`RECORDED`; the states where it is not
+    known), false nothing."""
+    if "record_trajectory" not in values:
+        return values
+    out = {k: v for k, v in values.items() if k != "record_trajectory"}
+    if values["record_trajectory"] and "record" not in out:
+        runs = used(values.get("sampler", "auto"), family)
+        out["record"] = RECORDED.get(runs[0], ("states",)) if len(runs) == 1 else ("states",)
     return out
 
 

@@ -25,7 +25,7 @@ continues any partial masked-sampler rollout as k children.
 
 The output (`RolloutOutput`) carries the sequences (prompt + `gen_length` tokens), the response
 mask (up to and including the first EOS), the number of forward passes (NFE), the step that
-committed each generated position and, with `record_trajectory`, the response after every step.
+committed each generated position and, with `record` states, the response after every step.
 """
 
 from dataclasses import replace
@@ -88,7 +88,7 @@ def replay(out: RolloutOutput) -> torch.Tensor:
     """The final response rebuilt from the step map and the trajectory's per-step states: each
     position takes the token it held right after the step that (last) committed it."""
     if out.trajectory is None:
-        raise ValueError("no trajectory: decode with record_trajectory=true")
+        raise ValueError("no trajectory: decode with record=[states]")
     steps = out.step_map.clamp(min=0)
     states = out.trajectory  # (B, T, G)
     rebuilt = torch.gather(states.transpose(1, 2), 2, steps[..., None]).squeeze(-1)

@@ -215,7 +215,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             idle += (~live).long()
             i += 1
             todo -= 1
-            if decoding.record_trajectory:
+            if "states" in decoding.record:
                 trajectory.append(x.gather(1, gen_cols).clone())
                 kept.append(live)
         if cached:

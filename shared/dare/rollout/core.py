@@ -28,17 +28,17 @@ class RolloutOutput:
     """Forward passes of the model (a CFG step counts once)."""
     sampler: str = "masked"
     trajectory: torch.Tensor | None = None
-    """(B, steps, G): the response after every step, when `record_trajectory` is set (row-major, as every
+    """(B, steps, G): the response after every step, with `record` states (row-major, as every
     field: `dare.train.batches.take` slices a rollout's rows)."""
     predictions: torch.Tensor | None = None
     """(B, steps, G): the sampler's full prediction x0-hat after every step (masked positions filled
-    with their predictions), when `record_trajectory` is set and the sampler keeps it (maskgit)."""
+    with their predictions), with `record` predictions (maskgit)."""
     confidences: torch.Tensor | None = None
     """(B, steps, G) float32: the confidence of each position at every step, beside `predictions`."""
     entropies: torch.Tensor | None = None
     """(B, G) float32: the entropy of the distribution each token was drawn from (truncated sampler)."""
     supports: torch.Tensor | None = None
-    """(B, G, V) bool: the top-k/top-p support each token was drawn from, with `record_trajectory` (truncated)."""
+    """(B, G, V) bool: the top-k/top-p support each token was drawn from, with `record` supports (truncated)."""
     logps: torch.Tensor | None = None
     """(B, G) float32: the log-probability of each generated token under the distribution it was
     drawn from at the step that (last) committed it, 0 where nothing was committed (block sampler)."""

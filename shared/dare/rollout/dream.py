@@ -114,7 +114,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
                 x[rows, chosen] = proposal[rows, chosen]
         newly = (before == mask_id) & (x != mask_id)
         step_map[newly[:, P:]] = i
-        if decoding.record_trajectory:
+        if "states" in decoding.record:
             trajectory.append(x[:, P:].clone())
 
     responses = x[:, P:]

@@ -182,7 +182,7 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         logps_here = commit_logps[:, lo - P:hi - P]
         logps_here.copy_(torch.where(chosen, logps, logps_here))
         step.add_(live.long())
-        if decoding.record_trajectory:
+        if "states" in decoding.record:
             trajectory.append(x[:, P:].clone())
             kept.append(live)
 
@@ -253,7 +253,7 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         lo = hi
 
     steps_done, unused = torch.stack([step, idle]).tolist()  # the one look at the counters
-    if decoding.record_trajectory and trajectory:
+    if "states" in decoding.record and trajectory:
         trajectory = [t for t, k in zip(trajectory, torch.stack(kept).tolist()) if k]
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,

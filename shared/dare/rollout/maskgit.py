@@ -17,7 +17,7 @@ commit (the sum of the remaining quotas), ranking the whole row with every posit
 stored confidence (prompt, padding, later blocks) counted as 1.0. Committed tokens can so be revised,
 earlier blocks' too; `step_map` gives each position's LAST commit.
 
-With `record_trajectory` the output also keeps, per step, MDPO's `intermediate_results` (x0-hat: the
+With `record` predictions the output also keeps, per step, MDPO's `intermediate_results` (x0-hat: the
 canvas with every masked position replaced by its prediction, later blocks included) as `predictions`
 and its `intermediate_confidence` as `confidences` (without RCR the confidence of each position's
 prediction; with RCR the stored confidences after the step, 0 where none).
@@ -78,7 +78,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             conf[:, P:hi] = predicted[:, :hi - P]
             conf = torch.where(masked, conf, -torch.inf)
             proposal = torch.cat([x[:, :P], torch.where(masked[:, P:], x0, x[:, P:])], dim=1)
-            if decoding.record_trajectory:  # MDPO's x0-hat at this step: every masked position predicted
+            if "predictions" in decoding.record:  # MDPO's x0-hat at this step: every masked position predicted
                 predictions.append(proposal[:, P:].clone())
             k = sum(quota[i:]) if o.rcr else quota[i]
             chosen = commit_quota(conf, torch.full((B,), k, device=device))
@@ -93,8 +93,9 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
                         rows = torch.arange(B, device=device)[:, None]
                         x[rows, ranked.topk(again, dim=1, largest=False).indices] = mask_id
             step += 1
-            if decoding.record_trajectory:
+            if "states" in decoding.record:
                 trajectory.append(x[:, P:].clone())
+            if "predictions" in decoding.record:
                 confidences.append((stored[:, P:] if o.rcr else predicted).float())
 
     responses = x[:, P:]

@@ -12,7 +12,7 @@ that records what AGRPO's policy gradient needs.
     the rest of its answer is EOS, committed at the current step, and it is not decoded further.
 
 Recorded: `step_map` (AGRPO's unmask steps), `logps` (the log-prob each token was drawn with),
-`entropies` and, with `record_trajectory`, `supports` (B, G, V): the top-k/top-p support each token was
+`entropies`, with `record` supports `supports` (B, G, V): the top-k/top-p support each token was
 drawn from (AGRPO's sampling masks), so the trainer scores the same truncated distribution.
 
 Differences from the reference: randomness comes from an explicit generator; rows are batched with left
@@ -107,10 +107,11 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             step_map[r, lo + cols] = step
             logps[r, lo + cols] = drawn.gather(1, cols)
             entropies[r, lo + cols] = entropy.gather(1, cols)
-            if decoding.record_trajectory:
+            if "supports" in decoding.record:
                 if supports is None:
                     supports = torch.ones(B, G, raw.shape[-1], dtype=torch.bool, device=device)
                 supports[r, lo + cols] = support.gather(1, cols[..., None].expand(-1, -1, support.shape[-1]))
+            if "states" in decoding.record:
                 trajectory.append(x[:, P:].clone())
             step += 1
 
