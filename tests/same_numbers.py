@@ -1,4 +1,4 @@
-"""A refactor's check that nothing moved: runs thirteen RL baselines (coupled-GRPO on a plain and a block model) and VRPO (four families, a value model,
+"""A refactor's check that nothing moved: runs twelve RL baselines in thirteen runs (coupled-GRPO on a plain and a block model) and VRPO (three families, a value model,
 trajectories, tree rollouts, two mini-batches, draws backpropagated one at a time) for 3 steps on tiny models in
 the tree given and prints, per baseline, a digest of every logged number (wall-clock times and throughput left out) and of the final weights. Run it in the tree before
 and after a change (a `git worktree` of the old commit) and diff the two outputs:

@@ -279,6 +279,9 @@ def test_record_says_what_it_asks_for_and_the_flat_form_keeps_one_flag():
         assert "record" not in decoding.from_flat({"sampler": sampler, "record_trajectory": False})
     saved = {"eval": {"decoding": {"sampler": "maskgit", "record_trajectory": True}}}  # a config.yaml saved before
     assert load(EvalRunConfig, data=saved).eval.decoding.record == ("states", "predictions")
+    overlay = {"rl": {"decoding": {"record_trajectory": True}}}  # onto a section whose sampler is truncated
+    from baselines.agrpo.config import Config as AGRPOConfig
+    assert load(AGRPOConfig, data=overlay).rl.decoding.record == ("states", "supports")
     saved["eval"]["decoding"]["record_trajectory"] = False
     assert load(EvalRunConfig, data=saved).eval.decoding.record == ()
 

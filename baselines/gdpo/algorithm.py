@@ -53,6 +53,5 @@ def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
 
 
 def loss(logps, old_logps, ref_logps, batch, draw, cfg):
-    L = batch.sequences.shape[1] - batch.prompt_length
     kl = k3(ref_logps - logps) if ref_logps is not None else torch.zeros_like(logps)
     return clipped_elbo_loss(logps, old_logps, kl, batch, cfg.algo.epsilon, cfg.algo.beta)

@@ -27,7 +27,7 @@ One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dar
 
 Deviations (README.md): the log-space EUBO; the length weighting over the whole step (the reference
 normalizes each micro-batch of 6); a fresh draw per inner update (the reference's seed indexing reuses 2 of
-its 4 masks with 2 accumulation steps, and 1 with 4).
+its 4 masks with 2 accumulation steps, and 1 with 4; `rl.noise_draws=once` reuses one for all).
 """
 
 import torch

@@ -618,7 +618,7 @@ def _all_keys(obj, prefix: str = "") -> list[str]:
 def _merge(obj, data: Mapping, prefix: str, source: str, origins: dict, problems: list[str]) -> None:
     """Set the fields of section `obj` from `data`, appending each bad key's message to `problems`."""
     if isinstance(obj, DecodingConfig):  # a config saved before `record` holds its one flag
-        data = decoding_options.without_record_trajectory(data, _model_family.get())
+        data = decoding_options.without_record_trajectory(data, sampler=obj.sampler)
     for key, value in data.items():
         try:
             _merge_one(obj, key, value, prefix, source, origins, problems)

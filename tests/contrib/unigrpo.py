@@ -30,6 +30,8 @@ class UniGRPO:
 Config = recipe(
     UniGRPO,
     rl=RLConfig(decoding=DecodingConfig(temperature=0.9)))
+
+
 def advantages(rewards, cfg):
     return group_advantages(rewards, baseline="mean", std="none")
 

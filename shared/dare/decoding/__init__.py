@@ -195,15 +195,16 @@ def from_flat(values: Mapping[str, Any], family: str | None = None) -> dict[str,
     return out
 
 
-def without_record_trajectory(values: Mapping[str, Any], family: str | None = None) -> Mapping[str, Any]:
+def without_record_trajectory(values: Mapping[str, Any], family: str | None = None,
+                              sampler: str = "auto") -> Mapping[str, Any]:
     """A decoding mapping saved before `record` (flat, or a run's config.yaml in sections) with its one flag
-    `record_trajectory` read as `record`: true is what that sampler kept (`RECORDED`; the states where it is not
-    known), false nothing."""
+    `record_trajectory` read as `record`: true is what the sampler kept (`RECORDED`; the states where it is not
+    known), false nothing. The sampler is the mapping's own, else `sampler` (the section's it is merged into)."""
     if "record_trajectory" not in values:
         return values
     out = {k: v for k, v in values.items() if k != "record_trajectory"}
     if values["record_trajectory"] and "record" not in out:
-        runs = used(values.get("sampler", "auto"), family)
+        runs = used(values.get("sampler", sampler), family)
         out["record"] = RECORDED.get(runs[0], ("states",)) if len(runs) == 1 else ("states",)
     return out
 

@@ -36,7 +36,7 @@ Three rules hold for every hook:
                                                                       step advantages, tree weights) and, when it trains on
                                                                       some groups only, `batch.kept_groups` ((P, 1) bool;
                                                                       a step that keeps none makes no update)
-                 sample_noise(batch, generator, cfg)     optional     a `dare.train.noise.Draw`, once per inner iteration;
+                 sample_noise(batch, generator, cfg)     optional     a `dare.train.noise.Draw`, per update (rl.noise_draws);
                                                                       the default `Draw()` draws nothing: the rollout fixes
                                                                       the inputs (then one draw serves the mu updates, and
                                                                       the old and reference log-probs are computed once)

@@ -242,7 +242,7 @@ def setup(cfg, hooks: RLHooks) -> RLRun:
     rollout_cfg = replace(cfg.rl.decoding, **hooks.rollout_options(cfg))
     if f.block_size is not None:  # the sampler's canvas ends where the trainer's batch does
         rollout_cfg = replace(rollout_cfg, whole_last_block=False)
-    optimizer_steps = cfg.train.steps * mu * cfg.rl.mini_batches  # per batch: mu draws x the mini-batches
+    optimizer_steps = cfg.train.steps * mu * cfg.rl.mini_batches  # per batch: mu updates x the mini-batches
     trainer = Trainer(model, cfg.model, cfg.train, dist, optimizer_steps, reference=hooks.uses_reference(cfg),
                       seed=cfg.run.seed)
     critic = build_critic(cfg, task, dist, critic_spec, optimizer_steps) if critic_spec is not None else None
@@ -302,7 +302,8 @@ def diagnose(r: RLRun, batch: RLBatch, step: int, saving: bool) -> dict:
 
 
 def learn(r: RLRun, batch: RLBatch, step: int) -> tuple[dict, dict, dict]:
-    """The step's updates on the groups the algorithm keeps: mu noise draws; the value model's phase; the old and
+    """The step's updates on the groups the algorithm keeps: the noise draws (mu, or one: rl.noise_draws); the value
+    model's phase; the old and
     reference log-probs on those draws; mu policy updates. Returns (the updates' metrics summed over processes,
     the first update's checks, the phases' times). A step whose groups the algorithm all drops trains on nothing:
     no forward and no optimizer step (Adam's moments would otherwise move the weights on a zero gradient)."""
