@@ -565,3 +565,27 @@ def test_lladamoe_config_through_autoconfig_is_a_clear_error_and_load_pretrained
         AutoConfig.from_pretrained(folder)
     assert type(load_pretrained(folder)).__name__ == "LLaDAMoEModelLM"
     assert type(AutoConfig.from_pretrained(originals["llada"][0])).__name__ == "LLaDAConfig"
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_logits_at_some_positions_are_those_of_the_whole_forward(family):
+    """A sampler asks for the logits of the block it decodes (`token_logits(..., at=)`, the shared forward's
+    `logits_at`): the head runs on those positions only, and the values are the whole forward's, bit for bit
+    (a shifted family reads each from the position before; a left-padded row keeps its own first token)."""
+    from dare.config import ScratchModelConfig
+    from dare.models import new_model, read_at
+    from dare.models.tokenizer import char_tokenizer
+
+    tok = char_tokenizer("0123456789+=", family)
+    model = new_model(family, tok, ScratchModelConfig(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64), 0).eval()
+    x = torch.randint(0, 12, (3, 24), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(x)
+    mask[0, :5] = 0
+    with torch.no_grad():
+        full = token_logits(model, x, mask)
+        for at in (slice(8, 16), slice(6, 24), slice(20, None)):
+            assert torch.equal(token_logits(model, x, mask, at=at), full[:, at]), at
+        out = model(x, mask, logits_at=read_at(model, slice(8, 12)))
+        assert out.logits.shape[1] == 4
+    with pytest.raises(ValueError, match="after the first position"):
+        read_at(model, slice(0, 4))

@@ -471,21 +471,32 @@ def test_confidence_eos_eot_inf_by_hand():
 # CJ-GRPO's decoding companions: EOSER and the ascending step-size schedule (ASS)
 
 
+def raise_logit(model, token: int, bias: torch.Tensor):
+    """`model` with `bias` (G,) added to `token`'s logit at the last G positions of every forward (counted from the
+    end of the sequence, so a left-padded batch and a prompt alone see the same), also where the forward computes
+    only some positions' logits (`logits_at`, as the samplers ask for the block they decode)."""
+    G = len(bias)
+
+    def hook(module, args, kwargs, out):
+        ids = kwargs["input_ids"] if kwargs.get("input_ids") is not None else args[0]
+        full = torch.zeros(ids.shape[1])
+        full[-G:] = bias
+        at = kwargs.get("logits_at")
+        out.logits[..., token] += full[at] if at is not None else full
+        return out
+
+    model.register_forward_hook(hook, with_kwargs=True)
+    return model
+
+
 def eos_at(seed: int, where: tuple, G: int):
     """`soft_llada(seed)` (head x 4, never MASK) whose EOS logit is raised by 2 at the response positions
     `where` (counted from the end of the sequence, so a left-padded batch and a prompt alone see the
     same): EOS is predicted there with a confidence EOSER's damping reorders."""
     model = soft_llada(seed)
-    f = facts(model)
     bias = torch.zeros(G)
     bias[list(where)] = 2.0
-
-    def raise_eos(module, inputs, out):
-        out.logits[:, -G:, f.eos_token_id] += bias
-        return out
-
-    model.register_forward_hook(raise_eos)
-    return model
+    return raise_logit(model, facts(model).eos_token_id, bias)
 
 
 CJ_MODELS = {"even": ((3, 6, 10, 12, 15), dict(gen_length=16, block_length=8, steps=8)),
@@ -729,14 +740,9 @@ def eos_first_block(G: int):
     """`soft_llada(0)` whose first 4 answer positions predict EOS (+50 on its logit): the first block
     is all EOS, so every row stops after it."""
     model = soft_llada(0)
-    eos = facts(model).eos_token_id
-
-    def first_block_eos(module, inputs, out):
-        out.logits[:, -G:-G + 4, eos] += 50.0
-        return out
-
-    model.register_forward_hook(first_block_eos)
-    return model
+    bias = torch.zeros(G)
+    bias[:4] = 50.0
+    return raise_logit(model, facts(model).eos_token_id, bias)
 
 
 # (model, gen, block, steps, remasking) -> (tokens, step maps, drawn log-probs, entropies) of the ORIGINAL,

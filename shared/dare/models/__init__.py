@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dare.models.registry import ATTENTION, FAMILIES, ModelFacts, family_module, register_all
 from dare.models.api import (  # torch is imported inside the functions
-    align, encode_chat, facts, load_pretrained, load_tokenizer, new_model, output_head, token_hidden, token_logits,
+    align, encode_chat, facts, load_pretrained, load_tokenizer, new_model, output_head, read_at, token_hidden,
+    token_logits,
 )
 
 __all__ = ["ATTENTION", "FAMILIES", "ModelFacts", "family_module", "register_all", "align", "encode_chat", "facts",
-           "load_pretrained", "load_tokenizer", "new_model", "output_head", "token_hidden", "token_logits"]
+           "load_pretrained", "load_tokenizer", "new_model", "output_head", "read_at", "token_hidden", "token_logits"]

@@ -903,7 +903,8 @@ class DLLMPreTrainedModel(PreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=False, *, cu_seqlens=None, replace_position=None,
-                block_diffusion=False, output_logits=True, output_router_logits=False, store_kv=None, **kwargs):
+                block_diffusion=False, output_logits=True, output_router_logits=False, store_kv=None, logits_at=None,
+                **kwargs):
         """The originals' positional signature (input_ids, attention_mask, position_ids, ...), plus
         the forward modes of `decoder_forward`. `store_kv` is SDAR's name for `use_cache`; Dream's
         `attention_mask="full"` means no mask."""
@@ -916,7 +917,7 @@ class DLLMPreTrainedModel(PreTrainedModel):
                                inputs_embeds=inputs_embeds, cu_seqlens=cu_seqlens, past_key_values=past_key_values,
                                use_cache=use_cache, replace_position=replace_position,
                                block_diffusion=block_diffusion, output_logits=output_logits,
-                               output_router_logits=output_router_logits)
+                               output_router_logits=output_router_logits, logits_at=logits_at)
 
     def get_output_embeddings(self):
         return self.lm_head
@@ -956,7 +957,7 @@ def check_forward_args(kwargs: dict, model_name: str) -> None:
 def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_ids=None, *, inputs_embeds=None,
                     cu_seqlens=None, past_key_values: KVCache | None = None, use_cache: bool = False,
                     replace_position: int | None = None, block_diffusion: bool = False, output_logits: bool = True,
-                    output_router_logits: bool = False) -> DLLMOutput:
+                    output_router_logits: bool = False, logits_at: slice | None = None) -> DLLMOutput:
     """The forward pass every family shares: embed, one layout, the layers, final norm, head.
 
     `parts` = (embed, layers, norm, head, rope) where `rope(positions, dtype)` returns the layers'
@@ -965,7 +966,8 @@ def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_
     Cache use: `use_cache=True` appends the new keys to `past_key_values` (a fresh `KVCache` when
     None); a cache with `use_cache=False` is only read; `replace_position=s` overwrites cached
     positions [s, s + L) (dual cache). `block_diffusion=True` takes `[x_t ; x_0]` and returns the
-    outputs of the x_t half only.
+    outputs of the x_t half only. `logits_at` (a slice of the positions): the head runs on those positions only
+    and the logits are theirs (the model's own, unaligned), as a sampler reads one block of its canvas.
     """
     embed, layers, norm, head, rope = parts
     if (input_ids is None) == (inputs_embeds is None):
@@ -1015,6 +1017,8 @@ def decoder_forward(model, parts, input_ids=None, attention_mask=None, position_
         x = x[:, : x.shape[1] // 2]
     if group is not None:
         x = x[:, :length]  # without the positions added for the split
+    if logits_at is not None and output_logits:
+        x = x[:, logits_at]
     out = head(x) if output_logits else x
     return DLLMOutput(logits=out if output_logits else None, last_hidden_state=None if output_logits else out,
                       past_key_values=past_key_values,

@@ -62,7 +62,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dare.models import facts
+from dare.models import facts, read_at
 import dare.rollout.core as rollout_core
 from dare.rollout.core import (RolloutOutput, StepForward, any_left, any_rank, commit_quota, compiles, place_prompts,
                                max_rank, response_mask, sharded)
@@ -185,7 +185,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             if cached:
                 logits = run(x[:, cols], valid[:, cols], cache)
             else:  # recompute everything up to the end of the block (LLaDA2's HF `generate`)
-                logits = model(x[:, :cols.stop], valid[:, :cols.stop]).logits[:, cols]
+                logits = model(x[:, :cols.stop], valid[:, :cols.stop], logits_at=read_at(model, cols)).logits
             nfe += 1
             x0, conf = choose(logits.reshape(B * bs, -1), decoding, mask_id, generator)
             x0, conf = x0.view(B, bs), conf.view(B, bs).double()

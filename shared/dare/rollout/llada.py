@@ -60,19 +60,20 @@ import math
 
 import torch
 
-from dare.models import align, facts, token_logits
+from dare.models import facts, read_at, token_logits
 import dare.rollout.core as rollout_core
 from dare.rollout.core import (RolloutOutput, StepForward, any_left, any_rank, canvas, commit_rule,
                                compiles, num_transfer_tokens, predict, response_mask, sharded)
 from dare.utils import UserError
 
 
-def _guided_logits(model, x, attention_mask, prompt_positions, mask_id: int, cfg_scale: float):
+def _guided_logits(model, x, attention_mask, prompt_positions, mask_id: int, cfg_scale: float, at: slice):
+    """The logits of positions `at` (the block being decoded): the head runs on those positions only."""
     if cfg_scale <= 0:
-        return token_logits(model, x, attention_mask)
+        return token_logits(model, x, attention_mask, at=at)
     # Unsupervised classifier-free guidance: the unconditional pass sees the prompt masked.
     uncond = torch.where(prompt_positions, torch.full_like(x, mask_id), x)
-    both = token_logits(model, torch.cat([x, uncond]), torch.cat([attention_mask, attention_mask]))
+    both = token_logits(model, torch.cat([x, uncond]), torch.cat([attention_mask, attention_mask]), at=at)
     cond, un = both.chunk(2)
     return un + (cfg_scale + 1) * (cond - un)
 
@@ -205,11 +206,12 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
                 burst = 1 if per_step else rollout_core.LOOK_EVERY if parallel else n - i
                 for _ in range(burst):
                     live = left(lo, hi)
-                    logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, o.cfg_scale)
+                    logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, o.cfg_scale,
+                                            slice(lo, hi))
                     nfe += 1
                     idle += (~live).long()
                     j = min(i, n - 1)
-                    commit(lo, hi, logits[:, lo:hi], quota[:, j], counts[j], (0, P + G), gamma[j], live)
+                    commit(lo, hi, logits, quota[:, j], counts[j], (0, P + G), gamma[j], live)
                     i += 1
                     made += 1  # exact where the host looks every step (per_step), which is where `until` applies
             lo = hi
@@ -219,10 +221,9 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
             cache, where = run.cache(P + G, B), torch.zeros((), dtype=torch.long, device=device)
         cache.truncate(0)
         live = left(lo, hi)
-        out = model(x, attention_mask, past_key_values=cache, use_cache=True)
+        out = model(x, attention_mask, past_key_values=cache, use_cache=True, logits_at=read_at(model, slice(lo, hi)))
         nfe += 1
-        commit(lo, hi, align(model, out.logits, attention_mask=attention_mask)[:, lo:hi], quota[:, 0], counts[0],
-               (0, P + G), gamma[0], live)
+        commit(lo, hi, out.logits, quota[:, 0], counts[0], (0, P + G), gamma[0], live)
         del out
         i = 1
         start = lo - 1 if shift else lo  # a shifted model reads position s's logit at s - 1

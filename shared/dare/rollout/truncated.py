@@ -83,7 +83,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
             break
         while step < hi // U:
             rows = (~removed).nonzero().squeeze(1)
-            raw = token_logits(model, x[rows], attention_mask[rows])[:, P + lo:P + hi].float()
+            raw = token_logits(model, x[rows], attention_mask[rows], at=slice(P + lo, P + hi)).float()
             nfe += 1
             logits, support = truncate(raw, decoding)
             if decoding.temperature == 0:

@@ -212,7 +212,8 @@ def plan_training(shapes: Shapes, per_token_layer: list[int], per_forward_layer:
                   processes: int = 1, dtype: str = "bfloat16", lora: bool = False, micro_batch: int = 1,
                   length: int = 512, scored: int | None = None, gradient_checkpointing: bool = False,
                   logit_chunk: int = 1024, reference: bool = False, reference_offload: bool = False,
-                  rollout_rows: int = 0, rollout_length: int = 0, rollout_queries: int = 0, rollout_cache: bool = True,
+                  rollout_rows: int = 0, rollout_length: int = 0, rollout_queries: int = 0, rollout_logits: int = 0,
+                  rollout_cache: bool = True,
                   gather_rollout: bool = False, optimizer_offload: bool = False, fused_loss: bool = True,
                   device: str = "cuda", capacity_gib: float | None = None) -> Plan:
     """The arithmetic of the module docstring. `length` is one training row's length (prompt + completion; block
@@ -271,7 +272,8 @@ def plan_training(shapes: Shapes, per_token_layer: list[int], per_forward_layer:
             phase.append(("rollout KV cache", 2 * shapes.layers * rollout_rows * shapes.kv_heads * rollout_length
                           * shapes.head_dim * act))
         q = rollout_queries or rollout_length
-        phase.append(("rollout logits and softmax (float32)", rollout_rows * q * shapes.vocab * 4 * 2))
+        # the head runs on the positions the sampler reads (`token_logits(..., at=)`), not on every query
+        phase.append(("rollout logits and softmax (float32)", rollout_rows * (rollout_logits or q) * shapes.vocab * 4 * 2))
         phase.append(("rollout layer intermediates", rollout_rows * q * max(per_token_layer)))
         plan.phases["rollout"] = phase
     plan.phases["log-probs"] = static + [("one micro-batch's layer intermediates", tokens * max(per_token_layer)),
@@ -367,8 +369,12 @@ def plan_run(cfg, uses_reference: bool, shapes: Shapes, per_token: list[int], pe
         block_model = shapes.block_size is not None
         cache = (d.block.cache != "none") if block_model else d.masked.cache in ("prefix", "dual")
         queries = (shapes.block_size if block_model else d.block_length) if cache else L
+        sampler = d.sampler if d.sampler != "auto" else "block" if block_model else "masked"
+        read = {"block": shapes.block_size, "truncated": d.block_length, "maskgit": d.gen_length, "dream": L,
+                "masked": d.gen_length if d.masked.cache == "prefix" else d.block_length}[sampler]  # logits read
         plan = plan_training(shapes, per_token, per_forward, micro_batch=t.micro_batch_size or rows, length=L,
                              scored=d.gen_length, rollout_rows=rows, rollout_length=L, rollout_queries=queries,
+                             rollout_logits=min(read, queries),
                              rollout_cache=cache, gather_rollout=getattr(cfg.rl, "gather_rollout", True), **kw)
         plan.assumptions.append(f"prompts of {prompt_length} tokens (--prompt-length), gen {d.gen_length}; "
                                 f"{rows} rollout rows per GPU")
