@@ -66,9 +66,9 @@ lock: lock-gpu ## regenerate every lock (locks/*.txt) from pyproject.toml's pins
 	$(VENV)/tools/bin/pip-compile $(COMPILE) --extra train --extra dev --extra docs -o locks/train.txt pyproject.toml
 	$(VENV)/tools/bin/pip-compile $(COMPILE) --extra eval --extra dev -o locks/eval.txt pyproject.toml
 
-lock-gpu: ## regenerate only the GPU locks (locks/gpu-train.txt, locks/gpu-eval.txt) with uv
+lock-gpu: ## regenerate only the GPU locks (locks/gpu-train.txt with the gpu extra, locks/gpu-eval.txt) with uv
 	@test -x $(VENV)/tools/bin/uv || ($(PYTHON) -m venv $(VENV)/tools && $(VENV)/tools/bin/pip install $(PIP_FLAGS) "$(UV)")
-	$(VENV)/tools/bin/uv pip compile $(GPU_COMPILE) --extra train --extra dev -o locks/gpu-train.txt pyproject.toml
+	$(VENV)/tools/bin/uv pip compile $(GPU_COMPILE) --extra train --extra gpu --extra dev -o locks/gpu-train.txt pyproject.toml
 	$(VENV)/tools/bin/uv pip compile $(GPU_COMPILE) --extra eval --extra dev -o locks/gpu-eval.txt pyproject.toml
 
 eval-env: $(EVAL)/.installed ## create or update the eval venv (.venv/eval, OpenCompass) only

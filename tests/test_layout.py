@@ -25,8 +25,9 @@ def test_layout():
                  "data.dvc", ".dvc/config", "environment-train.yml", "environment-eval.yml", "README.md",
                  "pyproject.toml", "Makefile", ".ci/run"]:
         assert (REPO / path).exists(), path
-    assert set(EXTRAS) >= {"train", "eval", "gpu", "dev"}
-    assert any(p.startswith("flash-attn") for p in EXTRAS["gpu"])
+    assert set(EXTRAS) >= {"train", "eval", "gpu", "flash", "dev"}
+    assert any(p.startswith("liger-kernel") for p in EXTRAS["gpu"])  # wheels: locked (locks/gpu-train.txt)
+    assert any(p.startswith("flash-attn") for p in EXTRAS["flash"])  # built against CUDA at install: not locked
 
 
 def test_ci_runs_exactly_make_test():
@@ -39,7 +40,7 @@ def test_ci_runs_exactly_make_test():
 # every lock: the extras it holds, and how torch appears in it (this machine's local CPU build in the
 # venvs' locks, PyPI's CUDA build with its nvidia libraries in the conda files' GPU locks)
 LOCKS = {"locks/train.txt": ("train", "dev", "docs"), "locks/eval.txt": ("eval", "dev"),
-         "locks/gpu-train.txt": ("train", "dev"), "locks/gpu-eval.txt": ("eval", "dev")}
+         "locks/gpu-train.txt": ("train", "gpu", "dev"), "locks/gpu-eval.txt": ("eval", "dev")}
 CONDA_LOCKS = {"environment-train.yml": "locks/gpu-train.txt", "environment-eval.yml": "locks/gpu-eval.txt"}
 
 

@@ -593,7 +593,7 @@ def resolve_backend(requested: str | None, *, explicit: bool) -> str:
     if name == "flash" and flash_attn_functions() is None:
         if explicit:
             raise ImportError("attention backend 'flash' needs the flash-attn package (a CUDA build): "
-                              "pip install -e '.[gpu]' on a GPU machine, or choose 'sdpa'")
+                              "pip install --no-build-isolation -e '.[flash]' on a GPU machine, or choose 'sdpa'")
         _notice(f"flash-attn is not installed; the config asks for {requested!r}, using SDPA")
         return "sdpa"
     if name == "flex" and flex_attention_functions() is None:
