@@ -191,3 +191,30 @@ def test_a_captured_step_on_cuda_keeps_one_cache_across_rollouts(family, setting
     assert model.__dict__["_dare_caches"] == {key: cache} and cache.keys[0].data_ptr() == address
     assert key == (cache.capacity, len(PROMPTS))
     assert torch.equal(first.sequences, eager.sequences) and torch.equal(second.sequences, eager.sequences)
+
+
+@pytest.mark.parametrize("family, settings", [("llada", {"masked": {"cache": "dual"}}), ("sdar", {})])
+def test_a_captured_step_compiles_once_per_bucket_of_prompt_lengths(family, settings, monkeypatch):
+    """20 prompts of random lengths (3 to 100 tokens): a captured step compiles once per bucket of prompt widths
+    (`rollout_core.BUCKET`, 64: the prompts left-padded, the padding hidden), not once per length; the rollout
+    keeps the caller's layout (its own prompt width). Counted with a backend that records each graph it is given."""
+    import math
+    import random
+
+    def compilations(bucket: int) -> int:
+        monkeypatch.setattr(rollout_core, "BUCKET", bucket)
+        model, graphs = tiny(family), []
+        monkeypatch.setattr(rollout_core, "BACKEND", lambda gm, inputs: graphs.append(1) or gm.forward)
+        rng = random.Random(0)
+        d = DecodingConfig(gen_length=16, block_length=8, steps=16 if family == "llada" else 4, compile=True,
+                           **settings)
+        for n in lengths:
+            ids, mask = left_pad([[rng.randint(0, 9) for _ in range(n)], [rng.randint(0, 9) for _ in range(n // 2)]], 0)
+            out = generate(model, ids, mask, d, torch.Generator().manual_seed(0))
+            assert out.sequences.shape[1] == n + 16 and out.prompt_length == n
+        return len(graphs)
+
+    lengths = [random.Random(i).randint(3, 100) for i in range(20)]
+    buckets = len({math.ceil(n / 64) for n in lengths})
+    assert compilations(64) == buckets == 2
+    assert compilations(4) > 2 * buckets  # the control: a width per few tokens compiles once per width

@@ -33,7 +33,8 @@ from dataclasses import replace
 import torch
 
 from dare.rollout import block, dream, dynamic, llada, maskgit, tree, truncated
-from dare.rollout.core import RolloutOutput, decode_responses, left_pad, response_mask
+import dare.rollout.core as rollout_core
+from dare.rollout.core import RolloutOutput, compiles, decode_responses, left_pad, response_mask
 from dare.models import facts
 from dare.utils import UserError
 
@@ -60,6 +61,18 @@ def on_device(generator, device) -> torch.Generator | None:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+def bucketed(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, pad_id: int):
+    """(ids, mask, extra): the prompts left-padded to the next multiple of `rollout_core.BUCKET` columns, and how
+    many columns were added."""
+    B, P = prompt_ids.shape
+    extra = -P % rollout_core.BUCKET
+    if not extra:
+        return prompt_ids, prompt_mask, 0
+    ids = torch.cat([torch.full((B, extra), pad_id, dtype=prompt_ids.dtype, device=prompt_ids.device), prompt_ids], 1)
+    mask = torch.cat([torch.zeros((B, extra), dtype=prompt_mask.dtype, device=prompt_mask.device), prompt_mask], 1)
+    return ids, mask, extra
+
+
 BIDIRECTIONAL_ONLY = ("maskgit", "truncated")
 """Samplers that decode bidirectional (masked) models only."""
 
@@ -74,13 +87,20 @@ def generate(model, prompt_ids, prompt_mask, decoding, generator=None, marker_id
     if decoding.tree and name != "masked":
         raise UserError(f"decoding.tree: tree rollouts branch the masked sampler's canvas (LLaDA-style); this model "
                         f"decodes with the {name} sampler")
-    generator = on_device(generator, next(model.parameters()).device)
+    device = next(model.parameters()).device
+    generator = on_device(generator, device)
+    extra = 0
+    if name == "masked" and not decoding.tree and compiles(decoding, device):  # (the block sampler pads its own)
+        prompt_ids, prompt_mask, extra = bucketed(prompt_ids, prompt_mask, facts(model).pad_token_id)
     if decoding.tree:
         out = tree.generate(model, prompt_ids, prompt_mask, decoding, generator)
     elif name == "block" and decoding.block.dynamic:
         out = dynamic.generate(model, prompt_ids, prompt_mask, decoding, generator, marker_id)
     else:
         out = SAMPLERS[name](model, prompt_ids, prompt_mask, decoding, generator)
+    if extra:  # the caller's layout: its own prompt width
+        out = replace(out, sequences=out.sequences[:, extra:], attention_mask=out.attention_mask[:, extra:],
+                      prompt_length=out.prompt_length - extra)
     return replace(out, decoding=decoding)
 
 

@@ -59,13 +59,15 @@ Differences from the originals (outputs at temperature 0 are the same, pinned in
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from dare.models import facts, read_at
 import dare.rollout.core as rollout_core
-from dare.rollout.core import (RolloutOutput, StepForward, any_left, any_rank, commit_quota, compiles, place_prompts,
-                               max_rank, response_mask, sharded)
+from dare.rollout.core import (RolloutOutput, StepForward, any_left, any_rank, commit_quota, compiles,
+                               max_rank, place_prompts, response_mask, sharded)
 from dare.rollout.dream import top_k_logits, top_p_logits
 
 
@@ -112,7 +114,10 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
 
     # canvas: [pad (whole blocks) | prompt | MASK up to the end of the last block | pad], every
     # prompt starting a block column; row r's canvas ends at ends[r]
-    C = -(-int(lengths.max()) // bs) * bs
+    cached = o.cache != "none"
+    captured = cached and compiles(decoding, device)
+    unit = math.lcm(bs, rollout_core.BUCKET) if captured else bs  # a captured step sees prompt widths in buckets: fewer compiles
+    C = -(-int(lengths.max()) // unit) * unit
     pads = ((C - lengths) // bs) * bs
     if decoding.whole_last_block:  # the canvas runs to the end of the block holding the last token
         ends = pads + (-(-(lengths + G) // bs)) * bs
@@ -133,7 +138,6 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     model_logp_canvas = torch.zeros((B, W), dtype=torch.float32, device=device)  # untempered (commit_logps)
     quota = schedule(bs, decoding.steps)
     editing = o.editing_threshold > 0
-    cached = o.cache != "none"
 
     # The host looks at the canvas (a sync) once per block, or every LOOK_EVERY steps while a rule may finish a
     # block early (threshold, token editing); the step counters stay on the device. What each block holds to
@@ -147,7 +151,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     work = work.tolist()
     spent = [sum(quota[:s]) for s in range(len(quota) + 1)]  # masks committed after s steps, at the latest
 
-    run = StepForward(model, cached and compiles(decoding, device))  # the step's forward, captured or eager
+    run = StepForward(model, captured)  # the step's forward, captured or eager
     cache, nfe, done_cols = run.cache(W, B), 0, 0
     step = torch.zeros((), dtype=torch.long, device=device)  # the steps that had work (the step map's numbers)
     idle = torch.zeros((), dtype=torch.long, device=device)  # step forwards run once every row was done

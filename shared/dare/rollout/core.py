@@ -123,6 +123,11 @@ def compiles(decoding, device, static: bool = True) -> bool:
     return torch.device(device).type == "cuda" and static if setting is None else bool(setting)
 
 
+BUCKET = 64
+"""A captured step's prompt widths are multiples of this: the prompts are left-padded (the padding hidden, as any
+row's; `dare.rollout.bucketed`, the block sampler's canvas) so that a new prompt length reuses the compiled step of
+its bucket instead of compiling again."""
+
 KEPT_CACHES = 2  # cache shapes a captured step keeps on the model (an RL run's rollouts have one or two)
 
 
