@@ -38,6 +38,12 @@ def test_bench_gpu_runs_every_stage_at_shrunk_shapes_on_cpu(tmp_path, capsys):
     assert step["steps_logged"] == bench_gpu.RL_STEP_STEPS and step["setting"]["prompt_tokens"] == [16]
     assert "model.lora.rank=128" in step["overrides"] and "train.micro_batch_size=6" in step["overrides"]
     assert list(step["phases"]) == ["rollout", "logp", "update"]
+    fast = step["accelerated"]  # issue 62: the same step with the dual cache and threshold decoding, same rows
+    assert fast["overrides"] == [*bench_gpu.ACCELERATED, "rl.decoding.compile=false"]  # captured on CUDA only
+    assert fast["step_s"] > 0 and 0 < fast["rollout_share"] < 1 and 0 < step["rollout_share"] < 1
+    assert step["accelerated_speedup"] == pytest.approx(step["step_s"] / fast["step_s"])
+    assert any(v["target"].startswith("... the same step with the accelerated rollout") and v["met"] is None
+               for v in report["targets"])  # shrunk: not judged
     for phase, p in step["phases"].items():
         assert p["time_s"] > 0 and len(p["time_s_each"]) == bench_gpu.RL_STEP_STEPS, (phase, p)
         assert p["planned_gib"] > 0 and p["planned_items_gib"], (phase, p)
@@ -46,7 +52,7 @@ def test_bench_gpu_runs_every_stage_at_shrunk_shapes_on_cpu(tmp_path, capsys):
     assert step["planned_peak_gib"] > 0 and step["planned_peak_phase"] in ("rollout", "log-probs", "update")
     assert step["peak_gib"] is None and step["card_peak_gib"] is None and step["plan_ratio"] is None
     targets = report["targets"]
-    assert len(targets) == 9 and all(t["met"] is None for t in targets)  # shrunk shapes: no verdict
+    assert len(targets) == 10 and all(t["met"] is None for t in targets)  # shrunk shapes: no verdict
     assert next(t for t in targets if "dual cache" in t["target"])["measured"] > 0
     printed = capsys.readouterr().out
     assert "not judged" in printed and "MISSED" not in printed
@@ -74,6 +80,7 @@ def test_verdicts_at_released_shapes_judge_each_target():
         "no forward on the math attention kernel": False,
         "LLaDA-8B d1 step (LoRA r128, micro-batch 6, prompt 200 + gen 256): peak memory on the card": None,
         "... dare plan's peak for it, off the measured peak by": None,  # no rl_step stage in this report
+        "... the same step with the accelerated rollout (dual cache, captured, threshold 0.9) over d1's protocol": None,
         "gpu-marked tests pass": True,
     }
 
@@ -92,6 +99,12 @@ def test_verdicts_judge_the_8b_rl_step_and_the_planner():
     assert (fits, close) == (False, False) and abs(error - 0.2) < 1e-12
     assert judged({"card_peak_gib": 50.0, "planned_peak_gib": 56.0})[1][1] is False  # 12% off
     assert judged({"skipped": "budget: 100 s left"}) == [(None, None), (None, None)]
+
+    def accelerated(speedup):  # issue 62: the accelerated rollout's d1 step against the protocol's, >= 4x
+        report = {"shrunk": False, "device": "cuda", "stages": {"rl_step": {"accelerated_speedup": speedup}}}
+        return [t["met"] for t in bench_gpu.verdicts(report) if "accelerated rollout" in t["target"]]
+
+    assert accelerated(4.5) == [True] and accelerated(3.9) == [False] and accelerated(None) == [None]
 
 
 def test_rl_loop_records_phase_peaks_on_cuda_only(monkeypatch):
