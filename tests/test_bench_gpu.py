@@ -29,7 +29,8 @@ def test_bench_gpu_runs_every_stage_at_shrunk_shapes_on_cpu(tmp_path, capsys):
         for r in rows:
             assert r["whole_s"] > 0 and r["cached_step_s"] > 0 and r["cache_bytes"] > 0, (family, r)
             assert r["cached_step_captured_s"] is None and r["captured_note"] == "not captured on cpu"
-            assert r["cached_step_compiled_s"] is None and r["compiled_note"] == "not compiled on cpu"
+            assert r["cached_step_compiled_s"] is None and r["compiled_note"] == (
+                "not compiled on cpu" if (family, r["batch"]) == ("llada", 1) else "not compiled here (no target reads it)")
         strategies = [r["strategy"] for r in entry["rollout"]]
         assert strategies[0] == "vanilla" and len(strategies) >= 2, family
         assert entry["weight_read_s"] > 0 and entry["weight_bytes_read_per_forward"] > 0

@@ -211,13 +211,14 @@ def rollout_step(model, ids, cache, start, device: str):
     return step, None
 
 
-def model_forwards(model, device: str, repeats: int, shapes=(PROMPT, GEN, QUERY)) -> dict:
+def model_forwards(model, device: str, repeats: int, shapes=(PROMPT, GEN, QUERY), compiled: tuple = ()) -> dict:
     """Per-forward seconds (median of `repeats`, with min and max) at batch 1 and 8: the whole sequence (a
     vanilla step: prompt + generation), and one step of a block's queries on a static cache, as the samplers run
     it (masked models: the dual cache of the whole sequence, the block's `query` positions replaced; block
     models: one block of the model's block size reading the committed prefix), eager and replayed from a CUDA
-    graph, and compiled as the rollouts run it (`rollout_step`); whether every call ran without the math attention
-    kernel; the cache's bytes."""
+    graph, and at the batch sizes in `compiled` compiled as the rollouts run it (`rollout_step`: a target reads it;
+    compiling an 8B forward takes about a minute); whether every call ran without the math attention kernel; the
+    cache's bytes."""
     import torch
 
     from dare.models import facts
@@ -266,13 +267,15 @@ def model_forwards(model, device: str, repeats: int, shapes=(PROMPT, GEN, QUERY)
             else:
                 row["cached_step_captured_s"], row["captured_note"] = None, why
             replay = None
-            compiled, why = rollout_step(model, q_ids, cache, None if block_model else start, device)
-            if compiled is not None:
-                times = _timed(compiled, sync, repeats)
+            fast, why = (rollout_step(model, q_ids, cache, None if block_model else start, device)
+                         if batch in compiled else (None, "not compiled here (no target reads it)"))
+            if fast is not None:
+                times = _timed(fast, sync, repeats)
                 row["cached_step_compiled_s"], row["cached_step_compiled_spread_s"] = (
                     statistics.median(times), [min(times), max(times)])
             else:
                 row["cached_step_compiled_s"], row["compiled_note"] = None, why
+            fast = None
             row["cache_bytes"] = sum(t.numel() * t.element_size() for t in (*cache.keys, *cache.values))
             rows.append(row)
             cache = replay = None  # freed before the next batch size
@@ -560,7 +563,7 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         shapes = (16, 32, 8) if shrink else (PROMPT, GEN, QUERY)
-        entry["forwards"] = model_forwards(model, device, repeats, shapes)
+        entry["forwards"] = model_forwards(model, device, repeats, shapes, compiled=(1,) if family == "llada" else ())
         if family == "llada2":  # the whole forward at batch 8 with the former per-expert loop, once
             experts = [m for m in model.modules() if type(m).__name__ == "Experts"]
             for m in experts:
