@@ -40,6 +40,10 @@ def test_bench_gpu_runs_every_stage_at_shrunk_shapes_on_cpu(tmp_path, capsys):
     assert step["steps_logged"] == bench_gpu.RL_STEP_STEPS and step["setting"]["prompt_tokens"] == [16]
     assert "model.lora.rank=128" in step["overrides"] and "train.micro_batch_size=6" in step["overrides"]
     assert list(step["phases"]) == ["rollout", "logp", "update"]
+    trace = report["stages"]["tracerl_step"]  # issue 62: TraceRL's step on SDAR with the block sampler's cache
+    assert "error" not in trace and "skipped" not in trace, trace
+    assert trace["steps_logged"] == bench_gpu.RL_STEP_STEPS and trace["family"] == "sdar"
+    assert trace["step_s"] > 0 and 0 < trace["rollout_share"] < 1 and "rl.decoding.compile=false" in trace["overrides"]
     fast = step["accelerated"]  # issue 62: the same step with the dual cache and threshold decoding, same rows
     assert fast["overrides"] == [*bench_gpu.ACCELERATED, "rl.decoding.compile=false"]  # captured on CUDA only
     assert fast["step_s"] > 0 and 0 < fast["rollout_share"] < 1 and 0 < step["rollout_share"] < 1

@@ -122,6 +122,7 @@ RL_STEP = {"prompt": 200, "gen": 256}
 RL_STEP_SHRUNK = {"prompt": 16, "gen": 16}
 RL_STEP_STEPS = 2  # the first a warm-up (cuBLAS, kernels' first calls); times from the last, peaks over both
 RL_STEP_MIN_S = 200  # budget left under which the stage is skipped on a GPU (writing 16 GB, two runs of two steps)
+TRACERL_STEP_MIN_S = 120  # the same for TraceRL's step on SDAR-8B (one run of two steps)
 RL_PEAK_GIB, PLAN_TOLERANCE = 70.0, 0.10
 GPU_TESTS_MIN_S = 120  # kept for the gpu tests: 55 s on their own on an H200, timed out at 60 s after the stages (2026-11-27)
 RL_PHASES = {"rollout": "rollout", "logp": "log-probs", "update": "update"}  # metrics.jsonl's name -> the planner's
@@ -310,8 +311,8 @@ def release(model=None) -> None:
         torch.cuda.empty_cache()
 
 
-def chain_tokenizer(prompt_tokens: int):
-    """A character tokenizer for LLaDA over `chain`'s alphabet whose chat template opens with a system turn of
+def chain_tokenizer(prompt_tokens: int, family: str = "llada"):
+    """A character tokenizer for `family` over `chain`'s alphabet whose chat template opens with a system turn of
     worked `chain` examples, cut so that every `chain` prompt (always 6 characters) is `prompt_tokens` tokens long.
     Ids the tokenizer does not know (a random model samples any id of its vocabulary) decode to nothing."""
     from dare.data.synthetic import Chain
@@ -319,7 +320,7 @@ def chain_tokenizer(prompt_tokens: int):
     from dare.models.tokenizer import CHAT_TEMPLATE, char_tokenizer
     from dare.rewards.arithmetic import chain_trace, lsb
 
-    tokenizer = char_tokenizer(Chain.alphabet, "llada")
+    tokenizer = char_tokenizer(Chain.alphabet, family)
     plain = len(encode_chat(tokenizer, [[{"role": "user", "content": "0000,a"}]])[0])
     n = max(0, prompt_tokens - plain - 1)  # the system turn's role token, then n characters
     examples, start = "", 1234
@@ -465,6 +466,69 @@ def rl_step_benchmark(device: str, shrink: bool = False) -> dict:
     return entry
 
 
+def tracerl_step_benchmark(device: str, shrink: bool = False) -> dict:
+    """Issue 62: TraceRL's step at the SDAR-8B shape (SHRUNK on CPU), `RL_STEP_STEPS` steps through the RL loop as
+    the d1 step is run (LoRA r128 on a bf16 base, micro-batch 6, one prompt x 6 completions, `chain`'s prompts), the
+    block sampler with its cache and TraceRL's own decoding (4 steps a block, threshold 0.9), the step captured on
+    CUDA; the accuracy filter opened (a random model's groups all fail: the step would otherwise make no update).
+    Per phase the last step's seconds and the peak memory; the rollout's share of the step."""
+    import json
+    import tempfile
+
+    import torch
+
+    from dare.app.runs import resolve
+    from dare.train import rl
+    from dare.train.checkpoint import save_model
+
+    cuda = device.startswith("cuda")
+    shape = RL_STEP_SHRUNK if shrink else RL_STEP
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="dare-tracerl-step-") as tmp:
+        folder, run_dir = Path(tmp) / "model", Path(tmp) / "run"
+        run_dir.mkdir()
+        name, model = build_released("sdar", device, "bfloat16", shrink)
+        entry: dict = {"family": "sdar", "released": name, "parameters": sum(p.numel() for p in model.parameters())}
+        save_model(model, chain_tokenizer(shape["prompt"], "sdar"), folder)
+        model = None
+        release()
+        overrides = [f"model.path={folder}", "model.family=sdar", "model.dtype=bfloat16", "model.lora.rank=128",
+                     "data.task=chain", "data.split=test", f"train.steps={RL_STEP_STEPS}", "train.micro_batch_size=6",
+                     "train.gradient_checkpointing=true", "rl.prompts_per_step=1", "rl.group_size=6",
+                     "rl.num_iterations=1", f"rl.decoding.gen_length={shape['gen']}",
+                     f"rl.decoding.compile={str(cuda).lower()}", "algo.filter_low=0", "algo.filter_high=1",
+                     "rl.agreement_rows=0", "rl.diag_every=0", "run.log_every=1", "run.save_every=0",
+                     f"run.out_dir={run_dir}"]
+        _, cfg, hooks = resolve("tracerl", None, overrides)
+        entry["overrides"] = [o for o in overrides if not o.startswith(("model.path=", "run.out_dir="))]
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        rl.run(cfg, hooks, run_dir, label="tracerl")
+        records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        release()
+    last = records[-1]
+    entry["steps_logged"] = len(records)
+    entry["phases_s"] = {key: last[f"time/{key}_s"] for key in RL_PHASES}
+    entry["step_s"] = sum(entry["phases_s"].values())
+    entry["rollout_share"] = entry["phases_s"]["rollout"] / entry["step_s"] if entry["step_s"] else None
+    peaks = [r[k] for r in records for k in r if k.startswith("memory/") and k.endswith("_peak_gib")]
+    entry["peak_gib"] = max(peaks) if peaks else None
+    entry["response_tokens"] = last.get("rollout/response_tokens")
+    entry["seconds"] = time.perf_counter() - start
+    return entry
+
+
+def print_tracerl_step(entry: dict) -> None:
+    if "skipped" in entry or "error" in entry:
+        print(f"  TraceRL step: {entry.get('skipped') or entry.get('error')}")
+        return
+    p = entry["phases_s"]
+    peak = "" if entry["peak_gib"] is None else f", peak {entry['peak_gib']:.2f} GiB"
+    print(f"  TraceRL step, {entry['released']} shape: {entry['step_s']:.3f} s (rollout {p['rollout']:.3f} s, "
+          f"{entry['rollout_share']:.0%}; log-probs {p['logp']:.3f} s; update {p['update']:.3f} s){peak}")
+
+
 def print_rl_step(entry: dict) -> None:
     if "skipped" in entry or "error" in entry:
         print(f"  d1 step: {entry.get('skipped') or entry.get('error')}")
@@ -590,9 +654,17 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
             report["stages"]["rl_step"] = rl_step_benchmark(device, shrink)
         print_rl_step(report["stages"]["rl_step"])
 
-    # the targets' families, the RL step (issue 48), then the families no target reads
+    def tracerl_step_stage() -> None:
+        if stage_left() < (20 if shrink else TRACERL_STEP_MIN_S):
+            report["stages"]["tracerl_step"] = {"skipped": f"budget: {stage_left():.0f} s left"}
+        else:
+            report["stages"]["tracerl_step"] = tracerl_step_benchmark(device, shrink)
+        print_tracerl_step(report["stages"]["tracerl_step"])
+
+    # the targets' families, the RL steps (issues 48 and 62), then the families no target reads
     stages = [(f, lambda f=f: family_stage(f)) for f in families if f not in LATE]
-    stages += [("rl_step", rl_step_stage)] + [(f, lambda f=f: family_stage(f)) for f in families if f in LATE]
+    stages += [("rl_step", rl_step_stage), ("tracerl_step", tracerl_step_stage)]
+    stages += [(f, lambda f=f: family_stage(f)) for f in families if f in LATE]
     for label, stage in stages:
         try:
             stage()
@@ -601,8 +673,8 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
 
             failed = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}",
                       "traceback": traceback.format_exc().splitlines()[-12:]}
-            if label == "rl_step":
-                report["stages"]["rl_step"] = failed
+            if label in ("rl_step", "tracerl_step"):
+                report["stages"][label] = failed
             else:
                 per_family[label] = {**per_family.get(label, {}), **failed}
             print(f"  {label}: {failed['error']}")
