@@ -260,26 +260,21 @@ def model_forwards(model, device: str, repeats: int, shapes=(PROMPT, GEN, QUERY)
                     math_needed.append(f"{label} batch {batch}: {str(e).splitlines()[0][:160]}")
                 times = _timed(fn, sync, repeats)
                 row[f"{label}_s"], row[f"{label}_spread_s"] = statistics.median(times), [min(times), max(times)]
-            replay, why = captured(step, device)
-            if replay is not None:
-                times = _timed(replay, sync, repeats)
-                row["cached_step_captured_s"], row["cached_step_captured_spread_s"] = (
+            for label, make in (("captured", lambda: captured(step, device)), ("compiled", lambda: (
+                    rollout_step(model, q_ids, cache, None if block_model else start, device) if batch in compiled
+                    else (None, "not compiled here (no target reads it)")))):
+                fn, why = make()  # the step replayed from a CUDA graph; compiled as the rollouts run it
+                row[f"cached_step_{label}_s"] = None
+                if fn is None:
+                    row[f"{label}_note"] = why
+                    continue
+                times = _timed(fn, sync, repeats)
+                row[f"cached_step_{label}_s"], row[f"cached_step_{label}_spread_s"] = (
                     statistics.median(times), [min(times), max(times)])
-            else:
-                row["cached_step_captured_s"], row["captured_note"] = None, why
-            replay = None
-            fast, why = (rollout_step(model, q_ids, cache, None if block_model else start, device)
-                         if batch in compiled else (None, "not compiled here (no target reads it)"))
-            if fast is not None:
-                times = _timed(fast, sync, repeats)
-                row["cached_step_compiled_s"], row["cached_step_compiled_spread_s"] = (
-                    statistics.median(times), [min(times), max(times)])
-            else:
-                row["cached_step_compiled_s"], row["compiled_note"] = None, why
-            fast = None
+            fn = None
             row["cache_bytes"] = sum(t.numel() * t.element_size() for t in (*cache.keys, *cache.values))
             rows.append(row)
-            cache = replay = None  # freed before the next batch size
+            cache = None  # freed before the next batch size
     return {"rows": rows, "math_kernel_needed": math_needed}
 
 
@@ -647,19 +642,18 @@ def gpu_benchmark(device: str = "cuda", dtype: str = "bfloat16", *, shrink: bool
         if cuda:
             entry["peak_gib"] = max([peak, *(r["peak_gib"] or 0 for r in entry["rollout"])])
 
-    def rl_step_stage() -> None:
-        if stage_left() < (20 if shrink else RL_STEP_MIN_S):
-            report["stages"]["rl_step"] = {"skipped": f"budget: {stage_left():.0f} s left"}
+    def rl_stage(name: str, benchmark, printer, min_s: float) -> None:
+        if stage_left() < (20 if shrink else min_s):
+            report["stages"][name] = {"skipped": f"budget: {stage_left():.0f} s left"}
         else:
-            report["stages"]["rl_step"] = rl_step_benchmark(device, shrink)
-        print_rl_step(report["stages"]["rl_step"])
+            report["stages"][name] = benchmark(device, shrink)
+        printer(report["stages"][name])
+
+    def rl_step_stage() -> None:
+        rl_stage("rl_step", rl_step_benchmark, print_rl_step, RL_STEP_MIN_S)
 
     def tracerl_step_stage() -> None:
-        if stage_left() < (20 if shrink else TRACERL_STEP_MIN_S):
-            report["stages"]["tracerl_step"] = {"skipped": f"budget: {stage_left():.0f} s left"}
-        else:
-            report["stages"]["tracerl_step"] = tracerl_step_benchmark(device, shrink)
-        print_tracerl_step(report["stages"]["tracerl_step"])
+        rl_stage("tracerl_step", tracerl_step_benchmark, print_tracerl_step, TRACERL_STEP_MIN_S)
 
     # the targets' families, the RL steps (issues 48 and 62), then the families no target reads
     stages = [(f, lambda f=f: family_stage(f)) for f in families if f not in LATE]
