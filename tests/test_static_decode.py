@@ -218,3 +218,14 @@ def test_a_captured_step_compiles_once_per_bucket_of_prompt_lengths(family, sett
     buckets = len({math.ceil(n / 64) for n in lengths})
     assert compilations(64) == buckets == 2
     assert compilations(4) > 2 * buckets  # the control: a width per few tokens compiles once per width
+
+
+def test_the_uncached_block_sampler_decodes_a_prompt_shorter_than_a_block():
+    """The block sampler without its cache computes the head on the block it decodes (`logits_at`); a prompt
+    shorter than a block leaves that block at column 0, which an unshifted family reads at column 0."""
+    model = tiny("sdar")
+    ids, mask = left_pad([[3, 4], [5]], 0)
+    d = DecodingConfig(gen_length=8, steps=4, block={"cache": "none"})
+    out = generate(model, ids, mask, d, torch.Generator().manual_seed(0))
+    cached = generate(model, ids, mask, DecodingConfig(gen_length=8, steps=4), torch.Generator().manual_seed(0))
+    assert torch.equal(out.sequences, cached.sequences)  # the same tokens as with the cache

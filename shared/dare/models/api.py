@@ -51,7 +51,7 @@ def token_logits(model, input_ids, attention_mask=None, *, cu_seqlens=None, posi
     `attention_mask` is a 2-D padding mask (pads are never attended); `cu_seqlens` packs several
     sequences in one row of `input_ids` (1, total) with no compute spent across them. `at`: only the logits
     of those positions (B, len, V), the head run on them alone (`logits_at`), as a sampler reads one block of its
-    canvas; they must come after every row's first token (a shifted family reads each from the position before)."""
+    canvas (a shifted family reads each from the position before: `at` then starts after every row's first token)."""
     if at is not None:
         return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                      cu_seqlens=cu_seqlens, logits_at=read_at(model, at)).logits
@@ -61,12 +61,14 @@ def token_logits(model, input_ids, attention_mask=None, *, cu_seqlens=None, posi
 
 
 def read_at(model, at: slice) -> slice:
-    """The output positions whose logits predict the tokens at `at` (after every row's first token): the same
-    positions, or for a shifted family (`logits_shift`) the positions before them."""
-    if at.start is None or at.start < 1 or at.step not in (None, 1):
-        raise ValueError(f"logits at {at}: a contiguous slice after the first position")
+    """The output positions whose logits predict the tokens at `at`: the same positions, or for a shifted family
+    (`logits_shift`) the positions before them (so `at` must then start after every row's first token)."""
     shift = int(facts(model).logits_shift)
-    return slice(at.start - shift, at.stop - shift if at.stop is not None else (-shift or None))
+    if at.step not in (None, 1) or (shift and (at.start is None or at.start < 1)):
+        raise ValueError(f"logits at {at}: a contiguous slice" + (" after the first position" if shift else ""))
+    if not shift:
+        return at
+    return slice(at.start - shift, at.stop - shift if at.stop is not None else -shift)
 
 
 def token_hidden(model, input_ids, attention_mask=None, *, cu_seqlens=None, position_ids=None):

@@ -90,7 +90,9 @@ def generate(model, prompt_ids, prompt_mask, decoding, generator=None, marker_id
     device = next(model.parameters()).device
     generator = on_device(generator, device)
     extra = 0
-    if name == "masked" and not decoding.tree and compiles(decoding, device):  # (the block sampler pads its own)
+    cache = decoding.masked.cache  # the masked sampler's captured step is its cached one (block pads its own canvas)
+    captured = cache in ("prefix", "dual") and compiles(decoding, device, static=cache == "dual")
+    if name == "masked" and not decoding.tree and captured:
         prompt_ids, prompt_mask, extra = bucketed(prompt_ids, prompt_mask, facts(model).pad_token_id)
     if decoding.tree:
         out = tree.generate(model, prompt_ids, prompt_mask, decoding, generator)

@@ -116,7 +116,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, decodin
     # prompt starting a block column; row r's canvas ends at ends[r]
     cached = o.cache != "none"
     captured = cached and compiles(decoding, device)
-    unit = math.lcm(bs, rollout_core.BUCKET) if captured else bs  # a captured step sees prompt widths in buckets: fewer compiles
+    unit = math.lcm(bs, rollout_core.BUCKET) if captured else bs  # captured: prompt widths in buckets, fewer compiles
     C = -(-int(lengths.max()) // unit) * unit
     pads = ((C - lengths) // bs) * bs
     if decoding.whole_last_block:  # the canvas runs to the end of the block holding the last token
