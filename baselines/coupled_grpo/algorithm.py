@@ -35,7 +35,7 @@ import torch
 
 from dare.train import noise
 from dare.train.estimators import completion_logps
-from dare.train.objectives import clipped_token_objective, group_advantages, k3
+from dare.train.objectives import clipped_token_loss, group_advantages
 
 RECIPE = "rl"
 SCORE = "token"  # what token_logps returns: (B, G) (dare.train.hooks.SCORES)
@@ -80,13 +80,4 @@ def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
 
 
 def loss(logps, old_logps, ref_logps, batch, draw, cfg):
-    eps, beta = cfg.algo.epsilon, cfg.algo.beta
-    mask = batch.response_mask.float()
-    adv = batch.advantages[:, None]
-    ratio = torch.exp(logps - old_logps)
-    policy, clipped = clipped_token_objective(ratio, adv, eps, eps)
-    kl = k3(ref_logps - logps) if ref_logps is not None else torch.zeros_like(logps)
-    n = max(batch.num_tokens, 1.0)  # loss tokens of the whole step
-    loss = (-(policy - beta * kl) * mask).sum() / n
-    return loss, {"loss/policy": (-(policy * mask).sum() / n).item(), "loss/kl": ((kl * mask).sum() / n).item(),
-                  "stats/clip_ratio": (((ratio - clipped).abs() > 0).float() * mask).sum().item() / n}
+    return clipped_token_loss(logps, old_logps, ref_logps, batch, cfg.algo.epsilon, cfg.algo.beta)

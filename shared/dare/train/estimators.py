@@ -343,19 +343,22 @@ def check_replayable(decoding, who: str) -> None:
 
 def trajectory_logps(model, batch, rounds: torch.Tensor, temperature: float = 1.0,
                      n_rounds: int | None = None, targets: torch.Tensor | None = None,
-                     canvas: bool = False) -> torch.Tensor:
+                     canvas: bool = False, noised: torch.Tensor | None = None) -> torch.Tensor:
     """(B, G) log pi(o_k | the trajectory state before o_k's round): the rollout's own denoising
     transitions, replayed from its step map (each token is committed once, so the state before round
     r is the final completion with every token of round >= r masked), at `targets` (default: every
     committed token; `per_round`), 0 elsewhere. Collective under FSDP (`per_round`).
     `canvas`: each round's state in one plain forward with the model's own attention (`masked_logps`), not
     the block layout: the replay of a sampler whose windows cross the model's blocks (b1's dynamic blocks,
-    with `rounds` over the row's steps, not per block), where a block sees the earlier ones as they were then."""
+    with `rounds` over the row's steps, not per block), where a block sees the earlier ones as they were then.
+    `noised` (B, P + G) bool: positions masked in every round as well (d2's prompt tokens, masked at random per
+    update), never scored."""
     mask_id = facts(model).mask_token_id
     score = masked_logps if canvas else diffusion_logps
     return per_round(lambda where, masked: score(
-        model, torch.where(masked, mask_id, batch.sequences), batch.sequences, where, batch.attention_mask,
-        compute=batch.compute, temperature=temperature), batch, rounds, n_rounds, targets, sharded(model))
+        model, torch.where(masked if noised is None else masked | noised, mask_id, batch.sequences), batch.sequences,
+        where, batch.attention_mask, compute=batch.compute, temperature=temperature),
+        batch, rounds, n_rounds, targets, sharded(model))
 
 
 def ar_prefix_logps(model, batch, temperature: float = 1.0) -> torch.Tensor:

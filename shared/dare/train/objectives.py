@@ -119,6 +119,25 @@ def clipped_token_objective(ratio: torch.Tensor, adv: torch.Tensor, eps_low: flo
     return torch.min(ratio * adv, clipped * adv), clipped
 
 
+def clipped_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Tensor | None, batch,
+                       epsilon: float, beta: float) -> tuple[torch.Tensor, dict]:
+    """diffu-GRPO's loss (d1 Eq. 4) from (B, G) per-token log-probs: PPO's clip (epsilon both sides) on each token's
+    ratio, minus beta x k3 against the reference (none when `ref_logps` is None), summed over the completions' tokens
+    up to their first EOS (`batch.response_mask`) and divided by those of the whole step (`batch.num_tokens`, all
+    micro-batches and processes). d1, coupled-GRPO and d2 (each with its own log-probs)."""
+    mask = batch.response_mask.float()
+    ratio = torch.exp(logps - old_logps)
+    policy, clipped = clipped_token_objective(ratio, batch.advantages[:, None], epsilon, epsilon)
+    kl = k3(ref_logps - logps) if ref_logps is not None else torch.zeros_like(logps)
+    n = max(batch.num_tokens, 1.0)
+    loss = (-(policy - beta * kl) * mask).sum() / n
+    return loss, {  # token means over the step: they add up over micro-batches
+        "loss/policy": (-(policy * mask).sum() / n).item(),
+        "loss/kl": ((kl * mask).sum() / n).item(),
+        "stats/clip_ratio": (((ratio - clipped).abs() > 0).float() * mask).sum().item() / n,
+    }
+
+
 def k3(delta: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimate of KL(pi || pi_ref) per token, exp(delta) - delta - 1 with delta = log pi_ref - log pi
     (unbiased, >= 0). d1, coupled-GRPO, CJ-GRPO, GDPO, AGRPO, D-TreeRPO."""
