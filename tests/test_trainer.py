@@ -436,7 +436,7 @@ def test_vrpo_memory_bounded_backward_gives_the_same_loss_and_gradient(tmp_path)
     tok = char_tokenizer("0123456789+=", "llada")
     model = new_model("llada", tok, ScratchModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64), 0)
     f = facts(model)
-    batch = preference_batch([[5, 6, 10], [7, 11]], [[3, 4, 2], [1]], [[3, 3], [2, 2, 9]], f.eos_token_id,
+    batch = preference_batch([[5, 6, 10], [7, 11]], [[[3, 4, 2], [1]], [[3, 3], [2, 2, 9]]], f.eos_token_id,
                              f.pad_token_id)
     ref = torch.tensor([[-6.0, -7.0], [-3.0, -5.0]])
     grads, losses = [], []

@@ -32,6 +32,12 @@ from dare.train.estimators import elbo
 RECIPE = "preference"
 
 
+def check_config(cfg) -> None:
+    if cfg.data.unpaired:
+        raise ValueError("data.unpaired: VRPO compares each chosen response with its rejected one; leave data.unpaired "
+                         "false (unpaired examples are for ELBO-KTO)")
+
+
 def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
     """Per pair and side (chosen, rejected): n_t stratified timesteps, one i.i.d. mask each over
     the response. masked: (B, 2, n_t, L); t, weight = 1/t: (B, 2, n_t)."""

@@ -180,6 +180,10 @@ class DataConfig:
     reward: str = "default"
     """Reward style of the task: "default" (correctness), "d1_format" for the format-shaped rewards of d1
     (gsm8k, math), or "b1" for Block-R1's b1 MATH terms (math_b1)."""
+    unpaired: bool = field(default=False, metadata=ADDED)
+    """Preference recipe: each (prompt, chosen, rejected) row of the task becomes two unpaired examples, the chosen
+    response labelled desirable and the rejected one undesirable (KTO's unpaired data, as trl-lib/kto-mix-14k is
+    built from pairs), shuffled apart: batches of single responses with `labels` (ELBO-KTO)."""
 
     def validate(self):
         check(self.task in TASKS, f"unknown task {self.task!r}{did_you_mean(self.task, TASKS)}; known: {sorted(TASKS)}",

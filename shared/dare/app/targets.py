@@ -228,7 +228,9 @@ OTHER_BENCHMARKS = {
     "bigcodebench_complete_full": "BigCodeBench-Complete, full", "bigcodebench_complete_hard": "BigCodeBench-Complete, hard",
     "bigcodebench_instruct_full": "BigCodeBench-Instruct, full", "bigcodebench_instruct_hard": "BigCodeBench-Instruct, hard",
     "gpqa": "GPQA", "ifeval": "IFEval", "arena_hard": "Arena-Hard", "aime24": "AIME 2024",
-    "livecodebench_v2": "LiveCodeBench v2", "sudoku_spg": "Sudoku on SPG's own split (3-shot), not the registry's d1 split"}
+    "livecodebench_v2": "LiveCodeBench v2", "sudoku_spg": "Sudoku on SPG's own split (3-shot), not the registry's d1 split",
+    "kto_mix_14k_winrate": "adjusted win rate against the base model on kto-mix-14k prompts (LLM judge)",
+    "ultrafeedback_binary_winrate": "adjusted win rate against the base model on UltraFeedback-Binary prompts (LLM judge)"}
 """Benchmarks papers report that the task registry (`dare.data.TASKS`) lacks: their numbers are shown, never
 compared with ours."""
 

@@ -23,7 +23,9 @@ Three rules hold for every hook:
     sft          sample_noise(batch, generator, cfg)                  noise (drawn once per step)
                  loss(model, batch, noise, cfg)                       (loss, metrics)
     preference   sample_noise(batch, generator, cfg)                  noise (drawn once per step)
-                 logps(model, batch, noise, cfg)                      (B, 2) chosen/rejected log-likelihoods
+                 logps(model, batch, noise, cfg)                      (B, K) log-likelihoods of each row's responses:
+                                                                      K = 2 chosen/rejected, K = 1 for unpaired
+                                                                      examples (`data.unpaired`, `batch.labels`)
                  loss(policy, reference, batch, noise, cfg)           (loss, metrics)
                  draw_parts(noise, cfg)                  optional     None; parts of the draw whose `logps` add up
                                                                       to the whole draw's: the policy's gradient is

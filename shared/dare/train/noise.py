@@ -139,17 +139,22 @@ def complementary(maskable: torch.Tensor, t: torch.Tensor, generator: torch.Gene
 
 
 def elbo_draws(maskable: torch.Tensor, n: int, generator: torch.Generator, weighting: str = "count",
-               eps: float = 1e-3) -> Draw:
+               eps: float = 1e-3, stratified: bool = True) -> Draw:
     """n Monte Carlo draws per row for the ELBO of the maskable tokens (`estimators.elbo`):
     masked (B, n, L), t (B, n) the masked fraction, weight (B, n).
 
     weighting="count": l ~ stratified U{1..L}, exactly l positions masked, weight L / l (LLaDA's
-                       lower-variance estimator, `get_log_likelihood`);
+                       lower-variance estimator, `get_log_likelihood`); `stratified=False`: each l drawn
+                       on its own, uniform on {1..L} (ELBO-KTO's fixed-l estimator);
     weighting="time":  t ~ stratified U(0, 1] (`stratified_times`), i.i.d. masking at t, weight 1 / t
                        (the ELBO's definition; VRPO)."""
     if weighting == "count":
         lengths = maskable.sum(dim=1)
-        counts = stratified_counts(lengths, n, generator).to(maskable.device)  # (n, B)
+        if stratified:
+            counts = stratified_counts(lengths, n, generator).to(maskable.device)  # (n, B)
+        else:
+            u = torch.rand((n, lengths.shape[0]), generator=generator, dtype=torch.float64)
+            counts = (1 + (u * lengths.cpu()[None, :].double()).floor().long()).to(maskable.device)
         masked = torch.stack([exact_count(maskable, counts[k], generator) for k in range(n)], dim=1)
         t = (counts / lengths.clamp(min=1)[None, :]).T.float()
         return Draw(masked, t, (lengths[None, :].float() / counts.clamp(min=1).float()).T)

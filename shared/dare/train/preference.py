@@ -1,17 +1,18 @@
-"""The preference recipe (DPO family: VRPO, ...): batches of (prompt, chosen, rejected) ->
-sequence log-likelihood estimates of the policy and the reference on the SAME noise ->
-`algorithm.loss`.
+"""The preference recipe (DPO family: VRPO; KTO: ELBO-KTO): batches of (prompt, chosen, rejected), or of
+unpaired (prompt, response, label) examples (`data.unpaired`) -> sequence log-likelihood estimates of the policy and
+the reference on the SAME noise -> `algorithm.loss`.
 
     noise   = sample_noise(batch, generator, cfg)               drawn once for the whole step
-    ref     = logps(reference, micro, noise, cfg)               (B, 2), no grad
-    policy  = logps(model, micro, noise, cfg)                   (B, 2)
+    ref     = logps(reference, micro, noise, cfg)               (B, K), no grad
+    policy  = logps(model, micro, noise, cfg)                   (B, K)
     loss    = loss(policy, ref, micro, noise, cfg)              normalized by batch.num_pairs
 (the hooks of the baseline's algorithm.py; their contract is `dare.train.hooks`)
 
 Batch layout (`PreferenceBatch`): pairs are rows, so splitting over processes and micro-batches
 never separates a chosen response from its rejected one: (B, 2, L) with index 0 = chosen and
 1 = rejected, each the left-padded prompt then the response and EOS (one EOS; pairs share the
-prompt and are padded to a common length with attention 0 after the EOS).
+prompt and are padded to a common length with attention 0 after the EOS). Unpaired examples are rows of one
+response, (B, 1, L), with `labels` (B,): each pair of the task gives two (`unpaired`).
 
 Sharing the noise between policy and reference is the variance reduction every ELBO-based DPO
 needs (VRPO's antithetic sampling); the recipe guarantees it by construction.
@@ -42,30 +43,44 @@ from dare.utils import UserError
 @dataclass
 class PreferenceBatch:
     input_ids: torch.Tensor
-    """(B, 2, L): [chosen, rejected] per pair: left-padded prompt, response, EOS, right padding."""
+    """(B, K, L): the K responses of each row, [chosen, rejected] for a pair (K = 2), the one response of an
+    unpaired example (K = 1, `data.unpaired`): left-padded prompt, response, EOS, right padding."""
     attention_mask: torch.Tensor
-    """(B, 2, L): 0 on padding (left of the prompt, right of the EOS)."""
+    """(B, K, L): 0 on padding (left of the prompt, right of the EOS)."""
     response_mask: torch.Tensor
-    """(B, 2, L) bool: response tokens and their EOS."""
+    """(B, K, L) bool: response tokens and their EOS."""
     num_pairs: int = 0
-    """Pairs in the whole step (all processes, all micro-batches): the loss normalizer."""
+    """Rows in the whole step (pairs, or unpaired examples; all processes, all micro-batches): the loss normalizer."""
     compute: Compute = Compute()
+    labels: torch.Tensor | None = None
+    """(B,) unpaired examples only: 1 where the response is desirable, 0 where it is not."""
 
 
-def preference_batch(prompts, chosen, rejected, eos_id: int, pad_id: int, compute: Compute = Compute()):
+def preference_batch(prompts, responses, eos_id: int, pad_id: int, compute: Compute = Compute(), labels=None):
+    """A batch of B rows from `responses`, a list of K lists of B token lists ([chosen, rejected] for pairs, [one]
+    with `labels` for unpaired examples), each after its row's prompt."""
     P = max(len(p) for p in prompts)
-    R = max(len(r) for r in chosen + rejected) + 1
-    B = len(prompts)
-    ids = torch.full((B, 2, P + R), pad_id, dtype=torch.long)
-    attention = torch.zeros((B, 2, P + R), dtype=torch.long)
-    response = torch.zeros((B, 2, P + R), dtype=torch.bool)
+    R = max(len(r) for side in responses for r in side) + 1
+    B, K = len(prompts), len(responses)
+    ids = torch.full((B, K, P + R), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, K, P + R), dtype=torch.long)
+    response = torch.zeros((B, K, P + R), dtype=torch.bool)
     for i, p in enumerate(prompts):
-        for j, r in enumerate((chosen[i], rejected[i])):
+        for j, side in enumerate(responses):
+            r = side[i]
             ids[i, j, P - len(p):P] = torch.tensor(p)
             ids[i, j, P:P + len(r) + 1] = torch.tensor(r + [eos_id])
             attention[i, j, P - len(p):P + len(r) + 1] = 1
             response[i, j, P:P + len(r) + 1] = True
-    return PreferenceBatch(ids, attention, response, B, compute)
+    return PreferenceBatch(ids, attention, response, B, compute,
+                           None if labels is None else torch.tensor(labels, dtype=torch.long))
+
+
+def unpaired(prompts: list, chosen: list, rejected: list) -> tuple[list, list, list]:
+    """`data.unpaired`: n pairs -> 2n examples (prompts, responses, labels): pair i's chosen response is example
+    2i (label 1), its rejected one example 2i + 1 (label 0); the step's sampler shuffles them apart."""
+    return ([p for p in prompts for _ in (0, 1)], [r for pair in zip(chosen, rejected) for r in pair],
+            [label for _ in prompts for label in (1, 0)])
 
 
 def run(cfg, hooks: PreferenceHooks, run_dir, label: str = "preference") -> dict:
@@ -86,16 +101,25 @@ def run(cfg, hooks: PreferenceHooks, run_dir, label: str = "preference") -> dict
     chosen = tokenizer([r["extra"]["chosen"] for r in rows], add_special_tokens=False)["input_ids"]
     rejected = tokenizer([r["extra"]["rejected"] for r in rows], add_special_tokens=False)["input_ids"]
 
+    if cfg.data.unpaired:
+        prompts, sides, labels = unpaired(prompts, chosen, rejected)
+        sides = [sides]
+    else:
+        sides, labels = [chosen, rejected], None
+
     trainer = Trainer(model, cfg.model, cfg.train, dist, cfg.train.steps, reference=True, seed=cfg.run.seed)
     compute = Compute(cfg.train.packing, cfg.train.logit_chunk)
-    with Loop(cfg, run_dir, label, trainer, len(rows), streams=("noise",)) as loop:
+    with Loop(cfg, run_dir, label, trainer, len(prompts), streams=("noise",)) as loop:
         for step in loop.steps():
             tic = time.perf_counter()
             idx = loop.sampler.next(cfg.train.batch_size)
-            batch = preference_batch([prompts[i] for i in idx], [chosen[i] for i in idx], [rejected[i] for i in idx],
-                                     f.eos_token_id, f.pad_token_id, compute)
+            batch = preference_batch([prompts[i] for i in idx], [[side[i] for i in idx] for side in sides],
+                                     f.eos_token_id, f.pad_token_id, compute,
+                                     None if labels is None else [labels[i] for i in idx])
             batch.input_ids, batch.attention_mask, batch.response_mask = (
                 t.to(dist.device) for t in (batch.input_ids, batch.attention_mask, batch.response_mask))
+            if batch.labels is not None:
+                batch.labels = batch.labels.to(dist.device)
             noise = hooks.sample_noise(batch, loop.generators["noise"], cfg)  # the whole step's draws, every rank
             n = batch.input_ids.shape[0]
             local, local_noise = take(batch, dist.shard(n), n), take(noise, dist.shard(n), n)

@@ -28,7 +28,7 @@ def main(argv: list[str]) -> dict:
     prompts = [torch.randint(1, V - 1, (P,), generator=g).tolist() for _ in range(pairs)]
     chosen = [torch.randint(1, V - 1, (length,), generator=g).tolist() for _ in range(pairs)]
     rejected = [torch.randint(1, V - 1, (length,), generator=g).tolist() for _ in range(pairs)]
-    batch = preference_batch(prompts, chosen, rejected, 0, 0, Compute(pack=False, chunk=256))
+    batch = preference_batch(prompts, [chosen, rejected], 0, 0, Compute(pack=False, chunk=256))
     cfg = Config()
     cfg.algo.n_t, cfg.algo.memory_bounded = n_t, bounded
     draw = vrpo.sample_noise(batch, torch.Generator().manual_seed(0), cfg)
