@@ -63,8 +63,8 @@ def test_epoch_sampler_covers_each_epoch_and_resumes_exactly():
 def test_discovery_by_convention():
     assert {"sft", "d1"} <= set(baselines.names())
     assert baselines.front_matter("d1")["arxiv"] == "2504.12216"
-    with pytest.raises(UserError, match=r"unknown baseline 'd2' \(did you mean 'd1'\?\)"):
-        baselines.load("d2")
+    with pytest.raises(UserError, match=r"unknown baseline 'd11' \(did you mean 'd1'\?\)"):
+        baselines.load("d11")
 
 
 def test_config_typo_fails_before_any_compute():
