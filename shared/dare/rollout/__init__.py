@@ -77,10 +77,14 @@ BIDIRECTIONAL_ONLY = ("maskgit", "truncated")
 """Samplers that decode bidirectional (masked) models only."""
 
 
-def generate(model, prompt_ids, prompt_mask, decoding, generator=None, marker_id=None) -> RolloutOutput:
+def generate(model, prompt_ids, prompt_mask, decoding, generator=None, marker_id=None, fixed=None) -> RolloutOutput:
     """`marker_id`: the token that ends a block under the block sampler's dynamic blocks (`decoding.block.dynamic`;
-    `dare.rollout.dynamic.marker_id(tokenizer, decoding)`)."""
+    `dare.rollout.dynamic.marker_id(tokenizer, decoding)`). `fixed` (B, gen_length): inpainting, the masked sampler's
+    given tokens (-1 where decoded; `dare.rollout.llada.generate`)."""
     name = sampler_name(model, decoding)
+    if fixed is not None and (name != "masked" or decoding.tree):
+        raise UserError(f"inpainting (given tokens) is the masked sampler's, without a tree; this rollout decodes with "
+                        f"the {name} sampler{' and a tree' if decoding.tree else ''}")
     if name in BIDIRECTIONAL_ONLY and facts(model).attention == "block_causal":
         raise UserError(f"decoding.sampler={name}: this sampler decodes bidirectional (masked) models; this model is "
                         "block-causal: use sampler=block")
@@ -98,6 +102,8 @@ def generate(model, prompt_ids, prompt_mask, decoding, generator=None, marker_id
         out = tree.generate(model, prompt_ids, prompt_mask, decoding, generator)
     elif name == "block" and decoding.block.dynamic:
         out = dynamic.generate(model, prompt_ids, prompt_mask, decoding, generator, marker_id)
+    elif fixed is not None:
+        out = SAMPLERS[name](model, prompt_ids, prompt_mask, decoding, generator, fixed=fixed)
     else:
         out = SAMPLERS[name](model, prompt_ids, prompt_mask, decoding, generator)
     if extra:  # the caller's layout: its own prompt width

@@ -108,18 +108,28 @@ def eos_gamma(decoding, local_step: int, global_step: int) -> float:
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor | None, decoding,
              generator: torch.Generator | None = None, start: RolloutOutput | None = None,
-             until: int | None = None) -> RolloutOutput:
+             until: int | None = None, fixed: torch.Tensor | None = None) -> RolloutOutput:
     """Decode [prompt | MASK * gen_length]; or, with `start` (a partial output of this sampler with the
     same decoding settings, `steps_done` steps in), continue its canvas from the next step: the
     rollout engine's branching (`dare.rollout.tree`). `until` stops after that many steps in all
     (the output's `steps_done`); None: no cap, every block is decoded until it is clean (with a parallel
     rule the step count is not `decoding.steps`). Continuing follows the fixed schedule: no cache, no
-    parallel rule."""
+    parallel rule.
+
+    `fixed` (B, gen_length) long, inpainting (IGPO's hints): a token id where the completion is given, -1 where
+    it is decoded. Given tokens stand in the canvas from the start, are never masked, scored or committed
+    (step map -1), and each block's quota is split over the positions still masked in that row (LLaDA's
+    `get_num_transfer_tokens` on the block's masked count, per row, as facebookresearch/igpo
+    `generate_inpainting` counts it). The fixed schedule only: no cache, no parallel rule, no tree."""
     f, o = facts(model), decoding.masked  # o: this sampler's options (`dare.decoding.masked`)
     if (start is not None or until is not None) and (o.cache in ("prefix", "dual") or o.threshold > 0
                                                      or o.factor > 0):
         raise UserError("decoding: a rollout that stops or continues mid-way (tree rollouts) follows the fixed "
                         "schedule: cache none, no threshold or factor")
+    if fixed is not None and (o.cache in ("prefix", "dual") or o.threshold > 0 or o.factor > 0 or start is not None
+                              or o.schedule == "ass"):
+        raise UserError("decoding: inpainting (given tokens) follows the fixed even schedule: cache none, no "
+                        "threshold or factor, no ascending schedule, no continued canvas")
     G = decoding.gen_length
     if o.schedule == "ass":
         plan = ass_plan(G, decoding.steps, o.ass_blocks)
@@ -143,6 +153,8 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
     if start is None:
         x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
         (B, P), device = prompt_ids.shape, x.device
+        if fixed is not None:
+            x[:, P:] = torch.where(fixed.to(device) >= 0, fixed.to(device), x[:, P:])
         step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
         commit_logps = torch.zeros((B, G), dtype=torch.float32, device=device)
         trajectory, nfe, made = [], 0, 0
@@ -196,6 +208,9 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
     for size, steps, counts in plan:
         hi, n = lo + size, len(counts)
         quota = torch.tensor(counts, device=device).expand(B, n)
+        if fixed is not None:  # per row: the block's positions not given, split over its steps
+            quota = num_transfer_tokens((x[:, lo:hi] == mask_id).sum(dim=1), n)
+            counts = quota.max(dim=0).values.tolist()  # the per-step bound on the host (one read per block)
         gamma = [eos_gamma(decoding, i, steps[i]) for i in range(n)]
         parallel = o.threshold > 0 or o.factor > 0
         i = sum(g < first for g in steps)  # steps of this block a continued canvas has already made
