@@ -128,3 +128,14 @@ def test_vrpo_refuses_unpaired_data():
     vrpo.check_config(cfg)
     with pytest.raises(ValueError, match="VRPO compares each chosen response"):
         vrpo.check_config(replace(cfg, data=replace(cfg.data, unpaired=True)))
+
+
+def test_unpaired_data_is_refused_outside_the_preference_recipe():
+    from dare.app.baselines import load
+    from dare.config import ConfigError
+    from dare.train.fit import hooks_of
+
+    cfg = run_config("d1")
+    hooks_of(load("d1").algorithm, cfg, "d1")
+    with pytest.raises(ConfigError, match="d1: data.unpaired: only the preference recipe"):
+        hooks_of(load("d1").algorithm, replace(cfg, data=replace(cfg.data, unpaired=True)), "d1")

@@ -69,3 +69,9 @@ def test_inpainting_refuses_what_it_does_not_follow():
     block_model = tiny("sdar")
     with pytest.raises(UserError, match="masked sampler"):
         generate(block_model, prompts, mask, DecodingConfig(gen_length=12, block_length=6, steps=6), fixed=fixed)
+
+
+def test_given_tokens_of_the_wrong_shape_are_refused():
+    model, prompts, mask, fixed = setup()
+    with pytest.raises(UserError, match=r"shape \(3, 11\); the rollout is \(3, 12\)"):
+        generate(model, prompts, mask, DECODING, fixed=fixed[:, :11])

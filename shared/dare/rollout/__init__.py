@@ -102,10 +102,9 @@ def generate(model, prompt_ids, prompt_mask, decoding, generator=None, marker_id
         out = tree.generate(model, prompt_ids, prompt_mask, decoding, generator)
     elif name == "block" and decoding.block.dynamic:
         out = dynamic.generate(model, prompt_ids, prompt_mask, decoding, generator, marker_id)
-    elif fixed is not None:
-        out = SAMPLERS[name](model, prompt_ids, prompt_mask, decoding, generator, fixed=fixed)
-    else:
-        out = SAMPLERS[name](model, prompt_ids, prompt_mask, decoding, generator)
+    else:  # given tokens reach the masked sampler only (checked above)
+        out = SAMPLERS[name](model, prompt_ids, prompt_mask, decoding, generator,
+                             **({} if fixed is None else {"fixed": fixed}))
     if extra:  # the caller's layout: its own prompt width
         out = replace(out, sequences=out.sequences[:, extra:], attention_mask=out.attention_mask[:, extra:],
                       prompt_length=out.prompt_length - extra)

@@ -154,7 +154,11 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         x, attention_mask, prompt_ids, prompt_mask = canvas(model, prompt_ids, prompt_mask, G, mask_id)
         (B, P), device = prompt_ids.shape, x.device
         if fixed is not None:
-            x[:, P:] = torch.where(fixed.to(device) >= 0, fixed.to(device), x[:, P:])
+            if tuple(fixed.shape) != (B, G):
+                raise UserError(f"inpainting: the given tokens have shape {tuple(fixed.shape)}; the rollout is "
+                                f"({B}, {G}): one row a prompt, one column a generated position (-1 where decoded)")
+            fixed = fixed.to(device)
+            x[:, P:] = torch.where(fixed >= 0, fixed, x[:, P:])
         step_map = torch.full((B, G), -1, dtype=torch.long, device=device)
         commit_logps = torch.zeros((B, G), dtype=torch.float32, device=device)
         trajectory, nfe, made = [], 0, 0

@@ -37,6 +37,9 @@ def hooks_of(algorithm: ModuleType, cfg, where: str):
         hooks = bind(algorithm, where)
     except ValueError as e:
         raise UserError(str(e)) from None
+    if cfg.data.unpaired and algorithm.RECIPE != "preference":
+        raise ConfigError(f"{where}: data.unpaired: only the preference recipe reads unpaired examples; this is an "
+                          f"{algorithm.RECIPE} baseline (leave data.unpaired false)")
     try:
         hooks.check_config(cfg)
     except (ValueError, AssertionError) as e:

@@ -102,8 +102,8 @@ def run(cfg, hooks: PreferenceHooks, run_dir, label: str = "preference") -> dict
     rejected = tokenizer([r["extra"]["rejected"] for r in rows], add_special_tokens=False)["input_ids"]
 
     if cfg.data.unpaired:
-        prompts, sides, labels = unpaired(prompts, chosen, rejected)
-        sides = [sides]
+        prompts, responses, labels = unpaired(prompts, chosen, rejected)
+        sides = [responses]
     else:
         sides, labels = [chosen, rejected], None
 
