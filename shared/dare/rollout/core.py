@@ -54,6 +54,9 @@ class RolloutOutput:
     `decoding.block.dynamic`: each row's own layout; None where the blocks are the model's fixed ones)."""
     block_reward: torch.Tensor | None = None
     """(B,) float32: b1's block-entropy reward of each row (dynamic blocks; `dare.rollout.dynamic`)."""
+    given: torch.Tensor | None = None
+    """(B, G) bool: the positions given to the sampler and never sampled (inpainting, `generate(fixed=)`; IGPO's
+    hints); None where every position was sampled."""
     decoding: DecodingConfig | None = None
     """The settings it was decoded with (`dare.rollout.generate` records them)."""
 

@@ -279,4 +279,5 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
                          response_mask=response_mask(responses, f.stop_ids), step_map=step_map, nfe=nfe - unused,
                          sampler="masked", trajectory=torch.stack(trajectory, dim=1) if trajectory else None,
-                         commit_logps=commit_logps, steps_done=steps_done)
+                         commit_logps=commit_logps, steps_done=steps_done,
+                         given=None if fixed is None else fixed >= 0)

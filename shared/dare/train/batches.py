@@ -1,5 +1,5 @@
-"""Batches as the recipes cut them: `take` (a batch or a noise draw restricted to some rows),
-`micro_slices`, `backward_by_parts` (a loss backpropagated one part of its noise draw at a time), and
+"""Batches as the recipes cut them: `take` (a batch or a noise draw restricted to some rows), `put` (its inverse:
+some rows replaced), `micro_slices`, `backward_by_parts` (a loss backpropagated one part of its noise draw at a time), and
 `updates`, the one update loop of every recipe (SFT, preference, RL's policy and value model): micro-batches
 accumulated into one optimizer step, with the every-process backward guard (`every_rank_backward`)."""
 
@@ -23,6 +23,34 @@ def take(obj, rows: slice, n: int):
         return {k: take(v, rows, n) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(take(v, rows, n) for v in obj)
+    return obj
+
+
+def put(obj, rows: torch.Tensor, part, n: int):
+    """`obj` (an n-row batch) with its `rows` (k,) replaced by the k rows of `part`, the inverse of `take`: every
+    tensor whose first dimension is n (in dataclasses, dicts, lists and tuples) is copied and written at `rows`;
+    everything else (prompt length, counts, options) is `obj`'s. A field that one side has and the other lacks
+    (None) is refused."""
+    if isinstance(obj, torch.Tensor):
+        if obj.dim() == 0 or obj.shape[0] != n:
+            return obj
+        if not isinstance(part, torch.Tensor) or part.shape[1:] != obj.shape[1:]:
+            raise ValueError(f"put: rows of shape {tuple(obj.shape[1:])} cannot take "
+                             f"{'nothing' if part is None else tuple(part.shape[1:])}")
+        out = obj.clone()
+        out[rows] = part.to(out.dtype)
+        return out
+    if obj is None:
+        if isinstance(part, torch.Tensor):
+            raise ValueError("put: a field that one batch has and the other lacks (None)")
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: put(getattr(obj, f.name), rows, getattr(part, f.name), n)
+                                           for f in dataclasses.fields(obj) if f.init})
+    if isinstance(obj, dict):
+        return {k: put(v, rows, part[k], n) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(put(v, rows, w, n) for v, w in zip(obj, part))
     return obj
 
 

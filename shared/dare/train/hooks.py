@@ -61,6 +61,16 @@ Three rules hold for every hook:
                                                                       completions (TraceRL's trace rows on masked
                                                                       models), on the update's draw: the loop sums it
                                                                       over processes into `batch.num_units`
+                 hints(rewards, references, gen_length,  optional     None; (B, gen_length) long, tokens given to a
+                       generator, cfg)                                second rollout of the step's prompts (-1: decoded;
+                                                                      IGPO's hints): rows with a given token are decoded
+                                                                      again with them fixed (`dare.train.hints`), from
+                                                                      the (P, G) rewards and each prompt's reference
+                                                                      solution (the task's target, token ids); then:
+                 hinted(rewards, hinted_rewards,                      (B,) long, the hinted row that replaces each row
+                        generator, cfg)                               (-1: kept), from both rollouts' (P, G) rewards
+                                                                      (NaN where a row was not decoded again); required
+                                                                      with `hints`
                  value_model(cfg)                        optional     None; {"lr": ..., "path": ...} trains a value
                                                                       model beside the policy (`dare.train.critic`),
                                                                       and then the three hooks below are required:
@@ -128,6 +138,15 @@ def _no_value_model(cfg) -> None:
     return None
 
 
+def _no_hints(rewards, references, gen_length, generator, cfg) -> None:
+    return None
+
+
+def _needs_hinted(*args):
+    raise ValueError("hints(...) gives tokens for a second rollout but the algorithm does not define hinted(...), "
+                     "which chooses the hinted rows that replace the first rollout's (see dare.train.hooks)")
+
+
 def _needs_value_hooks(*args):
     raise ValueError("value_model(cfg) asks for a value model but the algorithm does not define "
                      "token_values, value_targets and value_loss (see dare.train.hooks)")
@@ -162,6 +181,8 @@ class RLHooks:
     rollout_options: Callable[[Any], dict] = _no_rollout_options
     draw_parts: Callable[..., Any] = _whole_draw
     loss_units: Callable[..., Any] = _no_units
+    hints: Callable[..., Any] = _no_hints
+    hinted: Callable[..., Any] = _needs_hinted
     value_model: Callable[[Any], dict | None] = _no_value_model
     token_values: Callable[..., Any] = _needs_value_hooks
     value_targets: Callable[..., Any] = _needs_value_hooks
@@ -171,6 +192,11 @@ class RLHooks:
     def draws_noise(self) -> bool:
         """Whether `sample_noise` draws anything (the default draws nothing: one draw serves every update)."""
         return self.sample_noise is not _no_noise
+
+    @property
+    def gives_hints(self) -> bool:
+        """Whether `hints` may ask for a second, hinted rollout (the default never does)."""
+        return self.hints is not _no_hints
 
 
 SCORES = {
@@ -247,6 +273,9 @@ def bind(module: ModuleType, where: str | None = None):
             raise ValueError(f"{where}: SCORE = {kind!r}; declare what token_logps returns, one of "
                              + "; ".join(f"{k!r} {v.split(':')[0]}" for k, v in SCORES.items()) + " (see dare.train.hooks)")
         hooks["token_logps"] = _declared(module.token_logps, kind)
+        if callable(getattr(module, "hints", None)) and not callable(getattr(module, "hinted", None)):
+            raise ValueError(f"{where}: hints needs hinted, the rule that chooses which hinted rows replace the first "
+                             "rollout's (see dare.train.hooks)")
     return HOOKS[recipe](**hooks)
 
 

@@ -172,6 +172,8 @@ def step_metrics(dist, batch, mu: int, sums: dict, lr: float, times: dict) -> di
     return {"rollout/reward_mean": mean, "rollout/reward_std": var ** 0.5,
             "rollout/zero_std_groups": stats["zero_std"] / (rows / G),
             "rollout/response_tokens": batch.num_tokens / rows, **sums, "optim/lr": lr, **dynamic_stats(dist, out, rows),
+            **({} if out.given is None else {"rollout/hinted_rows": dist.sum({"h": float(out.given.any(1).sum())})["h"]
+                                             / rows}),
             "perf/rollout_tokens_per_s": stats["new_tokens"] / times["time/rollout_s"],
             "perf/train_tokens_per_s": stats["seq_tokens"] * mu / max(times["time/logp_s"] + times["time/update_s"], 1e-9),
             **times}

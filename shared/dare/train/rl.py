@@ -1,6 +1,7 @@
 """The RL recipe (GRPO family). One step:
 
     prompts -> rollout (G completions each, `dare.rollout`) -> rewards (the task's reward)
+      -> a hinted rollout, where the algorithm gives hints   hints(...), hinted(...) (`dare.train.hints`)
       -> advantages                                   advantages(rewards (P, G), cfg)
       -> what the algorithm derives from the rollout  prepare(batch, cfg)
       -> noise draws (mu, or one: rl.noise_draws)     sample_noise(batch, generator, cfg)
@@ -82,6 +83,7 @@ from dare.train.diagnostics import estimator_noise, replay_agreement, step_diagn
 from dare.train.estimators import Compute
 from dare.train import diagnostics as diag
 from dare.train.critic import build_critic
+from dare.train.hints import hinted_rollout
 from dare.train.hooks import RLHooks, missing_value_hooks
 from dare.train.noise import Draw
 from dare.utils import UserError, make_generator
@@ -143,7 +145,7 @@ class RLBatch:
 
 _READ_THROUGH = {**{name: "rollout" for name in (
     "sequences", "attention_mask", "prompt_length", "response_mask", "responses", "step_map", "decoding", "trajectory",
-    "predictions", "confidences", "supports", "commit_logps", "segments")},
+    "predictions", "confidences", "supports", "commit_logps", "segments", "given")},
     **{name: "facts" for name in ("block_size", "mask_token_id", "eos_token_id")},
     **{name: "totals" for name in ("num_tokens", "num_sequences", "num_active", "num_units")}}
 """The fields an `RLBatch` reads through from its rollout, its model's facts and its totals."""
@@ -268,11 +270,14 @@ def roll_out(r: RLRun, order: list, step: int) -> RLBatch:
                        make_generator(cfg.run.seed, f"rollout/{step}/{dist.rank}"), r.marker)
     rows_of = [r.rows[i] for i in row_of]
 
-    def score(completions: torch.Tensor) -> torch.Tensor:  # the task's rewards of any completions of these prompts
-        return torch.tensor(r.task.rewards(decode_responses(r.tokenizer, completions, f.stop_ids), rows_of,
+    def score(completions: torch.Tensor, rows: list | None = None) -> torch.Tensor:
+        """The task's rewards of any completions of these prompts (of some `rows` of them)."""
+        of = rows_of if rows is None else [rows_of[i] for i in rows]
+        return torch.tensor(r.task.rewards(decode_responses(r.tokenizer, completions, f.stop_ids), of,
                                            style=cfg.data.reward), dtype=torch.float32, device=completions.device)
 
     rewards = score(out.responses)
+    out, rewards = hinted_rollout(r, out, rewards, (ids, mask), rows_of, score, step)  # IGPO's hints, when given
     if out.block_reward is not None and out.decoding.block.dynamic_reward:  # b1's block-entropy reward
         rewards = rewards + out.decoding.block.dynamic_reward * out.block_reward.to(rewards.device)
     advantages = r.hooks.advantages(rewards.view(-1, G), cfg).reshape(-1)
