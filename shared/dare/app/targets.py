@@ -230,7 +230,8 @@ OTHER_BENCHMARKS = {
     "gpqa": "GPQA", "ifeval": "IFEval", "arena_hard": "Arena-Hard", "aime24": "AIME 2024",
     "livecodebench_v2": "LiveCodeBench v2", "sudoku_spg": "Sudoku on SPG's own split (3-shot), not the registry's d1 split",
     "kto_mix_14k_winrate": "adjusted win rate against the base model on kto-mix-14k prompts (LLM judge)",
-    "ultrafeedback_binary_winrate": "adjusted win rate against the base model on UltraFeedback-Binary prompts (LLM judge)"}
+    "ultrafeedback_binary_winrate": "adjusted win rate against the base model on UltraFeedback-Binary prompts (LLM judge)",
+    "amc": "AMC (American Mathematics Competitions problems)", "minerva_math": "Minerva Math"}
 """Benchmarks papers report that the task registry (`dare.data.TASKS`) lacks: their numbers are shown, never
 compared with ours."""
 
