@@ -220,11 +220,14 @@ class DecodingConfig:
     steps: int = 128
     """Masked, maskgit, truncated, Dream: total steps over all blocks. Block: denoising steps per block."""
     temperature: float = 0.0
-    record: tuple[Literal["states", "predictions", "supports"], ...] = ()
+    record: tuple[Literal["states", "predictions", "supports", "entropies", "greedy"], ...] = ()
     """What the rollout keeps besides its tokens, step map and log-probs (the RL loop sets it from the algorithm's
     `rollout_options`): states, the response after every step (`trajectory`; MDPO, AGRPO); predictions, the
     maskgit sampler's x0-hat and confidences at every step (MDPO); supports, the truncated sampler's top-k/top-p
-    support of each token (AGRPO). The flat form (`dare.decoding.flat`) keeps one flag, `record_trajectory`."""
+    support of each token (AGRPO); entropies, the masked sampler's entropy of the model's distribution each token
+    was committed from (the truncated sampler records its own always); greedy, the masked sampler's argmax
+    completion of the canvas before every step (EGSPO; no cache). The flat form (`dare.decoding.flat`) keeps one
+    flag, `record_trajectory`."""
     tree: tuple[int, ...] = ()
     """Tree rollouts (masked sampler, d-TreeRPO): the branching width of each level, e.g. (4, 4). The
     steps are split evenly over the levels; every node continues decoding its parent's canvas for its
@@ -267,7 +270,8 @@ class DecodingConfig:
         check(self.steps > 0, "must be positive", "steps")
         check(self.temperature >= 0, "must be >= 0", "temperature")
         runs = decoding_options.resolve(self.sampler, family)
-        for kind, sampler in (("predictions", "maskgit"), ("supports", "truncated")):
+        for kind, sampler in (("predictions", "maskgit"), ("supports", "truncated"), ("greedy", "masked"),
+                              ("entropies", "masked")):
             check(kind not in self.record or runs == sampler, f"only the {sampler} sampler records {kind}",
                   "record", "sampler")
         if self.tree:

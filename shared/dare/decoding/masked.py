@@ -74,6 +74,11 @@ def check(o: MaskedOptions, d, layout: bool = True):
            "KV cache", "masked.cfg_scale", "masked.cache")
     yield (0 <= o.eos_gamma_min <= o.eos_gamma_max, "need 0 <= eos_gamma_min <= eos_gamma_max",
            "masked.eos_gamma_min", "masked.eos_gamma_max")
+    yield (not ({"greedy", "entropies"} & set(d.record)) or (o.cache in ("auto", "none") and not parallel
+                                                             and not d.tree),
+           "record greedy/entropies: the argmax completion of the whole canvas and the committed tokens' entropies "
+           "at every step come from the fixed schedule without a cache (every step's full forward), no tree",
+           "record", "masked.cache")
     if d.tree:
         yield (o.cache in ("auto", "none") and not parallel, "tree rollouts continue the masked sampler's fixed "
                "schedule: no KV cache, no parallel rule (threshold, factor)", "tree", "masked.cache",

@@ -36,7 +36,13 @@ class RolloutOutput:
     confidences: torch.Tensor | None = None
     """(B, steps, G) float32: the confidence of each position at every step, beside `predictions`."""
     entropies: torch.Tensor | None = None
-    """(B, G) float32: the entropy of the distribution each token was drawn from (truncated sampler)."""
+    """(B, G) float32: the entropy of the distribution each token was drawn from (truncated sampler: its truncated
+    distribution; masked sampler, with `record` entropies: the model's own untempered distribution at the step that
+    committed it, as `commit_logps`), 0 where nothing was committed."""
+    greedy: torch.Tensor | None = None
+    """(B, steps, G) long: the masked sampler's argmax completion of the canvas before every step (every masked
+    position filled with its most probable token, the rest as they stand), with `record` greedy (EGSPO's one-step
+    denoising completions)."""
     supports: torch.Tensor | None = None
     """(B, G, V) bool: the top-k/top-p support each token was drawn from, with `record` supports (truncated)."""
     logps: torch.Tensor | None = None

@@ -169,6 +169,8 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         (B, P), device = (x.shape[0], start.prompt_length), x.device
         trajectory = list(start.trajectory.unbind(1)) if start.trajectory is not None else []
         nfe, made = start.nfe, start.steps_done
+    entropies = torch.zeros((B, G), dtype=torch.float32, device=device) if "entropies" in decoding.record else None
+    greedy, greedy_kept = [], []  # with record greedy: the argmax completion before every step, and which counted
     first, until = made, math.inf if until is None else until
     step = torch.tensor(made, device=device)  # the steps that had work (the step map's numbers)
     idle = torch.zeros((), dtype=torch.long, device=device)  # step forwards run after their block was clean
@@ -198,6 +200,10 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
         logps = logits.float().gather(-1, x0[..., None]).squeeze(-1) - logits.float().logsumexp(dim=-1)
         logps_here = commit_logps[:, lo - P:hi - P]
         logps_here.copy_(torch.where(chosen, logps, logps_here))
+        if entropies is not None:
+            lp = logits.float().log_softmax(dim=-1)
+            ent_here = entropies[:, lo - P:hi - P]
+            ent_here.copy_(torch.where(chosen, -(lp.exp() * lp).sum(dim=-1), ent_here))
         step.add_(live.long())
         if "states" in decoding.record:
             trajectory.append(x[:, P:].clone())
@@ -225,8 +231,13 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
                 burst = 1 if per_step else rollout_core.LOOK_EVERY if parallel else n - i
                 for _ in range(burst):
                     live = left(lo, hi)
+                    wide = "greedy" in decoding.record  # the whole completion's logits: its argmax completion
                     logits = _guided_logits(model, x, attention_mask, prompt_positions, mask_id, o.cfg_scale,
-                                            slice(lo, hi))
+                                            slice(P, P + G) if wide else slice(lo, hi))
+                    if wide:
+                        greedy.append(torch.where(x[:, P:] == mask_id, logits.argmax(dim=-1), x[:, P:]))
+                        greedy_kept.append(live)
+                        logits = logits[:, lo - P:hi - P]
                     nfe += 1
                     idle += (~live).long()
                     j = min(i, n - 1)
@@ -275,9 +286,12 @@ def generate(model, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor |
     steps_done, unused = torch.stack([step, idle]).tolist()  # the one look at the counters
     if "states" in decoding.record and trajectory:
         trajectory = [t for t, k in zip(trajectory, torch.stack(kept).tolist()) if k]
+    if greedy:
+        greedy = [g for g, k in zip(greedy, torch.stack(greedy_kept).tolist()) if k]
     responses = x[:, P:]
     return RolloutOutput(sequences=x, attention_mask=attention_mask, prompt_length=P,
                          response_mask=response_mask(responses, f.stop_ids), step_map=step_map, nfe=nfe - unused,
                          sampler="masked", trajectory=torch.stack(trajectory, dim=1) if trajectory else None,
                          commit_logps=commit_logps, steps_done=steps_done,
-                         given=None if fixed is None else fixed >= 0)
+                         given=None if fixed is None else fixed >= 0, entropies=entropies,
+                         greedy=torch.stack(greedy, dim=1) if greedy else None)

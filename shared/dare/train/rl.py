@@ -145,7 +145,7 @@ class RLBatch:
 
 _READ_THROUGH = {**{name: "rollout" for name in (
     "sequences", "attention_mask", "prompt_length", "response_mask", "responses", "step_map", "decoding", "trajectory",
-    "predictions", "confidences", "supports", "commit_logps", "segments", "given")},
+    "predictions", "confidences", "supports", "commit_logps", "segments", "given", "entropies", "greedy")},
     **{name: "facts" for name in ("block_size", "mask_token_id", "eos_token_id")},
     **{name: "totals" for name in ("num_tokens", "num_sequences", "num_active", "num_units")}}
 """The fields an `RLBatch` reads through from its rollout, its model's facts and its totals."""
