@@ -79,7 +79,7 @@ def test_step_rewards_and_advantages_are_the_originals():
 @pytest.mark.parametrize("k", [0, 1, 2])
 def test_step_log_probs_loss_and_gradients_are_the_originals(k):
     model, batch = rolled_out()
-    cfg = run_config("egspo", num_steps=3, beta=0.04, epsilon=0.2, epsilon_high=0.5)
+    cfg = run_config("egspo", num_steps=3, steps_per_update=1, beta=0.04, epsilon=0.2, epsilon_high=0.5)
     batch = egspo.prepare(batch, cfg)
     steps = batch.extras["steps"][:, k:k + 1]
     masked, _ = noise.step_states(batch.step_map, steps)
@@ -100,20 +100,20 @@ def test_step_log_probs_loss_and_gradients_are_the_originals(k):
         assert (g * torch.linspace(-1, 1, g.numel()).view_as(g)).sum().item() == pytest.approx(proj, rel=1e-3, abs=1e-7)
 
 
-def test_sample_noise_replays_one_chosen_step_and_check_config():
+def test_updates_replay_the_chosen_steps_in_the_references_order_and_check_config():
     model, batch = rolled_out()
-    cfg = run_config("egspo", num_steps=3)
+    cfg = run_config("egspo", num_steps=3, steps_per_update=2)
     batch = egspo.prepare(batch, cfg)
-    seen = set()
-    for seed in range(20):
-        draw = egspo.sample_noise(batch, torch.Generator().manual_seed(seed), cfg)
+    # the reference's counter: micro-batches k = 1, 2, 0, 1, 2, 0 ...; two micro-batches an update
+    assert [egspo.update_steps(u, cfg) for u in range(3)] == [[1, 2], [0, 1], [2, 0]]
+    P = batch.prompt_length
+    for u in range(3):
+        draw = egspo.sample_noise(replace(batch, draw_index=u), torch.Generator().manual_seed(u), cfg)
         draw.check()
-        k = [j for j in range(3) if torch.equal(draw.steps[:, 0], batch.extras["steps"][:, j])]
-        assert len(k) == 1
-        seen.add(k[0])
-        P = batch.prompt_length
-        assert torch.equal(draw.masked[:, 0, P:], batch.step_map >= draw.steps)  # the state before the step
-    assert seen == {0, 1, 2}
+        ks = egspo.update_steps(u, cfg)
+        assert torch.equal(draw.steps, batch.extras["steps"][:, ks])
+        assert torch.equal(draw.masked[:, :, P:], batch.step_map[:, None, :] >= draw.steps[:, :, None])  # states before
+        assert not draw.masked[:, :, :P].any()
     with pytest.raises(ValueError):
         egspo.check_config(replace(cfg, model=replace(cfg.model, family="sdar")))
     with pytest.raises(ValueError):
@@ -124,3 +124,21 @@ def test_greedy_and_entropies_need_the_fixed_schedule_without_cache():
     with pytest.raises(Invalid, match="greedy"):
         DecodingConfig(gen_length=12, block_length=6, steps=6, record=("greedy",), sampler="masked",
                        masked={"cache": "prefix"}).validate()
+
+
+def test_an_update_of_two_steps_is_the_mean_of_its_two_micro_batches():
+    model, batch = rolled_out()
+    cfg1 = run_config("egspo", num_steps=3, steps_per_update=1, beta=0.04)
+    cfg2 = run_config("egspo", num_steps=3, steps_per_update=2, beta=0.04)
+    batch = egspo.prepare(batch, cfg2)
+    both = egspo.sample_noise(batch, torch.Generator(), cfg2)  # update 0: k = 1, 2
+    old = torch.tensor([OLD[1], OLD[2]]).T + 0.1
+    ref = torch.tensor([OLD[1], OLD[2]]).T - 0.05
+    with torch.no_grad():
+        whole, _ = egspo.loss(egspo.token_logps(model, batch, both, cfg2), old, ref, batch, both, cfg2)
+        parts = []
+        for j, u in ((0, 0), (1, 1)):  # cfg1's updates 0 and 1 replay k = 1 and k = 2
+            one = egspo.sample_noise(replace(batch, draw_index=u), torch.Generator(), cfg1)
+            parts.append(egspo.loss(egspo.token_logps(model, batch, one, cfg1), old[:, j:j + 1], ref[:, j:j + 1],
+                                    batch, one, cfg1)[0])
+    assert whole.item() == pytest.approx((parts[0] + parts[1]).item() / 2, rel=1e-4)  # one forward of two draws vs two

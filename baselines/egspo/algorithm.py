@@ -17,10 +17,10 @@ one-step denoising completion (the argmax fill of the canvas before the step), m
 
 One step, in order (the loop is `dare.train.rl.run`; the hooks' contract is `dare.train.hooks`):
     rollout (step map, entropies, greedy fills) -> rewards -> advantages (logged) -> prepare (the K steps, their
-    rewards and advantages) -> mu x sample_noise (one of the K steps) -> old/ref token_logps -> mu x [update]
+    rewards and advantages) -> mu x sample_noise (the next s chosen steps, in the reference's order)
+    -> old/ref token_logps -> mu x [update]
 
-Deviations (README.md): each update replays one of the K steps drawn at random (the reference cycles through them in
-order, one per update); the loss is averaged over the step's completions (the reference: per micro-batch of 6);
+Deviations (README.md): the loss is averaged over the step's completions (the reference: per micro-batch of 6);
 d1's deviations (full fine-tuning with a frozen reference, float64 Gumbel noise, padding hidden).
 """
 
@@ -34,7 +34,7 @@ from dare.train.estimators import draw_logps
 from dare.train.objectives import clipped_token_objective, group_advantages, k3
 
 RECIPE = "rl"
-SCORE = "draw"  # (B, 1): the replayed step's log-prob, the sum over the tokens it committed
+SCORE = "draw"  # (B, s): each replayed step's log-prob, the sum over the tokens it committed
 
 
 def check_config(cfg) -> None:
@@ -42,6 +42,8 @@ def check_config(cfg) -> None:
     if resolve(d.sampler, cfg.model.family) != "masked":
         raise ValueError(f"EGSPO replays the masked sampler's steps; model.family={cfg.model.family} with "
                          f"rl.decoding.sampler={d.sampler} decodes with another")
+    if cfg.rl.noise_draws != "per_update":
+        raise ValueError("rl.noise_draws=once: EGSPO's updates replay the chosen steps in turn (one draw each)")
     if cfg.algo.num_steps > d.steps:
         raise ValueError(f"algo.num_steps = {cfg.algo.num_steps} > rl.decoding.steps = {d.steps}: K chosen steps "
                          "of the rollout's")
@@ -92,31 +94,40 @@ def prepare(batch, cfg):
     return replace(batch, extras={"steps": chosen, "step_advantages": adv})
 
 
+def update_steps(update: int, cfg) -> list[int]:
+    """The indices k of the chosen steps update `update` replays: (update s + j + 1) mod K for j < s (s =
+    steps_per_update), the reference's counter (`self._step % K`, advanced once before the first loss), one per
+    micro-batch."""
+    a = cfg.algo
+    return [(update * a.steps_per_update + j + 1) % a.num_steps for j in range(a.steps_per_update)]
+
+
 def sample_noise(batch, generator: torch.Generator, cfg) -> noise.Draw:
-    """One of the K chosen steps for every completion (the same index k for all rows, drawn uniformly): masked
-    (B, 1, P + G), the state before that step; steps (B, 1)."""
-    k = int(torch.randint(cfg.algo.num_steps, (), generator=generator))
-    steps = batch.extras["steps"][:, k:k + 1]
+    """The chosen steps this update replays (`update_steps`, the same k for every completion): masked
+    (B, s, P + G), the states before those steps; steps (B, s)."""
+    steps = batch.extras["steps"][:, update_steps(batch.draw_index, cfg)]
     masked, _ = noise.step_states(batch.step_map, steps)
     prompt = torch.zeros_like(masked[:, :, :1]).expand(-1, -1, batch.prompt_length)
     return noise.Draw(masked=torch.cat([prompt, masked], dim=2), steps=steps)
 
 
 def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:
-    """(B, 1) log p(the tokens the step committed | the state before it)."""
+    """(B, s) log p(the tokens each replayed step committed | the state before it)."""
     committed = noise.step_states(batch.step_map, draw.steps)[1]
     return (draw_logps(model, batch, draw.masked) * committed).sum(dim=-1)
 
 
 def loss(logps, old_logps, ref_logps, batch, draw, cfg):
     a = cfg.algo
-    adv = (batch.extras["step_advantages"] * (batch.extras["steps"] == draw.steps)).sum(dim=1)  # (B,)
-    ratio = torch.exp(logps[:, 0] - old_logps[:, 0])
+    match = batch.extras["steps"][:, None, :] == draw.steps[:, :, None]  # (B, s, K)
+    adv = (batch.extras["step_advantages"][:, None, :] * match).sum(dim=2)  # (B, s)
+    ratio = torch.exp(logps - old_logps)
     policy, clipped = clipped_token_objective(ratio, adv, a.epsilon, a.epsilon_high)
-    kl = k3(ref_logps[:, 0] - logps[:, 0]) if ref_logps is not None else torch.zeros_like(ratio)
+    kl = k3(ref_logps - logps) if ref_logps is not None else torch.zeros_like(ratio)
     per_step = batch.decoding.gen_length / batch.decoding.steps  # tokens a step commits
-    n = max(batch.num_sequences, 1) * per_step
+    rows = max(batch.num_sequences, 1) * draw.steps.shape[1]  # completions x replayed steps (the micro-batches)
+    n = rows * per_step
     loss = (-policy + a.beta * kl).sum() / n
     return loss, {"loss/policy": -policy.sum().item() / n, "loss/kl": kl.sum().item() / n,
-                  "stats/clip_ratio": (ratio != clipped).float().sum().item() / max(batch.num_sequences, 1),
-                  "stats/step_advantage": adv.abs().sum().item() / max(batch.num_sequences, 1)}
+                  "stats/clip_ratio": (ratio != clipped).float().sum().item() / rows,
+                  "stats/step_advantage": adv.abs().sum().item() / rows}

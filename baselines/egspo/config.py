@@ -11,6 +11,9 @@ class EGSPO:
     num_steps: int = 8
     """K: the denoising steps of each rollout trained on, those whose committed tokens had the highest mean entropy
     (logps_eval_num_steps, time steps mode high_entropy)."""
+    steps_per_update: int = 2
+    """The chosen steps one update trains on, in the reference's order: its gradient accumulation (2 micro-batches)
+    runs one chosen step per micro-batch on the same rollout."""
     lambda1: float = 0.5
     """Weight of the step advantage (final reward - the step's one-step denoising reward) in the step's return;
     0 is GRPO on the entropy-chosen steps (train.sh LAMBDA1)."""
@@ -25,6 +28,7 @@ class EGSPO:
 
     def validate(self):
         check(self.num_steps >= 1, "must be >= 1", "num_steps")
+        check(1 <= self.steps_per_update <= self.num_steps, "must be within [1, num_steps]", "steps_per_update")
         check(self.lambda1 >= 0, "must be >= 0", "lambda1")
         check(self.beta >= 0, "must be >= 0", "beta")
         check(0 < self.epsilon < 1, "must be within (0, 1)", "epsilon")
@@ -37,9 +41,9 @@ Config = recipe(
     # AdamW betas (0.9, 0.99), weight decay 0.1, grad-norm clip 0.2 (train.yaml; DeepSpeed's own clip is 1), lr 3e-5
     # constant (train.sh).
     train=TrainConfig(steps=1000, lr=3e-5, weight_decay=0.1, betas=(0.9, 0.99), max_grad_norm=0.2),
-    # 8 processes (4 nodes x 2 GPUs) x 6 completions x accumulation 2 = 96 completions = 12 prompts of G = 8 a
-    # rollout batch; each rollout serves K = 8 updates, one chosen step each. Rollout: 256 tokens, block 32, 128
-    # steps, temperature 0.9.
+    # 8 processes (4 nodes x 2 GPUs) x 6 completions = 48 completions = 6 prompts of G = 8 a rollout batch (its one
+    # cached rollout serves both accumulation micro-batches); a rollout serves K = 8 micro-batches, one chosen step
+    # each: 4 optimizer steps of 2 steps. Rollout: 256 tokens, block 32, 128 steps, temperature 0.9.
     rl=RLConfig(
-        prompts_per_step=12, group_size=8, num_iterations=8,
+        prompts_per_step=6, group_size=8, num_iterations=4,
         decoding=DecodingConfig(gen_length=256, block_length=32, steps=128, temperature=0.9)))

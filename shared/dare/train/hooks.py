@@ -38,7 +38,8 @@ Three rules hold for every hook:
                                                                       step advantages, tree weights) and, when it trains on
                                                                       some groups only, `batch.kept_groups` ((P, 1) bool;
                                                                       a step that keeps none makes no update)
-                 sample_noise(batch, generator, cfg)     optional     a `dare.train.noise.Draw`, per update (rl.noise_draws);
+                 sample_noise(batch, generator, cfg)     optional     a `dare.train.noise.Draw`, per update (rl.noise_draws;
+                                                                      `batch.draw_index`: which update's draw);
                                                                       the default `Draw()` draws nothing: the rollout fixes
                                                                       the inputs (then one draw serves the mu updates, and
                                                                       the old and reference log-probs are computed once)

@@ -134,6 +134,10 @@ class RLBatch:
     """(P, 1) bool, from `prepare`: the groups trained on; None: all of them."""
     old_values: torch.Tensor | None = None
     """(B, G) the value model's values before this step's update; None without one."""
+    draw_index: int = 0
+    """Which of the step's noise draws `sample_noise` is making (0 .. draws - 1: update i's with
+    rl.noise_draws=per_update), for draws that follow a schedule over the updates (MaskGRPO's rising mask ratio,
+    EGSPO's chosen steps in turn)."""
 
     def __getattr__(self, name: str):
         part = _READ_THROUGH.get(name)
@@ -321,7 +325,7 @@ def learn(r: RLRun, batch: RLBatch, step: int) -> tuple[dict, dict, dict]:
         return sums, {}, times
     draws = mu if cfg.rl.noise_draws == "per_update" and hooks.draws_noise else 1  # an empty draw is scored once
     noise_gen = make_generator(cfg.run.seed, f"noise/{step}/{dist.rank}")
-    unique = [hooks.sample_noise(batch, noise_gen, cfg) for _ in range(draws)]
+    unique = [hooks.sample_noise(replace(batch, draw_index=i), noise_gen, cfg) for i in range(draws)]
     if not all(isinstance(z, Draw) for z in unique):
         raise TypeError(f"sample_noise returned {type(unique[0]).__name__}, not a dare.train.noise.Draw "
                         "(what an algorithm derives from the rollout goes in batch.extras: prepare)")
