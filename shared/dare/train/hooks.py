@@ -48,6 +48,9 @@ Three rules hold for every hook:
                                                                       sequence (B,), per draw (B, D), per draw and token
                                                                       (B, D, G)); checked on every call
                  loss(logps, old_logps, ref_logps, batch, noise, cfg) (loss, metrics)
+                 reference_logps(model, batch, noise,    optional     token_logps; the reference model's terms when its
+                                 cfg)                                 input is not the policy's (a teacher that sees more:
+                                                                      d-OPSD), in the same shape
                  uses_reference(cfg)                     optional     False: no reference model is kept
                  uses_old_logps(cfg)                     optional     True: False skips the old log-probs
                  rollout_options(cfg)                    optional     {}: decoding settings the algorithm needs
@@ -177,6 +180,8 @@ class RLHooks:
     check_config: Callable[[Any], None] = _no_check
     prepare: Callable[..., Any] = _as_is
     sample_noise: Callable[..., Any] = _no_noise
+    reference_logps: Callable[..., Any] | None = None
+    """None: the reference's terms come from `token_logps` (`bind` fills it in)."""
     uses_reference: Callable[[Any], bool] = _no_reference
     uses_old_logps: Callable[[Any], bool] = _old_logps
     rollout_options: Callable[[Any], dict] = _no_rollout_options
@@ -205,6 +210,8 @@ SCORES = {
     "sequence": "(B,): one score per completion, its ELBO (espo, gdpo)",
     "draw": "(B, D): one term per completion and noise draw or Monte-Carlo pair (bgpo, ebpo, gdsd)",
     "draw_token": "(B, D, G): per completion, draw (a time, a state, a path) and completion position (spg, mdpo, ...)",
+    "draw_vocab": "(B, D, S, V): per completion, draw (a replayed state), scored position and vocabulary entry: the "
+                  "model's logits, for a loss over whole distributions (d_opsd's distillation)",
 }
 """What an RL baseline's `token_logps` returns, by the name its `SCORE` gives (B completions of G positions; the
 loss reads the same shape from `old_logps` and `ref_logps`). `bind` refuses a baseline without a known `SCORE`, and
@@ -216,7 +223,8 @@ def check_score(kind: str, logps, batch) -> None:
     B, G = batch.sequences.shape[0], batch.sequences.shape[1] - batch.prompt_length
     shape = tuple(logps.shape)
     fits = {"token": shape == (B, G), "sequence": shape == (B,), "draw": len(shape) == 2 and shape[0] == B,
-            "draw_token": len(shape) == 3 and shape[0] == B and shape[2] == G}[kind]
+            "draw_token": len(shape) == 3 and shape[0] == B and shape[2] == G,
+            "draw_vocab": len(shape) == 4 and shape[0] == B}[kind]
     if not fits:
         raise ValueError(f"token_logps returned shape {shape} for {B} completions of {G} positions, but the baseline "
                          f"declares SCORE = {kind!r}: {SCORES[kind]}")
@@ -274,6 +282,8 @@ def bind(module: ModuleType, where: str | None = None):
             raise ValueError(f"{where}: SCORE = {kind!r}; declare what token_logps returns, one of "
                              + "; ".join(f"{k!r} {v.split(':')[0]}" for k, v in SCORES.items()) + " (see dare.train.hooks)")
         hooks["token_logps"] = _declared(module.token_logps, kind)
+        own = getattr(module, "reference_logps", None)
+        hooks["reference_logps"] = _declared(own, kind) if callable(own) else hooks["token_logps"]
         if callable(getattr(module, "hints", None)) and not callable(getattr(module, "hinted", None)):
             raise ValueError(f"{where}: hints needs hinted, the rule that chooses which hinted rows replace the first "
                              "rollout's (see dare.train.hooks)")

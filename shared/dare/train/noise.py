@@ -30,20 +30,24 @@ class Draw:
     weight: the estimator's weight, per draw (`t`'s shape, e.g. 1/t or L/l) or per position (`masked`'s
             shape, EBPO's L_b / l_b), when it has one;
     steps:  (B, n) the decoding step each draw replays, for estimators that draw steps of the
-            sampler's trajectory instead of masks (AGRPO, RLDF)."""
+            sampler's trajectory instead of masks (AGRPO, RLDF);
+    shown:  `masked`'s shape, bool: masked positions a second view of the draw shows with the completion's own
+            tokens (a teacher that sees part of the future: d-OPSD's `reference_logps`)."""
 
     masked: torch.Tensor | None = None
     t: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     steps: torch.Tensor | None = None
     t_at: torch.Tensor | None = None
+    shown: torch.Tensor | None = None
 
     def check(self, who: str = "sample_noise") -> "Draw":
         """This draw, after raising ValueError if a field's shape is not the one the class docstring gives it."""
         if self.masked is None:
             return self
         rows = tuple(self.masked.shape[:-1])
-        shapes = {"t": [rows], "t_at": [tuple(self.masked.shape)], "weight": [rows, tuple(self.masked.shape)]}
+        shapes = {"t": [rows], "t_at": [tuple(self.masked.shape)], "weight": [rows, tuple(self.masked.shape)],
+                  "shown": [tuple(self.masked.shape)]}
         for name, allowed in shapes.items():
             value = getattr(self, name)
             if value is not None and tuple(value.shape) not in allowed:
@@ -60,7 +64,8 @@ def single_draws(draw: Draw, dim: int = 1) -> list[Draw]:
     VRPO along each side's draws, dim 2)."""
     def part(x, k):
         return None if x is None else x.narrow(dim, k, 1)
-    return [Draw(part(draw.masked, k), part(draw.t, k), part(draw.weight, k), t_at=part(draw.t_at, k))
+    return [Draw(part(draw.masked, k), part(draw.t, k), part(draw.weight, k), t_at=part(draw.t_at, k),
+                 shown=part(draw.shown, k))
             for k in range(draw.masked.shape[dim])]
 
 

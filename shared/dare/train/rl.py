@@ -413,7 +413,7 @@ def scored(r: RLRun, batch: RLBatch, unique: list, repeat: int) -> tuple[list | 
                                            micro)) for z in unique] * repeat
         if hooks.uses_reference(cfg):
             with trainer.reference() as ref_model:
-                ref = [torch.cat(per_micro(lambda b, z: hooks.token_logps(ref_model, b, z, cfg), batch, z,
+                ref = [torch.cat(per_micro(lambda b, z: hooks.reference_logps(ref_model, b, z, cfg), batch, z,
                                            micro)) for z in unique] * repeat
     return old, ref
 
