@@ -16,7 +16,7 @@ from dare.rollout import generate, left_pad
 from dare.rollout.tree import branch, level_bounds
 from dare.train import noise
 from dare.train.estimators import Compute
-from dare.train.rl import RLBatch, Totals
+from dare.train.rl import RLBatch, StepAt, Totals
 from dare.utils import UserError
 from test_trajectory_rl import PROMPTS, tiny_llada
 
@@ -213,7 +213,7 @@ def test_each_transition_is_scored_in_its_parents_canvas():
     # the loop draws the tree weights on the whole batch, then splits the rows into micro-batches
     from dare.train.batches import take
 
-    batch = dataclasses.replace(batch, rewards=torch.tensor([1.0, 0.0, 1.0, 1.0] * 3), progress=0.5)
+    batch = dataclasses.replace(batch, rewards=torch.tensor([1.0, 0.0, 1.0, 1.0] * 3), at=StepAt(progress=0.5))
     cfg = config(widths, sd_lambda_max=0.5)
     batch, z = prepared(batch, cfg), None
     old = logps.detach() - 0.1

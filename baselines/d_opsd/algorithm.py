@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from dare.decoding import resolve
-from dare.models import output_head, token_hidden
 from dare.train import noise
+from dare.train.estimators import position_logits
 from dare.train.objectives import group_advantages
 
 RECIPE = "rl"
@@ -134,12 +134,11 @@ def block_logits(model, batch, masked: torch.Tensor, steps: torch.Tensor) -> tor
     input masked at `masked` (B, n, P + G)."""
     B, n, L = masked.shape
     x = torch.where(masked, batch.mask_token_id, batch.sequences[:, None, :]).reshape(B * n, L)
-    hidden = token_hidden(model, x, batch.attention_mask[:, None, :].expand(B, n, L).reshape(B * n, L))
     d = batch.decoding
     lo = batch.prompt_length + d.block_length * (steps.clamp(min=0) // steps_per_block(d))
     at = (lo[..., None] + torch.arange(d.block_length, device=lo.device)).reshape(B * n, d.block_length)
-    h = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))
-    return output_head(model)(h).float().view(B, n, d.block_length, -1)
+    logits = position_logits(model, x, batch.attention_mask[:, None, :].expand(B, n, L).reshape(B * n, L), at)
+    return logits.view(B, n, d.block_length, -1)
 
 
 def token_logps(model, batch, draw: noise.Draw, cfg) -> torch.Tensor:

@@ -144,6 +144,14 @@ def head_logps(model, hidden: torch.Tensor, targets: torch.Tensor, chunk: int, t
                       .log_softmax(-1).gather(-1, targets[s, None])[:, 0] for s in spans])
 
 
+def position_logits(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, at: torch.Tensor) -> torch.Tensor:
+    """(N, K, V) float32 logits at positions `at` (N, K) of N inputs `ids` (N, L): the output head runs on those
+    positions' hidden states only (the (N, L, V) logits never exist). d-OPSD's distributions at a block."""
+    hidden = token_hidden(model, ids, attention_mask)
+    picked = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))
+    return output_head(model)(picked).float()
+
+
 @torch.no_grad()
 def head_entropies(model, hidden: torch.Tensor, chunk: int) -> torch.Tensor:
     """(N,) float32 entropies of the model's predicted distributions at N hidden states (N, H), through its output

@@ -102,13 +102,24 @@ class Totals:
     """The algorithm's own loss units (`loss_units`: TraceRL's trace rows on masked models)."""
 
 
+@dataclass(frozen=True)
+class StepAt:
+    """Where in the run an RL batch stands."""
+    progress: float = 0.0
+    """The share of the run's steps done before this one (step / train.steps), for schedules inside a loss."""
+    draw_index: int = 0
+    """Which of the step's noise draws `sample_noise` is making (0 .. draws - 1: update i's with
+    rl.noise_draws=per_update), for draws that follow a schedule over the updates (MaskGRPO's rising mask ratio,
+    EGSPO's chosen steps in turn)."""
+
+
 @dataclass(kw_only=True)
 class RLBatch:
     """One step's rollout as the hooks see it (row-major: dim 0 is the completion, B = prompts x group size): the
     rollout and the model's facts as they are, and what the step adds; `prepare` adds what an algorithm derives
     (`extras`, `kept_groups`). The rollout's, the facts' and the totals' fields read through the batch
     (`batch.response_mask` is `batch.rollout.response_mask`, `batch.mask_token_id` is `batch.facts.mask_token_id`,
-    `batch.num_tokens` is `batch.totals.num_tokens`)."""
+    `batch.num_tokens` is `batch.totals.num_tokens`, `batch.progress` is `batch.at.progress`)."""
 
     rollout: RolloutOutput
     """What the sampler returned (`dare.rollout.RolloutOutput`: sequences, masks, step map, the decoding settings,
@@ -126,18 +137,14 @@ class RLBatch:
     totals: Totals = Totals()
     """The step's totals over all processes (a mini-batch's own in `mini_batches`)."""
     compute: Compute = Compute()
-    progress: float = 0.0
-    """The share of the run's steps done before this one (step / train.steps), for schedules inside a loss."""
+    at: StepAt = StepAt()
+    """Where in the run it stands (`batch.progress`, `batch.draw_index` read through)."""
     extras: dict = field(default_factory=dict)
     """What `prepare` derives from the rollout (row-major tensors are sliced with the batch)."""
     kept_groups: torch.Tensor | None = None
     """(P, 1) bool, from `prepare`: the groups trained on; None: all of them."""
     old_values: torch.Tensor | None = None
     """(B, G) the value model's values before this step's update; None without one."""
-    draw_index: int = 0
-    """Which of the step's noise draws `sample_noise` is making (0 .. draws - 1: update i's with
-    rl.noise_draws=per_update), for draws that follow a schedule over the updates (MaskGRPO's rising mask ratio,
-    EGSPO's chosen steps in turn)."""
 
     def __getattr__(self, name: str):
         part = _READ_THROUGH.get(name)
@@ -151,7 +158,8 @@ _READ_THROUGH = {**{name: "rollout" for name in (
     "sequences", "attention_mask", "prompt_length", "response_mask", "responses", "step_map", "decoding", "trajectory",
     "predictions", "confidences", "supports", "commit_logps", "segments", "given", "entropies", "greedy")},
     **{name: "facts" for name in ("block_size", "mask_token_id", "eos_token_id")},
-    **{name: "totals" for name in ("num_tokens", "num_sequences", "num_active", "num_units")}}
+    **{name: "totals" for name in ("num_tokens", "num_sequences", "num_active", "num_units")},
+    **{name: "at" for name in ("progress", "draw_index")}}
 """The fields an `RLBatch` reads through from its rollout, its model's facts and its totals."""
 
 
@@ -289,7 +297,7 @@ def roll_out(r: RLRun, order: list, step: int) -> RLBatch:
                   "active": float((advantages != 0).sum())})
     batch = RLBatch(rollout=out, facts=f, rewards=rewards, advantages=advantages, group_size=G, score=score,
                     totals=Totals(num_tokens=t["tokens"], num_sequences=int(t["rows"]), num_active=int(t["active"])),
-                    compute=Compute(cfg.train.packing, cfg.train.logit_chunk), progress=step / cfg.train.steps)
+                    compute=Compute(cfg.train.packing, cfg.train.logit_chunk), at=StepAt(progress=step / cfg.train.steps))
     batch = r.hooks.prepare(batch, cfg)
     r.peaks.end("rollout")
     return batch
@@ -325,7 +333,8 @@ def learn(r: RLRun, batch: RLBatch, step: int) -> tuple[dict, dict, dict]:
         return sums, {}, times
     draws = mu if cfg.rl.noise_draws == "per_update" and hooks.draws_noise else 1  # an empty draw is scored once
     noise_gen = make_generator(cfg.run.seed, f"noise/{step}/{dist.rank}")
-    unique = [hooks.sample_noise(replace(batch, draw_index=i), noise_gen, cfg) for i in range(draws)]
+    unique = [hooks.sample_noise(replace(batch, at=replace(batch.at, draw_index=i)), noise_gen, cfg)
+              for i in range(draws)]
     if not all(isinstance(z, Draw) for z in unique):
         raise TypeError(f"sample_noise returned {type(unique[0]).__name__}, not a dare.train.noise.Draw "
                         "(what an algorithm derives from the rollout goes in batch.extras: prepare)")
