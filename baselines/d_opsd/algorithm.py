@@ -33,9 +33,8 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from dare.decoding import resolve
 from dare.train import noise
-from dare.train.estimators import position_logits
+from dare.train.estimators import check_masked_schedule, position_logits
 from dare.train.objectives import group_advantages
 
 RECIPE = "rl"
@@ -43,14 +42,7 @@ SCORE = "draw_vocab"  # (B, n, BL, V): the logits at each replayed state's curre
 
 
 def check_config(cfg) -> None:
-    d = cfg.rl.decoding
-    if resolve(d.sampler, cfg.model.family) != "masked":
-        raise ValueError(f"d-OPSD replays the masked sampler's states; model.family={cfg.model.family} with "
-                         f"rl.decoding.sampler={d.sampler} decodes with another")
-    o = d.masked
-    if o.threshold or o.factor or o.schedule == "ass" or d.tree:
-        raise ValueError("rl.decoding: d-OPSD's states follow the masked sampler's fixed schedule (steps per block): "
-                         "no threshold or factor, no ascending schedule, no tree")
+    check_masked_schedule(cfg, "d-OPSD's state replay")
     if cfg.rl.noise_draws != "per_update":
         raise ValueError("rl.noise_draws=once: d-OPSD's updates take the trajectory's states in turn (one draw each)")
 

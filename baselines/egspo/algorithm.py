@@ -28,9 +28,8 @@ from dataclasses import replace
 
 import torch
 
-from dare.decoding import resolve
 from dare.train import noise
-from dare.train.estimators import draw_logps
+from dare.train.estimators import check_masked_schedule, draw_logps
 from dare.train.objectives import clipped_token_objective, group_advantages, k3
 
 RECIPE = "rl"
@@ -39,9 +38,7 @@ SCORE = "draw"  # (B, s): each replayed step's log-prob, the sum over the tokens
 
 def check_config(cfg) -> None:
     d = cfg.rl.decoding
-    if resolve(d.sampler, cfg.model.family) != "masked":
-        raise ValueError(f"EGSPO replays the masked sampler's steps; model.family={cfg.model.family} with "
-                         f"rl.decoding.sampler={d.sampler} decodes with another")
+    check_masked_schedule(cfg, "EGSPO's step replay", cache=False)
     if cfg.rl.noise_draws != "per_update":
         raise ValueError("rl.noise_draws=once: EGSPO's updates replay the chosen steps in turn (one draw each)")
     if cfg.algo.num_steps > d.steps:

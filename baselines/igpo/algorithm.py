@@ -28,10 +28,9 @@ import math
 
 import torch
 
-from dare.decoding import resolve
 from dare.models import token_hidden
 from dare.train import noise
-from dare.train.estimators import head_entropies, scored_logps
+from dare.train.estimators import check_masked_schedule, head_entropies, scored_logps
 from dare.train.objectives import clipped_sequence_objective, group_advantages, k3
 
 RECIPE = "rl"
@@ -40,14 +39,7 @@ MAX_STRETCH = 1.5  # the hints' gaps stretch by at most this much to fill the co
 
 
 def check_config(cfg) -> None:
-    d = cfg.rl.decoding
-    if resolve(d.sampler, cfg.model.family) != "masked":
-        raise ValueError(f"IGPO inpaints hints with the masked sampler; model.family={cfg.model.family} with "
-                         f"rl.decoding.sampler={d.sampler} decodes with another")
-    o = d.masked
-    if o.cache in ("prefix", "dual") or o.threshold or o.factor or o.schedule == "ass" or d.tree:
-        raise ValueError("rl.decoding: IGPO's hinted rollouts follow the masked sampler's fixed even schedule: "
-                         "masked.cache none, no threshold or factor, no ascending schedule, no tree")
+    check_masked_schedule(cfg, "IGPO's hinted rollout", cache=False)
 
 
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:

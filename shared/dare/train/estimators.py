@@ -358,6 +358,22 @@ def check_replayable(decoding, who: str) -> None:
                          f"seen, which the step map does not keep: {who} replays those states (docs/training.md, b1)")
 
 
+def check_masked_schedule(cfg, who: str, cache: bool = True) -> None:
+    """Raise ValueError unless `cfg`'s rollout is the masked sampler (LLaDA, Dream) on its fixed even schedule: no
+    threshold or factor, no ascending schedule, no tree, and, with `cache` False, no KV cache either. What an
+    algorithm that inpaints (IGPO) or replays (EGSPO, d-OPSD) the sampler's steps assumes (its `check_config`)."""
+    from dare.decoding import resolve
+
+    d = cfg.rl.decoding
+    if resolve(d.sampler, cfg.model.family) != "masked":
+        raise ValueError(f"{who} works on the masked sampler's decoding; model.family={cfg.model.family} with "
+                         f"rl.decoding.sampler={d.sampler} decodes with another")
+    o = d.masked
+    if o.threshold or o.factor or o.schedule == "ass" or d.tree or (not cache and o.cache in ("prefix", "dual")):
+        raise ValueError(f"rl.decoding: {who} follows the masked sampler's fixed even schedule: no threshold or "
+                         "factor, no ascending schedule, no tree" + ("" if cache else ", masked.cache none"))
+
+
 def trajectory_logps(model, batch, rounds: torch.Tensor, temperature: float = 1.0,
                      n_rounds: int | None = None, targets: torch.Tensor | None = None,
                      canvas: bool = False, noised: torch.Tensor | None = None) -> torch.Tensor:
