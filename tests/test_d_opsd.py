@@ -19,7 +19,6 @@ from dare.config import DecodingConfig
 from dare.rollout import generate
 from dare.train import noise
 from dare.train.noise import Draw
-from dare.train.rl import StepAt
 from test_tracerl_masked import injected
 
 COMPLETION = [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 7, 3, 18, 13, 12, 4, 12, 12, 12, 12, 12, 12]
@@ -65,7 +64,7 @@ def test_the_teachers_view_follows_the_originals_rule():
     cfg = cfg_of()
     batch = d_opsd.prepare(batch, cfg)
     for j in range(2):
-        draw = d_opsd.sample_noise(at(batch, j), torch.Generator().manual_seed(j), cfg)
+        draw = d_opsd.sample_noise(batch.drawing(j), torch.Generator().manual_seed(j), cfg)
         draw.check()
         assert draw.steps[0].tolist() == [3 * j, 3 * j + 1, 3 * j + 2]  # (8 - 1) // 2 = 3 states an update, in turn
         P = batch.prompt_length
@@ -126,7 +125,3 @@ def test_only_the_first_correct_completion_of_a_group_is_trained():
     with pytest.raises(ValueError):
         d_opsd.check_config(replace(cfg_of(), model=replace(cfg_of().model, family="sdar")))
 
-
-def at(batch, i):
-    """The batch as update i's draw sees it."""
-    return replace(batch, at=StepAt(draw_index=i))

@@ -17,7 +17,6 @@ from dare.config import DecodingConfig, Invalid
 from dare.rollout import generate
 from dare.train import noise
 from dare.train.noise import Draw
-from dare.train.rl import StepAt
 from test_tracerl_masked import injected
 
 FINAL = [[15, 15, 15, 15, 15, 5, 5, 10, 10, 10, 10, 10], [0, 15, 13, 13, 13, 16, 16, 16, 16, 16, 3, 16], [3, 3, 3, 3, 3, 3, 3, 3, 17, 7, 7, 10], [3, 3, 3, 3, 3, 3, 3, 17, 17, 7, 7, 3]]
@@ -109,7 +108,7 @@ def test_updates_replay_the_chosen_steps_in_the_references_order_and_check_confi
     assert [egspo.update_steps(u, cfg) for u in range(3)] == [[1, 2], [0, 1], [2, 0]]
     P = batch.prompt_length
     for u in range(3):
-        draw = egspo.sample_noise(at(batch, u), torch.Generator().manual_seed(u), cfg)
+        draw = egspo.sample_noise(batch.drawing(u), torch.Generator().manual_seed(u), cfg)
         draw.check()
         ks = egspo.update_steps(u, cfg)
         assert torch.equal(draw.steps, batch.extras["steps"][:, ks])
@@ -139,12 +138,8 @@ def test_an_update_of_two_steps_is_the_mean_of_its_two_micro_batches():
         whole, _ = egspo.loss(egspo.token_logps(model, batch, both, cfg2), old, ref, batch, both, cfg2)
         parts = []
         for j, u in ((0, 0), (1, 1)):  # cfg1's updates 0 and 1 replay k = 1 and k = 2
-            one = egspo.sample_noise(at(batch, u), torch.Generator(), cfg1)
+            one = egspo.sample_noise(batch.drawing(u), torch.Generator(), cfg1)
             parts.append(egspo.loss(egspo.token_logps(model, batch, one, cfg1), old[:, j:j + 1], ref[:, j:j + 1],
                                     batch, one, cfg1)[0])
     assert whole.item() == pytest.approx((parts[0] + parts[1]).item() / 2, rel=1e-4)  # one forward of two draws vs two
 
-
-def at(batch, i):
-    """The batch as update i's draw sees it."""
-    return replace(batch, at=StepAt(draw_index=i))

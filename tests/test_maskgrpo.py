@@ -14,7 +14,6 @@ import torch
 from baselines.maskgrpo import algorithm as maskgrpo
 from conftest import run_config
 from dare.train.noise import Draw
-from dare.train.rl import StepAt
 from test_tracerl_masked import injected
 
 REWARDS = [1.0, 0.0, 0.3, 0.1]
@@ -93,7 +92,7 @@ def test_the_ratio_rises_over_the_updates_and_the_arlike_mask_masks_later_positi
     code = maskgrpo.completion_keep(50, 250, 0.7, cfg)  # the curve over positions 1..249, read at 50..249
     assert len(code) == 200 and 1 - code.mean().item() > 0.75  # more masked than the ratio says (0.76)
     _, batch, _, _ = setup()
-    masked = torch.stack([maskgrpo.sample_noise(at(batch, 1), torch.Generator().manual_seed(s), cfg)
+    masked = torch.stack([maskgrpo.sample_noise(batch.drawing(1), torch.Generator().manual_seed(s), cfg)
                           .masked[:, batch.prompt_length:] for s in range(300)]).float()
     share = masked.mean(dim=(0, 1))
     assert share[:4].mean() < share[-4:].mean()
@@ -102,7 +101,3 @@ def test_the_ratio_rises_over_the_updates_and_the_arlike_mask_masks_later_positi
     with pytest.raises(ValueError):
         maskgrpo.check_config(replace(cfg, rl=replace(cfg.rl, noise_draws="once")))
 
-
-def at(batch, i):
-    """The batch as update i's draw sees it."""
-    return replace(batch, at=StepAt(draw_index=i))

@@ -153,6 +153,10 @@ class RLBatch:
         owner = self.__dict__[part]
         return None if owner is None else getattr(owner, name)
 
+    def drawing(self, i: int) -> "RLBatch":
+        """The batch as the step's noise draw `i` sees it (`sample_noise`; `batch.draw_index` is i)."""
+        return replace(self, at=replace(self.at, draw_index=i))
+
 
 _READ_THROUGH = {**{name: "rollout" for name in (
     "sequences", "attention_mask", "prompt_length", "response_mask", "responses", "step_map", "decoding", "trajectory",
@@ -333,8 +337,7 @@ def learn(r: RLRun, batch: RLBatch, step: int) -> tuple[dict, dict, dict]:
         return sums, {}, times
     draws = mu if cfg.rl.noise_draws == "per_update" and hooks.draws_noise else 1  # an empty draw is scored once
     noise_gen = make_generator(cfg.run.seed, f"noise/{step}/{dist.rank}")
-    unique = [hooks.sample_noise(replace(batch, at=replace(batch.at, draw_index=i)), noise_gen, cfg)
-              for i in range(draws)]
+    unique = [hooks.sample_noise(batch.drawing(i), noise_gen, cfg) for i in range(draws)]
     if not all(isinstance(z, Draw) for z in unique):
         raise TypeError(f"sample_noise returned {type(unique[0]).__name__}, not a dare.train.noise.Draw "
                         "(what an algorithm derives from the rollout goes in batch.extras: prepare)")
