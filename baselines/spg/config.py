@@ -4,35 +4,18 @@ mixture (`spg_mix/gsm_base_spg_mix_beta1.5.sbatch`), LLaDA-8B-Instruct, unless n
 from dataclasses import dataclass
 from typing import Literal
 
-from dare.config import DecodingConfig, RLConfig, TrainConfig, check, recipe
+from dare.config import DecodingConfig, RLConfig, SandwichOptions, TrainConfig, recipe
 
 
 @dataclass
-class SPG:
-    negative: Literal["mix", "eubo", "elbo", "zero"] = "mix"
-    """The likelihood of the completions with advantage <= 0: the mixture omega EUBO + (1 - omega) ELBO (the
-    paper's best), the EUBO alone, the ELBO (ablation "SPG w/ ELBO") or nothing ("wo/ neg")."""
-    beta: float = 1.5
-    """Renyi order of the EUBO (GSM8K and MATH 1.5; EUBO runs: Countdown 2.0; Sudoku 1.0)."""
-    omega: float = 0.5
-    """Mixture weight of the EUBO."""
-    num_t: int = 2
-    """Monte Carlo draws per completion and update (`num_t`, the paper's m)."""
-    min_t: float = 0.0
-    max_t: float = 1.0
-    """The masked share inside a draw's block: a count in [max(1, int(len min_t)), int(len max_t)]."""
-    p_mask_prompt: float = 0.15
-    """Each prompt token and each token of the clean blocks before a draw's block is masked with it."""
+class SPG(SandwichOptions):
+    """SPG's sandwich (`dare.config.SandwichOptions`: negative, beta, omega, num_t, min_t, max_t, p_mask_prompt) at the
+    paper's values: the mixture with Renyi order beta 1.5 (GSM8K and MATH; the EUBO runs: Countdown 2.0, Sudoku
+    1.0), omega 0.5, num_t 2 draws; and its masking."""
+
     masking: Literal["block_random", "random"] = "block_random"
     """block_random: SPG's block-wise masking (the rollout's blocks: `rl.decoding.block_length`, the model's
     block on block models); random: a uniform count of the whole response (the paper's ablation)."""
-
-    def validate(self):
-        check(self.beta > 0, "must be > 0", "beta")
-        check(0 <= self.omega <= 1, "must be in [0, 1]", "omega")
-        check(self.num_t >= 1, "must be >= 1", "num_t")
-        check(0 <= self.min_t <= self.max_t <= 1, "need 0 <= min_t <= max_t <= 1", "min_t", "max_t")
-        check(0 <= self.p_mask_prompt < 1, "must be within [0, 1)", "p_mask_prompt")
 
 
 # The paper starts from LLaDA-8B-Instruct (LoRA r 128 / alpha 64 / dropout 0.05 on a 4-bit base): set

@@ -5,42 +5,29 @@
 from dataclasses import dataclass
 from typing import Literal
 
-from dare.config import DecodingConfig, RLConfig, TrainConfig, check, recipe
+from dare.config import DecodingConfig, RLConfig, SandwichOptions, TrainConfig, check, recipe
 
 
 @dataclass
-class StableDRL:
+class StableDRL(SandwichOptions):
+    """SPG's sandwich (`dare.config.SandwichOptions`) under the reference's names: negative
+    `stable_drl_logp_estimation` (derived from omega: 0 < omega < 1 gives the mixture), beta `stable_drl_spg_beta`,
+    omega `stable_drl_spg_omega`, num_t `stable_drl_num_mc_samples` (1 here), min_t / max_t SPGConfig's,
+    p_mask_prompt `stable_drl_p_mask_perturb`; and StableDRL's own ratio and advantage."""
+
     max_ratio: float = 5.0
     """Unconditional clip of the sequence importance ratio before self-normalisation (`stable_drl_ais_clip_iw`):
     w = min(r, max_ratio), whatever the advantage's sign."""
     snis: bool = True
     """Self-normalise the clipped ratios within each group (`stable_drl_use_snis`, True in Block-R1); False is
     the reference's fallback, SPG's length-weighted sandwich without any ratio."""
-    negative: Literal["mix", "eubo", "elbo", "zero"] = "mix"
-    """The likelihood of the completions with advantage <= 0 (`stable_drl_logp_estimation`, derived from omega:
-    0 < omega < 1 gives the mixture omega EUBO + (1 - omega) ELBO)."""
-    beta: float = 1.5
-    """Renyi order of the EUBO (`stable_drl_spg_beta`)."""
-    omega: float = 0.5
-    """Mixture weight of the EUBO (`stable_drl_spg_omega`)."""
     num_t: int = 1
-    """Monte Carlo draws per completion and update (`stable_drl_num_mc_samples`)."""
-    min_t: float = 0.0
-    max_t: float = 1.0
-    """The masked share inside a draw's block: a count in [max(1, int(len min_t)), int(len max_t)] (SPGConfig)."""
-    p_mask_prompt: float = 0.15
-    """Each prompt token and each token of the clean blocks before a draw's block is masked with it
-    (`stable_drl_p_mask_perturb`)."""
     advantage: Literal["center", "grpo_std"] = "center"
     """`stable_drl_advantage_mode`: r - mean of the group (the default), or GRPO's (r - mean) / (std + 1e-4)."""
 
     def validate(self):
+        super().validate()
         check(self.max_ratio > 0, "must be > 0", "max_ratio")
-        check(self.beta > 0, "must be > 0", "beta")
-        check(0 <= self.omega <= 1, "must be in [0, 1]", "omega")
-        check(self.num_t >= 1, "must be >= 1", "num_t")
-        check(0 <= self.min_t <= self.max_t <= 1, "need 0 <= min_t <= max_t <= 1", "min_t", "max_t")
-        check(0 <= self.p_mask_prompt < 1, "must be within [0, 1)", "p_mask_prompt")
 
 
 # The reference trains LoRA r 128 / alpha 64 / dropout 0.05 on a 4-bit LLaDA-8B-Instruct (`rl/train.yaml`):

@@ -355,6 +355,35 @@ class TrainConfig:
 
 
 @dataclass
+class SandwichOptions:
+    """The knobs of SPG's sandwiched likelihood (`dare.train.estimators.sandwiched_likelihood`) and of its block-wise
+    draws (`dare.train.noise.block_random`), for the `algo` section of a baseline that trains on it (SPG, StableDRL):
+    its dataclass extends this one and sets its own defaults."""
+
+    negative: Literal["mix", "eubo", "elbo", "zero"] = "mix"
+    """The likelihood of the completions with advantage <= 0: the mixture omega EUBO + (1 - omega) ELBO (SPG's
+    best), the EUBO alone, the ELBO (SPG's ablation "SPG w/ ELBO") or nothing ("wo/ neg")."""
+    beta: float = 1.5
+    """Renyi order of the EUBO."""
+    omega: float = 0.5
+    """Mixture weight of the EUBO."""
+    num_t: int = 2
+    """Monte Carlo draws per completion and update (SPG's `num_t`, the paper's m)."""
+    min_t: float = 0.0
+    max_t: float = 1.0
+    """The masked share inside a draw's block: a count in [max(1, int(len min_t)), int(len max_t)]."""
+    p_mask_prompt: float = 0.15
+    """Each prompt token and each token of the clean blocks before a draw's block is masked with it."""
+
+    def validate(self):
+        check(self.beta > 0, "must be > 0", "beta")
+        check(0 <= self.omega <= 1, "must be in [0, 1]", "omega")
+        check(self.num_t >= 1, "must be >= 1", "num_t")
+        check(0 <= self.min_t <= self.max_t <= 1, "need 0 <= min_t <= max_t <= 1", "min_t", "max_t")
+        check(0 <= self.p_mask_prompt < 1, "must be within [0, 1)", "p_mask_prompt")
+
+
+@dataclass
 class RLConfig:
     prompts_per_step: int = 16
     """Distinct prompts per rollout batch."""

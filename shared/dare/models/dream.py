@@ -83,11 +83,7 @@ class DreamModel(DLLMPreTrainedModel):
         return m.embed_tokens, m.layers, m.norm, self.lm_head, m.rope
 
     def dllm_facts(self) -> ModelFacts:
-        c = self.config
-        return ModelFacts(family="dream", mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
-                          pad_token_id=c.pad_token_id, logits_shift=True, attention="bidirectional",
-                          block_size=None, lora_targets=LORA_TARGETS,
-                          eot_token_id=getattr(c, "eot_token_id", None))
+        return ModelFacts.read(self.config, "dream", LORA_TARGETS, logits_shift=True)
 
 
 MODEL_CLASS = DreamModel

@@ -208,10 +208,7 @@ class LLaDAModelLM(DLLMPreTrainedModel):
         if c.mask_token_id is None:
             raise ValueError("LLaDA config has no mask_token_id; set it in config.json "
                              "(126336 for LLaDA-8B, 5 for iLLaDA)")
-        return ModelFacts(family="llada", mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
-                          pad_token_id=c.pad_token_id if c.pad_token_id is not None else c.eos_token_id,
-                          logits_shift=False, attention="bidirectional", block_size=None, lora_targets=LORA_TARGETS,
-                          eot_token_id=getattr(c, "eot_token_id", None))
+        return ModelFacts.read(c, "llada", LORA_TARGETS)
 
 
 MODEL_CLASS = LLaDAModelLM

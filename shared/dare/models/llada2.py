@@ -262,11 +262,7 @@ class LLaDA2MoeModelLM(DLLMPreTrainedModel):
         return m.word_embeddings, m.layers, m.norm, self.logits_from_hidden, m.rope
 
     def dllm_facts(self) -> ModelFacts:
-        c = self.config
-        return ModelFacts(family="llada2", mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
-                          pad_token_id=c.pad_token_id if c.pad_token_id is not None else c.eos_token_id,
-                          logits_shift=False, attention="block_causal", block_size=c.block_size,
-                          lora_targets=LORA_TARGETS, eot_token_id=getattr(c, "eot_token_id", None))
+        return ModelFacts.read(self.config, "llada2", LORA_TARGETS)
 
 
 MODEL_CLASS = LLaDA2MoeModelLM

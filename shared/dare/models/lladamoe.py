@@ -160,11 +160,7 @@ class LLaDAMoEModelLM(DLLMPreTrainedModel):
         return m.embed_tokens, m.layers, m.norm, self.lm_head, m.rope
 
     def dllm_facts(self) -> ModelFacts:
-        c = self.config
-        return ModelFacts(family="lladamoe", mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
-                          pad_token_id=c.pad_token_id if c.pad_token_id is not None else c.eos_token_id,
-                          logits_shift=False, attention="bidirectional", block_size=None, lora_targets=LORA_TARGETS,
-                          eot_token_id=getattr(c, "eot_token_id", None))
+        return ModelFacts.read(self.config, "lladamoe", LORA_TARGETS)
 
 
 MODEL_CLASS = LLaDAMoEModelLM

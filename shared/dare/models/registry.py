@@ -59,6 +59,18 @@ class ModelFacts:
     end-of-turn string (`END_OF_TURN`) found in the checkpoint's tokenizer when it is loaded
     (LLaDA-Instruct `<|eot_id|>` 126348, Dream/SDAR `<|im_end|>`, LLaDA2 `<|role_end|>`)."""
 
+    @classmethod
+    def read(cls, config, family: str, lora_targets: str, logits_shift: bool = False) -> "ModelFacts":
+        """The facts as a checkpoint's config states them, for every family alike: its mask, EOS and end-of-turn
+        ids (`eot_token_id` where the config has one), the pad id (EOS where the config has none), the family's
+        attention kind (`ATTENTION`) and, for block-causal attention, the config's `block_size`."""
+        pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+        block_causal = ATTENTION[family] == "block_causal"
+        return cls(family=family, mask_token_id=config.mask_token_id, eos_token_id=config.eos_token_id,
+                   pad_token_id=pad, logits_shift=logits_shift, attention=ATTENTION[family],
+                   block_size=config.block_size if block_causal else None, lora_targets=lora_targets,
+                   eot_token_id=getattr(config, "eot_token_id", None))
+
     @property
     def stop_ids(self) -> tuple[int, ...]:
         """The tokens that end a response: EOS and, when there is one, the end-of-turn token."""

@@ -103,11 +103,7 @@ class SDARForCausalLM(DLLMPreTrainedModel):
         return m.embed_tokens, m.layers, m.norm, self.lm_head, m.rope
 
     def dllm_facts(self) -> ModelFacts:
-        c = self.config
-        return ModelFacts(family=self.family, mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
-                          pad_token_id=c.pad_token_id if c.pad_token_id is not None else c.eos_token_id,
-                          logits_shift=False, attention="block_causal", block_size=c.block_size,
-                          lora_targets=LORA_TARGETS, eot_token_id=getattr(c, "eot_token_id", None))
+        return ModelFacts.read(self.config, self.family, LORA_TARGETS)
 
 
 MODEL_CLASS = SDARForCausalLM
