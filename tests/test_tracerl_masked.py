@@ -320,3 +320,19 @@ def test_dropped_groups_are_not_in_the_masked_loss():
     z = batch.extras
     assert not z["targets"][:2].any() and z["targets"][2].all()
     assert tracerl.trace_rows(batch)[1].tolist() == [0, 0, 6, 0]
+
+
+@pytest.mark.parametrize("value", [1 / 3, 2 / 7, 0.1, 5 / 6])
+def test_a_uniform_group_has_no_advantage_whatever_its_reward(value):
+    """Partial-credit rewards (the chain's term accuracy: 1/3, 2/7, ...) make groups whose rewards are all equal but
+    whose float mean is an ulp off: the z-score gave them +-1, or +-3.4e38 where the std rounded to 0 (nan_to_num of
+    inf; the chain's first step then had a loss of -inf). The reference's float64 z-score returns 0 when its std is 0
+    (Gen-Verse/dLLM-RL@10b4fd1 reward/rl_reward.py:74-79): a uniform group carries no signal."""
+    cfg = run_config("tracerl", filter_low=0.0, filter_high=1.0)
+    rewards = torch.rand(4, 8, generator=torch.Generator().manual_seed(0))
+    rewards[1] = value
+    adv = tracerl.advantages(rewards, cfg)
+    assert adv[1].eq(0).all()
+    others = [0, 2, 3]
+    z = (rewards[others] - rewards[others].mean(1, keepdim=True)) / rewards[others].std(1, keepdim=True, correction=0)
+    torch.testing.assert_close(adv[others], z)

@@ -81,10 +81,13 @@ def kept(rewards: torch.Tensor, cfg) -> torch.Tensor:
 
 
 def advantages(rewards: torch.Tensor, cfg) -> torch.Tensor:
-    """(P, G): the group z-score (population std, 0 for a group whose rewards are all equal), and
-    0 for the groups `kept` drops."""
-    adv = group_advantages(rewards, baseline="mean", std="population", eps=0.0).nan_to_num(0.0)
-    return torch.where(kept(rewards, cfg), adv, 0.0)
+    """(P, G): the group z-score (population std), 0 for a group whose rewards are all equal and for the groups
+    `kept` drops. A uniform group is found by comparing its rewards, not by its std: with rewards such as 1/3 or 2/7
+    the float rounding of the group's mean leaves an ulp, which a z-score turns into +-1 (or, where the std rounds to
+    0, +-inf)."""
+    adv = group_advantages(rewards, baseline="mean", std="population", eps=0.0)
+    uniform = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(kept(rewards, cfg) & ~uniform, adv, 0.0)
 
 
 def value_model(cfg):
